@@ -1,0 +1,71 @@
+"""`alibi`: attention with linear biases (Press et al. 2022, "Train Short, Test Long").
+
+Head h of H gets slope 2^(-8h/H); the logit of query m for key n is lowered by
+slope * |m - n|. For H not a power of two the paper (and its code) takes the slopes of
+the closest power of two below H, then every other slope of twice that count.
+NeMo's num_attention_heads_alibi biases only the first heads; the rest get slope 0.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from posenc.errors import bad_value
+from posenc.scheme import Dims, Scheme, ScoreMod, relative_distance
+
+
+def _power_of_two_slopes(n: int) -> list[float]:
+    start = 2.0 ** (-8.0 / n)
+    return [start ** (i + 1) for i in range(n)]
+
+
+def alibi_slopes(n_heads: int) -> Tensor:
+    """Per-head slopes, float32 (n_heads,): 2^-1..2^-8 for 8 heads."""
+    if n_heads < 1:
+        raise bad_value("n_heads", n_heads, "a positive number of heads")
+    if math.log2(n_heads).is_integer():
+        return torch.tensor(_power_of_two_slopes(n_heads), dtype=torch.float32)
+    closest = 2 ** math.floor(math.log2(n_heads))
+    extra = _power_of_two_slopes(2 * closest)[0::2][: n_heads - closest]
+    return torch.tensor(_power_of_two_slopes(closest) + extra, dtype=torch.float32)
+
+
+def partial_slopes(n_heads: int, n_biased: int | None) -> Tensor:
+    """NeMo's build_slopes: slopes for the first n_biased heads, zero for the rest."""
+    n_biased = n_heads if n_biased is None else n_biased
+    if not 1 <= n_biased <= n_heads:
+        raise bad_value("num_attention_heads_alibi", n_biased, f"an int in [1, n_head={n_heads}] or None")
+    return torch.cat((alibi_slopes(n_biased), torch.zeros(n_heads - n_biased)))
+
+
+class ALiBi(Scheme):
+    relative = True
+
+    def __init__(self, dims: Dims, num_attention_heads_alibi: int | None = None) -> None:
+        super().__init__(dims)
+        self.register_buffer("slopes", partial_slopes(dims.n_head, num_attention_heads_alibi), persistent=False)
+
+    @classmethod
+    def from_config(cls, dims: Dims, cfg: Any) -> "ALiBi":
+        return cls(dims, getattr(cfg, "num_attention_heads_alibi", None))
+
+    @classmethod
+    def check_config(cls, dims: Dims, cfg: Any) -> None:
+        partial_slopes(dims.n_head, getattr(cfg, "num_attention_heads_alibi", None))
+
+    def bias(self, q_pos: Tensor, k_pos: Tensor, q: Tensor | None = None, k: Tensor | None = None) -> Tensor:
+        distance = relative_distance(q_pos, k_pos).abs().to(torch.float32)  # (B,1,Tq,Tk)
+        return -self.slopes.view(1, -1, 1, 1) * distance  # (B,H,Tq,Tk)
+
+    def score_mod(self, q_pos: Tensor, k_pos: Tensor) -> ScoreMod:
+        slopes = self.slopes
+
+        def alibi(score, b, h, q_idx, kv_idx):
+            distance = (q_pos[b, q_idx] - k_pos[b, kv_idx]).abs().to(score.dtype)
+            return score - slopes[h] * distance
+
+        return alibi

@@ -1,0 +1,58 @@
+"""`sandwich`: parameter-free bias from sinusoidal inner products (Chi et al. 2023,
+"Dissecting Transformer Length Extrapolation via the Lens of Receptive Field Analysis", eq. 3).
+
+  S(m, n) = p_m . p_n = sum_{k=1..d/2} cos(|m - n| w_k),   w_k = 10000^(-2k/d)
+compressed per head h = 1..H as (S - d/2) / (8h/H). d is the model width (as NeMo).
+S depends only on |m - n|, so we build it once per distance and gather: (H,T,T) work
+is one lookup, not d/2 cosines per entry.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from posenc.scheme import Dims, Scheme, ScoreMod, relative_distance
+
+
+def sandwich_table(max_distance: int, d: int) -> Tensor:
+    """S(r) - d/2 for r = 0..max_distance, float32 (max_distance + 1,), computed in float64."""
+    k = torch.arange(1, d // 2 + 1, dtype=torch.float64)
+    w = 10000.0 ** (-2.0 * k / d)
+    r = torch.arange(max_distance + 1, dtype=torch.float64)[:, None]
+    return (torch.cos(r * w).sum(-1) - d / 2).to(torch.float32)
+
+
+def sandwich_head_scales(n_heads: int) -> Tensor:
+    """8h/H for h = 1..H, float32 (H,)."""
+    return 8.0 * torch.arange(1, n_heads + 1, dtype=torch.float32) / n_heads
+
+
+class Sandwich(Scheme):
+    relative = True
+
+    def __init__(self, dims: Dims) -> None:
+        super().__init__(dims)
+        self.register_buffer("head_scales", sandwich_head_scales(dims.n_head), persistent=False)
+        self.register_buffer("table", sandwich_table(dims.max_seq_len, dims.d_model), persistent=False)
+
+    def _table(self, max_distance: int) -> Tensor:
+        if max_distance >= self.table.numel():  # longer than ever seen: grow once, keep it
+            size = max(max_distance + 1, 2 * self.table.numel())
+            self.table = sandwich_table(size - 1, self.dims.d_model).to(self.table.device)
+        return self.table
+
+    def bias(self, q_pos: Tensor, k_pos: Tensor, q: Tensor | None = None, k: Tensor | None = None) -> Tensor:
+        distance = relative_distance(q_pos, k_pos).abs()  # (B,1,Tq,Tk)
+        table = self._table(int(distance.max()))
+        return table[distance] / self.head_scales.view(1, -1, 1, 1)  # (B,H,Tq,Tk)
+
+    def score_mod(self, q_pos: Tensor, k_pos: Tensor) -> ScoreMod:
+        span = int(torch.cat((q_pos, k_pos), 1).max() - torch.cat((q_pos, k_pos), 1).min())
+        table, scales = self._table(span), self.head_scales
+
+        def sandwich(score, b, h, q_idx, kv_idx):
+            distance = (q_pos[b, q_idx] - k_pos[b, kv_idx]).abs()
+            return score + table[distance] / scales[h]
+
+        return sandwich

@@ -1,0 +1,21 @@
+"""Error types. Every one is a ValueError so callers can catch bad input in one place."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class ConfigError(ValueError):
+    """A config field has a value that is not allowed."""
+
+
+def bad_value(field: str, value: object, allowed: str) -> ConfigError:
+    return ConfigError(f"{field}={value!r} is not allowed: {allowed}")
+
+
+def unknown_name(field: str, value: str, valid: Iterable[str]) -> ConfigError:
+    valid = sorted(valid)
+    near = difflib.get_close_matches(str(value), valid, n=1)
+    hint = f" (did you mean {near[0]!r}?)" if near else ""
+    return ConfigError(f"{field}={value!r} is unknown{hint}; valid: {', '.join(valid)}")

@@ -1,0 +1,42 @@
+"""Field validators shared by the config dataclasses: each error names field, value, allowed."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+from posenc.errors import bad_value, unknown_name
+
+T = TypeVar("T")
+
+
+def positive_int(field: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise bad_value(field, value, "a positive integer")
+
+
+def number_in(field: str, value: Any, low: float, high: float, low_open: bool = False,
+              high_open: bool = False) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if ok:
+        ok = (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
+    if not ok:
+        left, right = "(" if low_open else "[", ")" if high_open else "]"
+        raise bad_value(field, value, f"a number in {left}{low:g}, {high:g}{right}")
+
+
+def optional_number_at_least(field: str, value: Any, low: float, allowed: str) -> None:
+    if value is None:
+        return
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or value < low:
+        raise bad_value(field, value, allowed)
+
+
+def from_dict(cls: type[T], data: Mapping[str, Any]) -> T:
+    """Build a config dataclass from a dict; an unknown key names the nearest valid one."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in names:
+            raise unknown_name(f"{cls.__name__} key", key, names)
+    return cls(**data)

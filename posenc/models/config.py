@@ -1,0 +1,76 @@
+"""Model configs: frozen dataclasses with NeMo/Megatron field names, validated on construction."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from posenc.models.checks import number_in, optional_number_at_least, positive_int
+from posenc.errors import bad_value
+from posenc.registry import scheme_class
+from posenc.scheme import Dims
+
+
+@dataclass(frozen=True, kw_only=True)
+class PositionOptions:
+    """Scheme options shared by GPT and T5 (NeMo names; each scheme reads the ones it uses)."""
+
+    rotary_percentage: float = 1.0  # NeMo: fraction of each head's dims that rotate
+    rotary_base: float = 10000.0
+    rotary_interleaved: bool = False  # False: half-split (NeoX/HF); True: GPT-J/Meta pairs
+    seq_len_interpolation_factor: float | None = None  # PI: positions / factor
+    rope_scaling: dict[str, Any] | None = None  # HF format, e.g. {"rope_type": "yarn", "factor": 4.0}
+    num_attention_heads_alibi: int | None = None  # NeMo: bias only the first heads
+    kerple_kernel: str = "log"  # "log" or "power" (Chi et al. 2022)
+    xpos_scale_base: float = 2048.0  # NeMo's default; the paper used 512
+
+    def check_position_options(self) -> None:
+        number_in("rotary_percentage", self.rotary_percentage, 0.0, 1.0, low_open=True)
+        number_in("rotary_base", self.rotary_base, 1.0, float("inf"), low_open=True)
+        optional_number_at_least("seq_len_interpolation_factor", self.seq_len_interpolation_factor, 1.0,
+                                 "None or a number >= 1 (positions are divided by it)")
+        number_in("xpos_scale_base", self.xpos_scale_base, 0.0, float("inf"), low_open=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GPTConfig(PositionOptions):
+    vocab_size: int = 256  # bytes
+    n_layer: int = 4
+    n_head: int = 4
+    d_model: int = 128
+    max_seq_len: int = 1024  # learned_absolute's table size; relative schemes run past it
+    position_embedding_type: str = "learned_absolute"  # NeMo's default
+    n_kv_head: int | None = None  # None: = n_head (no GQA)
+    ffn_hidden_size: int | None = None  # None: 4 * d_model
+    dropout: float = 0.0
+    bias: bool = False  # no biases in linears/norms: fewer params, same quality (nanoGPT note)
+    tie_word_embeddings: bool = True
+    norm_eps: float = 1e-5
+    init_std: float = 0.02
+    extra: dict[str, Any] = field(default_factory=dict)  # room for experiment notes; unused by the model
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "n_layer", "n_head", "d_model", "max_seq_len"):
+            positive_int(name, getattr(self, name))
+        if self.d_model % self.n_head:
+            raise bad_value("n_head", self.n_head, f"a divisor of d_model={self.d_model}")
+        if self.n_kv_head is not None:
+            positive_int("n_kv_head", self.n_kv_head)
+            if self.n_head % self.n_kv_head:
+                raise bad_value("n_kv_head", self.n_kv_head, f"a divisor of n_head={self.n_head}")
+        if self.ffn_hidden_size is not None:
+            positive_int("ffn_hidden_size", self.ffn_hidden_size)
+        number_in("dropout", self.dropout, 0.0, 1.0, high_open=True)
+        self.check_position_options()
+        scheme_class(self.position_embedding_type).check_config(self.dims(), self)
+
+    def dims(self) -> Dims:
+        return Dims(self.d_model, self.n_head, self.d_model // self.n_head, self.max_seq_len, True,
+                    self.n_kv_head or self.n_head)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes: Any) -> "GPTConfig":
+        return dataclasses.replace(self, **changes)

@@ -1,0 +1,62 @@
+"""KV cache that stores the positions of its keys, so every scheme decodes correctly.
+
+Keys are stored already rotated (rotation depends only on a key's own position); biases
+are recomputed from the stored key positions and the new query positions. Buffers grow
+by doubling, so a decode step writes one slice instead of copying the whole cache.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+
+class _Grown:
+    """A (B, H, T, Dh) buffer (or (B, T) for positions) with spare capacity on the T axis."""
+
+    def __init__(self, first: Tensor, time_dim: int) -> None:
+        self.time_dim = time_dim
+        self.length = 0
+        self.data = first.new_empty(self._shape(first, max(16, first.shape[time_dim])))
+
+    def _shape(self, like: Tensor, capacity: int) -> list[int]:
+        shape = list(like.shape)
+        shape[self.time_dim] = capacity
+        return shape
+
+    def append(self, new: Tensor) -> Tensor:
+        end = self.length + new.shape[self.time_dim]
+        if end > self.data.shape[self.time_dim]:
+            bigger = self.data.new_empty(self._shape(self.data, max(end, 2 * self.data.shape[self.time_dim])))
+            bigger.narrow(self.time_dim, 0, self.length).copy_(self.data.narrow(self.time_dim, 0, self.length))
+            self.data = bigger
+        self.data.narrow(self.time_dim, self.length, new.shape[self.time_dim]).copy_(new)
+        self.length = end
+        return self.data.narrow(self.time_dim, 0, end)
+
+
+class KVCache:
+    """Per-layer keys and values plus the positions of the keys (shared by all layers)."""
+
+    def __init__(self, n_layer: int) -> None:
+        self.layers: list[tuple[_Grown, _Grown] | None] = [None] * n_layer
+        self._positions: _Grown | None = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self._positions is None else self._positions.length
+
+    def add_positions(self, pos: Tensor) -> Tensor:
+        """Record the new tokens' positions (B,Tq); returns all key positions (B,Tk)."""
+        if self._positions is None:
+            self._positions = _Grown(pos, time_dim=1)
+        return self._positions.append(pos)
+
+    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Append this layer's new k, v (B,Hkv,Tq,Dh); returns all keys and values (B,Hkv,Tk,Dh)."""
+        if self.layers[layer] is None:
+            self.layers[layer] = (_Grown(k, time_dim=2), _Grown(v, time_dim=2))
+        keys, values = self.layers[layer]
+        return keys.append(k), values.append(v)
+
+
+__all__ = ["KVCache"]

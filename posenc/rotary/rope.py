@@ -1,0 +1,111 @@
+"""`rope`: rotary position embedding (Su et al. 2021) with NeMo's options.
+
+rotary_percentage rotates only the first fraction of each head's dims (GPT-NeoX);
+rotary_base sets theta; seq_len_interpolation_factor is position interpolation
+(Chen et al. 2023: positions / factor), and rope_scaling takes HF's dict for
+the other context-extension methods.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from posenc.errors import bad_value
+from posenc.rotary._core import apply_rotary, cos_sin
+from posenc.rotary.scaling import SEQ_LEN_DEPENDENT, frequencies, rope_type
+from posenc.scheme import Dims, Scheme
+
+
+def rotary_dims(head_dim: int, rotary_percentage: float) -> int:
+    rot = head_dim * rotary_percentage
+    if not 0.0 < rotary_percentage <= 1.0:
+        raise bad_value("rotary_percentage", rotary_percentage, "a fraction in (0, 1]")
+    if rot != int(rot) or int(rot) % 2:
+        raise bad_value(
+            "rotary_percentage",
+            rotary_percentage,
+            f"head_dim {head_dim} x rotary_percentage must be an even whole number of dims, got {rot:g}",
+        )
+    return int(rot)
+
+
+def scaling_from_config(cfg: Any) -> dict[str, Any] | None:
+    """NeMo's seq_len_interpolation_factor is HF's linear scaling; both at once is ambiguous."""
+    factor = getattr(cfg, "seq_len_interpolation_factor", None)
+    scaling = getattr(cfg, "rope_scaling", None)
+    if factor is not None and scaling is not None:
+        raise bad_value("seq_len_interpolation_factor", factor, "None when rope_scaling is also set")
+    if factor is not None:
+        return {"rope_type": "linear", "factor": float(factor)}
+    return dict(scaling) if scaling is not None else None
+
+
+class RoPE(Scheme):
+    relative = True
+
+    def __init__(
+        self,
+        dims: Dims,
+        rotary_percentage: float = 1.0,
+        rotary_base: float = 10000.0,
+        interleaved: bool = False,
+        rope_scaling: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(dims)
+        self.rot_dim = rotary_dims(dims.head_dim, rotary_percentage)
+        self.rotary_base = float(rotary_base)
+        self.interleaved = interleaved
+        self.rope_scaling = rope_scaling
+        self._dynamic = rope_type(rope_scaling) in SEQ_LEN_DEPENDENT
+        inv_freq, self.attention_scaling = self._frequencies(None)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self._memo: tuple | None = None  # (pos, version, cos, sin): one table per forward, shared by layers
+
+    @classmethod
+    def from_config(cls, dims: Dims, cfg: Any) -> "RoPE":
+        return cls(
+            dims,
+            rotary_percentage=cfg.rotary_percentage,
+            rotary_base=cfg.rotary_base,
+            interleaved=cfg.rotary_interleaved,
+            rope_scaling=scaling_from_config(cfg),
+        )
+
+    @classmethod
+    def check_config(cls, dims: Dims, cfg: Any) -> None:
+        cls.from_config(dims, cfg)  # every check lives in the constructor's pure helpers
+
+    def _frequencies(self, seq_len: int | None) -> tuple[Tensor, float]:
+        return frequencies(
+            self.rot_dim, self.rotary_base, self.rope_scaling, self.dims.max_seq_len, seq_len
+        )
+
+    def tables(self, pos: Tensor) -> tuple[Tensor, Tensor]:
+        """cos, sin (B,1,T,R/2) for positions (B,T); built once per forward, shared by all layers."""
+        memo = self._memo
+        if memo is not None and memo[0] is pos and memo[1] == pos._version:
+            return memo[2], memo[3]
+        inv_freq, scale = self.inv_freq, self.attention_scaling
+        if self._dynamic:
+            inv_freq, scale = self._frequencies(int(pos.max()) + 1)
+        cos, sin = cos_sin(pos, inv_freq.to(pos.device), scale)
+        self._memo = (pos, pos._version, cos, sin)
+        return cos, sin
+
+    def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+        cq, sq = self.tables(q_pos)
+        ck, sk = (cq, sq) if k_pos is q_pos else self.tables(k_pos)
+        return apply_rotary(q, cq, sq, self.interleaved), apply_rotary(k, ck, sk, self.interleaved)
+
+    def extra_repr(self) -> str:
+        return f"rot_dim={self.rot_dim}, base={self.rotary_base:g}, interleaved={self.interleaved}, scaling={self.rope_scaling}"
+
+
+def clear_memo(module: torch.nn.Module) -> None:
+    """Drop remembered tables (e.g. before timing); harmless at any time."""
+    for m in module.modules():
+        if hasattr(m, "_memo"):
+            m._memo = None

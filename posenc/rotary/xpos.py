@@ -1,0 +1,83 @@
+"""`xpos`: RoPE with an exponential per-pair decay (Sun et al. 2022, "A Length-Extrapolatable
+Transformer", eq. 9-10).
+
+Pair i gets zeta_i = (2i + 0.4 R) / (1.4 R); queries are multiplied by zeta_i^(m/scale_base)
+and keys divided by zeta_i^(n/scale_base), so q_m . k_n carries zeta_i^((m-n)/scale_base):
+relative, but decaying with distance. NeMo's scale_base default is 2048; the paper used 512.
+
+The scale is computed in log space and its exponent clamped to +-XPOS_MAX_LOG so that it
+cannot overflow float32/bf16 at any position (a plain zeta**(n/scale_base) overflows past
+n ~ 36k at scale_base 512). Inside the clamp the result is exact; the clamp is only hit where
+the true factor is already below e^-XPOS_MAX_LOG.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from posenc.errors import bad_value
+from posenc.rotary._core import angles, apply_rotary
+from posenc.rotary.rope import RoPE
+from posenc.scheme import Dims
+
+XPOS_MAX_LOG = 40.0  # e^40 ~ 2e17: q and k scales multiply to at most e^80 < float32 max e^88
+
+
+def xpos_log_zeta(rot_dim: int) -> Tensor:
+    """log zeta_i, i = 0..R/2-1, float64 (R/2,)."""
+    i = torch.arange(0, rot_dim, 2, dtype=torch.float64)
+    return torch.log((i + 0.4 * rot_dim) / (1.4 * rot_dim))
+
+
+def xpos_tables(pos: Tensor, inv_freq: Tensor, log_zeta: Tensor, scale_base: float, sign: float):
+    """cos, sin (B,1,T,R/2) float32 already multiplied by zeta^(sign * pos / scale_base)."""
+    theta = angles(pos, inv_freq)
+    log_scale = (sign * pos.to(torch.float64)[..., None] / scale_base) * log_zeta.to(pos.device)
+    scale = log_scale.clamp(-XPOS_MAX_LOG, XPOS_MAX_LOG).exp()
+    cos = (theta.cos() * scale).to(torch.float32).unsqueeze(1)
+    sin = (theta.sin() * scale).to(torch.float32).unsqueeze(1)
+    return cos, sin
+
+
+class XPos(RoPE):
+    relative = True  # up to the documented per-pair scale, which depends on m - n only
+
+    def __init__(self, dims: Dims, scale_base: float = 2048.0, **rope_kwargs: Any) -> None:
+        super().__init__(dims, **rope_kwargs)
+        if not scale_base > 0:
+            raise bad_value("xpos_scale_base", scale_base, "a positive number (NeMo 2048, paper 512)")
+        self.scale_base = float(scale_base)
+        self.register_buffer("log_zeta", xpos_log_zeta(self.rot_dim), persistent=False)
+
+    @classmethod
+    def from_config(cls, dims: Dims, cfg: Any) -> "XPos":
+        rope = RoPE.from_config(dims, cfg)
+        return cls(
+            dims,
+            scale_base=cfg.xpos_scale_base,
+            rotary_percentage=cfg.rotary_percentage,
+            rotary_base=rope.rotary_base,
+            interleaved=rope.interleaved,
+            rope_scaling=rope.rope_scaling,
+        )
+
+    def _tables(self, pos: Tensor, sign: float) -> tuple[Tensor, Tensor]:
+        """Per-forward memo, one entry per side (+1 queries, -1 keys), shared by all layers."""
+        memo = self._memo if isinstance(self._memo, dict) else {}
+        hit = memo.get(sign)
+        if hit is not None and hit[0] is pos and hit[1] == pos._version:
+            return hit[2]
+        tables = xpos_tables(pos, self.inv_freq, self.log_zeta, self.scale_base, sign)
+        self._memo = {**memo, sign: (pos, pos._version, tables)}
+        return tables
+
+    def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+        cq, sq = self._tables(q_pos, +1.0)
+        ck, sk = self._tables(k_pos, -1.0)
+        return apply_rotary(q, cq, sq, self.interleaved), apply_rotary(k, ck, sk, self.interleaved)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", scale_base={self.scale_base:g}"

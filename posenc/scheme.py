@@ -1,0 +1,96 @@
+"""The `Scheme` base class: four hooks, all no-ops, that attention calls blindly.
+
+A positional scheme touches attention in one of three places (DESIGN.md):
+token embeddings (`embed`), q/k rotation (`rotate`) or the attention logits
+(`bias`, and `score_mod`, its flex-attention form). A family overrides the hook
+it needs; attention calls every hook without asking which scheme it holds.
+
+Notation: B batch, H query heads, Hkv key/value heads, Tq queries, Tk keys,
+Dh head dim, D model dim. Positions are integer tensors (B, T), never implied.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+# flex_attention's score_mod signature: (score, batch, head, q_idx, kv_idx) -> score.
+ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
+
+
+@dataclass(frozen=True)
+class Dims:
+    """Shapes a scheme needs to build its tables; filled in by the model."""
+
+    d_model: int
+    n_head: int
+    head_dim: int
+    max_seq_len: int
+    causal: bool = True
+    n_kv_head: int | None = None
+
+
+class Scheme(nn.Module):
+    """Base of every positional scheme. Subclasses override one family's hook."""
+
+    # True when logits depend only on m - n: drives the shift-invariance test.
+    relative: ClassVar[bool] = True
+    # True when each layer needs its own instance (per-layer learned tables, e.g. Shaw).
+    per_layer: ClassVar[bool] = False
+    # True when the scheme adds to the output from the attention weights (Shaw's value term):
+    # attention then runs its eager path and calls mix_values.
+    needs_weights: ClassVar[bool] = False
+    # Stacks the scheme can serve: a causal decoder, a bidirectional encoder.
+    supports_causal: ClassVar[bool] = True
+    supports_bidirectional: ClassVar[bool] = True
+
+    def __init__(self, dims: Dims) -> None:
+        super().__init__()
+        self.dims = dims
+
+    @classmethod
+    def from_config(cls, dims: Dims, cfg: Any) -> "Scheme":
+        """Build from a model config; schemes with options read their fields here."""
+        return cls(dims)
+
+    @classmethod
+    def check_config(cls, dims: Dims, cfg: Any) -> None:
+        """Raise ValueError for a config this scheme cannot serve (called at config build)."""
+
+    def embed(self, x: Tensor, pos: Tensor) -> Tensor:
+        """x (B,T,D), pos (B,T) -> (B,T,D)."""
+        return x
+
+    def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+        """q (B,H,Tq,Dh), k (B,Hkv,Tk,Dh) at positions (B,Tq), (B,Tk) -> rotated q, k."""
+        return q, k
+
+    def bias(self, q_pos: Tensor, k_pos: Tensor, q: Tensor | None = None,
+             k: Tensor | None = None) -> Tensor | None:
+        """Additive logits bias (B|1, H, Tq, Tk), or None. Added after SDPA's 1/sqrt(Dh) scaling,
+        so content terms (q . r) must apply that scaling themselves. k is (B,Hkv,Tk,Dh)."""
+        return None
+
+    def mix_values(self, weights: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
+        """Extra output from attention weights (B,H,Tq,Tk) -> (B,H,Tq,Dh); only if needs_weights."""
+        return None
+
+    def score_mod(self, q_pos: Tensor, k_pos: Tensor) -> ScoreMod | None:
+        """The same bias as a flex_attention score modifier (no (H,Tq,Tk) tensor), or None."""
+        return None
+
+    def extra_repr(self) -> str:
+        return f"relative={self.relative}"
+
+
+def relative_distance(q_pos: Tensor, k_pos: Tensor) -> Tensor:
+    """(B,Tq), (B,Tk) -> m - n as (B,1,Tq,Tk) int64, broadcastable over heads."""
+    return (q_pos[:, :, None] - k_pos[:, None, :]).unsqueeze(1)
+
+
+def as_float_positions(pos: Tensor) -> Tensor:
+    # float64: an int position of 1e6 times a frequency must keep sub-radian precision.
+    return pos.to(torch.float64)
