@@ -11,6 +11,7 @@ import sys
 # subcommand -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "list": ("posenc.commands.list_schemes", "list every positional scheme and its family"),
+    "compare": ("posenc.commands.compare", "the main job: train one tiny GPT per scheme short, evaluate long"),
 }
 
 

@@ -10,7 +10,11 @@ from posenc.absolute.sinusoidal import Sinusoidal
 from posenc.bias.alibi import ALiBi
 from posenc.bias.kerple import KERPLE
 from posenc.bias.sandwich import Sandwich
+from posenc.bias.t5 import T5RelativeBias
 from posenc.errors import unknown_name
+from posenc.relative.shaw import Shaw
+from posenc.relative.transformer_xl import TransformerXL
+from posenc.rotary.p_rope import PRoPE
 from posenc.rotary.rope import RoPE
 from posenc.rotary.xpos import XPos
 from posenc.scheme import Dims, Scheme
@@ -21,9 +25,13 @@ SCHEMES: dict[str, type[Scheme]] = {
     "none": NoPE,
     "rope": RoPE,
     "xpos": XPos,
+    "p_rope": PRoPE,
     "alibi": ALiBi,
     "kerple": KERPLE,
     "sandwich": Sandwich,
+    "relative": T5RelativeBias,
+    "shaw": Shaw,
+    "transformer_xl": TransformerXL,
 }
 
 

@@ -43,6 +43,9 @@ class Scheme(nn.Module):
     # True when the scheme adds to the output from the attention weights (Shaw's value term):
     # attention then runs its eager path and calls mix_values.
     needs_weights: ClassVar[bool] = False
+    # True when the hooks should see positions measured from the sequence's first position
+    # (exact for a relative scheme; keeps xPos' exponential scale in range at any offset).
+    needs_origin: ClassVar[bool] = False
     # Stacks the scheme can serve: a causal decoder, a bidirectional encoder.
     supports_causal: ClassVar[bool] = True
     supports_bidirectional: ClassVar[bool] = True

@@ -2,8 +2,8 @@
 
   log kernel:   -r1 * log(1 + r2 * |m - n|)      r1, r2 > 0
   power kernel: -r1 * |m - n|^r2                 r1 > 0, 0 < r2 <= 2
-Per-head learnable r1, r2. Positivity holds by construction (softplus for r1 and the
-log kernel's r2, 2*sigmoid for the power exponent), so no gradient step can break it and
+Per-head learnable r1, r2. Positivity holds by construction (eps + softplus for r1 and the
+log kernel's r2, eps + (2-eps)*sigmoid for the power exponent), so no gradient step can break it and
 no clamp stops a gradient. r1 starts at the ALiBi slopes, as NeMo initialises it, and
 r2 at 1, so the power kernel starts exactly as ALiBi.
 """
@@ -19,6 +19,9 @@ from torch import Tensor, nn
 from posenc.bias.alibi import partial_slopes
 from posenc.errors import unknown_name
 from posenc.scheme import Dims, Scheme, ScoreMod, relative_distance
+
+
+KERPLE_EPS = 1e-6  # floor: softplus underflows to exactly 0 for very negative raw values
 
 
 def _inverse_softplus(y: Tensor) -> Tensor:
@@ -43,9 +46,10 @@ class KERPLE(Scheme):
             raise unknown_name("kerple_kernel", kernel, self.KERNELS)
         self.kernel = kernel
         # Heads NeMo leaves unbiased get r1 = 0; softplus cannot reach 0, so start them tiny.
-        r1 = partial_slopes(dims.n_head, num_attention_heads_kerple).clamp_min(1e-6)
-        self.r1_raw = nn.Parameter(_inverse_softplus(r1))
-        r2_raw = _inverse_softplus(torch.ones(dims.n_head)) if kernel == "log" else torch.zeros(dims.n_head)
+        r1 = partial_slopes(dims.n_head, num_attention_heads_kerple).clamp_min(2 * KERPLE_EPS)
+        self.r1_raw = nn.Parameter(_inverse_softplus(r1 - KERPLE_EPS))
+        one = torch.ones(dims.n_head)
+        r2_raw = _inverse_softplus(one - KERPLE_EPS) if kernel == "log" else torch.logit((one - KERPLE_EPS) / 2)
         self.r2_raw = nn.Parameter(r2_raw)
 
     @classmethod
@@ -58,13 +62,13 @@ class KERPLE(Scheme):
 
     @property
     def r1(self) -> Tensor:
-        return F.softplus(self.r1_raw)
+        return F.softplus(self.r1_raw) + KERPLE_EPS
 
     @property
     def r2(self) -> Tensor:
         if self.kernel == "log":
-            return F.softplus(self.r2_raw)
-        return 2.0 * torch.sigmoid(self.r2_raw)  # power exponent in (0, 2]
+            return F.softplus(self.r2_raw) + KERPLE_EPS
+        return KERPLE_EPS + (2.0 - KERPLE_EPS) * torch.sigmoid(self.r2_raw)  # power exponent in (0, 2]
 
     def bias(self, q_pos: Tensor, k_pos: Tensor, q: Tensor | None = None, k: Tensor | None = None) -> Tensor:
         distance = relative_distance(q_pos, k_pos).abs().to(torch.float32)  # (B,1,Tq,Tk)

@@ -2,5 +2,7 @@
 
 from posenc.models.config import GPTConfig
 from posenc.models.gpt import GPT
+from posenc.models.t5 import T5
+from posenc.models.t5_config import T5Config
 
-__all__ = ["GPT", "GPTConfig"]
+__all__ = ["GPT", "T5", "GPTConfig", "T5Config"]

@@ -6,9 +6,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from posenc.models.checks import number_in, optional_number_at_least, positive_int
+from posenc.bias.t5 import check_bucket_options
 from posenc.errors import bad_value
+from posenc.models.checks import number_in, optional_number_at_least, positive_int
 from posenc.registry import scheme_class
+from posenc.relative.shaw import check_max_relative_position
 from posenc.scheme import Dims
 
 
@@ -24,6 +26,10 @@ class PositionOptions:
     num_attention_heads_alibi: int | None = None  # NeMo: bias only the first heads
     kerple_kernel: str = "log"  # "log" or "power" (Chi et al. 2022)
     xpos_scale_base: float = 2048.0  # NeMo's default; the paper used 512
+    relative_attention_num_buckets: int = 32  # T5 (HF name): buckets of the `relative` bias
+    relative_attention_max_distance: int = 128  # T5: distances past this share the last bucket
+    shaw_max_relative_position: int = 16  # Shaw et al. 2018's clipping k (they found k >= 2 enough)
+    p_rope_fraction: float = 0.75  # p-RoPE: share of highest frequencies kept (Barbero et al. 2024)
 
     def check_position_options(self) -> None:
         number_in("rotary_percentage", self.rotary_percentage, 0.0, 1.0, low_open=True)
@@ -31,6 +37,8 @@ class PositionOptions:
         optional_number_at_least("seq_len_interpolation_factor", self.seq_len_interpolation_factor, 1.0,
                                  "None or a number >= 1 (positions are divided by it)")
         number_in("xpos_scale_base", self.xpos_scale_base, 0.0, float("inf"), low_open=True)
+        check_bucket_options(self.relative_attention_num_buckets, self.relative_attention_max_distance)
+        check_max_relative_position(self.shaw_max_relative_position)
 
 
 @dataclass(frozen=True, kw_only=True)

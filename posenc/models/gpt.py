@@ -55,6 +55,10 @@ class GPT(nn.Module):
         else:
             q_pos = check_positions(position_ids.to(input_ids.device), input_ids)
         k_pos = cache.add_positions(q_pos) if cache is not None else q_pos  # (B,Tk)
+        if self.scheme(0).needs_origin:  # measure from the first token; see XPos
+            origin = cache.origin if cache is not None else q_pos[:, :1]  # (B,1)
+            shifted = q_pos - origin
+            k_pos, q_pos = (shifted if k_pos is q_pos else k_pos - origin), shifted
         x = self.scheme(0).embed(self.wte(input_ids), q_pos)  # (B,T,D)
         x = self.drop(x)
         for i, block in enumerate(self.blocks):

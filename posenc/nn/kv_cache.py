@@ -42,6 +42,11 @@ class KVCache:
         self._positions: _Grown | None = None
 
     @property
+    def origin(self) -> Tensor | None:
+        """(B,1) position of each row's first cached token, or None before the first call."""
+        return None if self._positions is None else self._positions.data[:, :1]
+
+    @property
     def length(self) -> int:
         return 0 if self._positions is None else self._positions.length
 

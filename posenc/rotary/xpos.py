@@ -5,10 +5,13 @@ Pair i gets zeta_i = (2i + 0.4 R) / (1.4 R); queries are multiplied by zeta_i^(m
 and keys divided by zeta_i^(n/scale_base), so q_m . k_n carries zeta_i^((m-n)/scale_base):
 relative, but decaying with distance. NeMo's scale_base default is 2048; the paper used 512.
 
-The scale is computed in log space and its exponent clamped to +-XPOS_MAX_LOG so that it
-cannot overflow float32/bf16 at any position (a plain zeta**(n/scale_base) overflows past
-n ~ 36k at scale_base 512). Inside the clamp the result is exact; the clamp is only hit where
-the true factor is already below e^-XPOS_MAX_LOG.
+A plain zeta**(n/scale_base) overflows float32 past n ~ 36k at scale_base 512. Two guards:
+the model hands this scheme positions measured from the sequence's first token (needs_origin;
+exact, since the score depends only on m - n), so an offset of 1e6 costs nothing; and the scale
+is computed in log space with its exponent clamped to +-XPOS_MAX_LOG, so nothing can overflow
+even within one very long sequence. The result is exact while position * |log zeta_0| /
+scale_base < XPOS_MAX_LOG, i.e. for sequences up to ~32 * scale_base tokens (16k at 512, 65k at
+2048); past that the clamp keeps every value finite but distant-pair factors are approximate.
 """
 
 from __future__ import annotations
@@ -42,8 +45,14 @@ def xpos_tables(pos: Tensor, inv_freq: Tensor, log_zeta: Tensor, scale_base: flo
     return cos, sin
 
 
+def xpos_exact_span(rot_dim: int, scale_base: float) -> float:
+    """Largest position (from the origin) at which the clamped scale is still exact."""
+    return XPOS_MAX_LOG * scale_base / float(-xpos_log_zeta(rot_dim)[0])
+
+
 class XPos(RoPE):
     relative = True  # up to the documented per-pair scale, which depends on m - n only
+    needs_origin = True
 
     def __init__(self, dims: Dims, scale_base: float = 2048.0, **rope_kwargs: Any) -> None:
         super().__init__(dims, **rope_kwargs)

@@ -1,0 +1,48 @@
+"""Byte-level token streams, deterministic splits and batches that are pure functions of
+(seed, step), so an interrupted run resumed from a checkpoint sees exactly the same batches."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from posenc.data.corpus import SOURCES, Corpus, load_builtin
+from posenc.errors import bad_value
+
+BYTE_VOCAB = 256
+
+
+def load_corpus(name_or_path: str) -> Corpus:
+    """A built-in corpus name or a path to a UTF-8 text file."""
+    if name_or_path in SOURCES:
+        return load_builtin(name_or_path)
+    path = Path(name_or_path)
+    if not path.is_file():
+        raise bad_value("data.corpus", name_or_path, f"a built-in corpus ({', '.join(SOURCES)}) or a text file")
+    return Corpus(path.name, path.read_text(encoding="utf-8", errors="replace"))
+
+
+def byte_tokens(text: str) -> Tensor:
+    """UTF-8 bytes as int64 token ids (vocab 256)."""
+    return torch.frombuffer(bytearray(text.encode("utf-8")), dtype=torch.uint8).to(torch.int64)
+
+
+def split(tokens: Tensor, val_fraction: float) -> tuple[Tensor, Tensor]:
+    """Train on the head, validate on the tail: no window straddles both."""
+    cut = int(len(tokens) * (1 - val_fraction))
+    return tokens[:cut], tokens[cut:]
+
+
+def batch_generator(seed: int, step: int, rank: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(hash((seed, step, rank)) & 0x7FFF_FFFF_FFFF_FFFF)
+
+
+def sample_batch(tokens: Tensor, batch_size: int, seq_len: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """Random windows: inputs (B,L) and next-token targets (B,L)."""
+    if len(tokens) <= seq_len + 1:
+        raise bad_value("data.seq_len", seq_len, f"shorter than the split ({len(tokens)} tokens)")
+    starts = torch.randint(0, len(tokens) - seq_len - 1, (batch_size,), generator=generator)
+    windows = torch.stack([tokens[s : s + seq_len + 1] for s in starts.tolist()])  # (B,L+1)
+    return windows[:, :-1], windows[:, 1:]

@@ -1,0 +1,84 @@
+"""Evaluation: perplexity against length (train short, test long) and the shift test.
+
+Non-overlapping: cut the text into windows of length T and score every token (each token sees
+only its own window, so early tokens have little context). Sliding (ALiBi paper, Fig. 1): windows
+of length T advance by `stride` and only the last `stride` tokens of each are scored, so every
+scored token has at least T - stride tokens of context.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from posenc.errors import bad_value
+from posenc.experiments.config import EVAL_MODES, EvalConfig
+
+
+def _window_starts(n_tokens: int, length: int, step: int, max_windows: int) -> list[int]:
+    starts = list(range(0, n_tokens - length, step))
+    if not starts:
+        raise bad_value("eval length", length, f"shorter than the evaluation text ({n_tokens} tokens)")
+    return starts[:max_windows]
+
+
+@torch.no_grad()
+def window_nll(model: torch.nn.Module, tokens: Tensor, start: int, length: int, score_from: int,
+               position_offset: int = 0) -> tuple[float, int]:
+    """Summed next-token NLL of tokens[start+score_from+1 : start+length+1] given the window."""
+    window = tokens[start : start + length + 1][None]  # (1,T+1)
+    pos = torch.arange(position_offset, position_offset + length)[None]
+    logits = model(window[:, :-1], position_ids=pos)  # (1,T,V)
+    nll = F.cross_entropy(logits[0, score_from:].float(), window[0, score_from + 1 :], reduction="sum")
+    return nll.item(), length - score_from
+
+
+def perplexity(model: torch.nn.Module, tokens: Tensor, length: int, mode: str = "nonoverlapping",
+               stride: int | None = None, max_windows: int = 16, position_offset: int = 0) -> float:
+    if mode not in EVAL_MODES:
+        raise bad_value("eval.mode", mode, " | ".join(EVAL_MODES))
+    stride = length if mode == "nonoverlapping" else min(stride or max(1, length // 2), length)
+    total, count = 0.0, 0
+    for i, start in enumerate(_window_starts(len(tokens), length, stride, max_windows)):
+        score_from = 0 if (mode == "nonoverlapping" or i == 0) else length - stride
+        nll, n = window_nll(model, tokens, start, length, score_from, position_offset)
+        total, count = total + nll, count + n
+    return math.exp(total / count)
+
+
+def perplexity_by_length(model: torch.nn.Module, tokens: Tensor, train_len: int, cfg: EvalConfig,
+                         progress=None) -> dict[int, float]:
+    out = {}
+    for m in cfg.length_multipliers:
+        length = m * train_len
+        out[length] = _guarded(lambda length=length: perplexity(model, tokens, length, cfg.mode, cfg.stride,
+                                                                 cfg.max_windows))
+        if progress is not None:
+            progress.update(1)
+    return out
+
+
+def shift_test(model: torch.nn.Module, tokens: Tensor, length: int, offsets: tuple[int, ...],
+               max_windows: int = 8) -> dict[int, float]:
+    """Loss (nats/token) with every position moved by k; relative schemes must not change."""
+    return {k: _guarded(lambda k=k: math.log(perplexity(model, tokens, length, max_windows=max_windows,
+                                                        position_offset=k))) for k in offsets}
+
+
+def _guarded(fn) -> float:
+    """A scheme that cannot run at a length (learned_absolute past its table) scores NaN, not a crash."""
+    try:
+        return fn()
+    except ValueError as err:
+        if "max_seq_len" in str(err):
+            return float("nan")
+        raise
+
+
+def summarise(ppl: dict[int, float], train_len: int) -> dict[str, Any]:
+    base = ppl.get(train_len, float("nan"))
+    return {f"ppl@{length // train_len}x": value for length, value in ppl.items()} | {"ppl_in_length": base}

@@ -1,0 +1,140 @@
+"""Train a small GPT on an algorithmic task at sizes 1..L and measure exact-match accuracy per size.
+
+The protocol of Kazemnejad et al. 2023 and Ruoss et al. 2023: the model sees problem sizes up
+to L only; accuracy at sizes past L measures how far its positional scheme generalises.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from posenc.data.tasks import Task, get_task, make_batch, make_problems
+from posenc.errors import bad_value
+from posenc.models import GPT, GPTConfig
+
+EVAL_SEED_OFFSET = 1_000_003  # test problems come from a stream other than the training one
+
+
+def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
+    """Linear warm-up over `warmup` steps, then cosine down to lr / 10 at `steps`."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return lr * (0.1 + 0.45 * (1 + math.cos(math.pi * min(progress, 1.0))))
+
+
+def answer_loss(model: GPT, input_ids: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy over answer tokens only (the problem itself is random)."""
+    logits = model(input_ids[:, :-1])  # (B,T-1,V): position t predicts token t+1
+    targets = input_ids[:, 1:].masked_fill(~loss_mask[:, 1:], -100)  # -100: ignored
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
+
+
+def train_on_task(cfg: GPTConfig, task: Task | str, max_len: int, steps: int, batch_size: int = 64,
+                  lr: float = 3e-3, seed: int = 0) -> GPT:
+    """AdamW, 5% warm-up + cosine, grad clip 1.0; each batch has one size drawn uniformly in 1..max_len."""
+    task = get_task(task) if isinstance(task, str) else task
+    for name, value in (("max_len", max_len), ("steps", steps), ("batch_size", batch_size)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise bad_value(name, value, "a positive integer")
+    if not lr > 0:
+        raise bad_value("lr", lr, "a number > 0")
+    with torch.random.fork_rng():  # model init reads the global RNG; seed it without leaking
+        torch.manual_seed(seed)
+        model = GPT(cfg)
+    rng = random.Random(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
+    warmup = max(1, steps // 20)
+    model.train()
+    for step in range(steps):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, steps, lr, warmup)
+        input_ids, loss_mask = make_batch(task, rng.randint(1, max_len), batch_size, rng)
+        loss = answer_loss(model, input_ids, loss_mask)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+    return model.eval()
+
+
+@torch.no_grad()
+def accuracy_by_length(model: GPT, task: Task | str, lengths: Iterable[int], n_samples: int = 64,
+                       seed: int = 0) -> dict[int, float]:
+    """Exact-match rate of the greedy, cached answer (END byte included) at each problem size."""
+    task = get_task(task) if isinstance(task, str) else task
+    was_training, result = model.training, {}
+    model.eval()
+    for length in lengths:
+        rng = random.Random(seed * EVAL_SEED_OFFSET + length + EVAL_SEED_OFFSET)
+        prompts, answers = make_problems(task, length, n_samples, rng)  # (B,P), (B,A)
+        out = model.generate(prompts, max_new_tokens=answers.shape[1], use_cache=True)
+        result[length] = (out[:, prompts.shape[1]:] == answers).all(dim=1).float().mean().item()
+    model.train(was_training)
+    return result
+
+
+def longest_sequence(task: Task, length: int) -> int:
+    """Prompt + answer tokens at size `length` (fixed per size by the Task contract)."""
+    prompt, answer = task.sample(length, random.Random(0))
+    return len(prompt) + len(answer)
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One training run of the leaderboard: a scheme, a task and a seed."""
+
+    scheme: str
+    task: str
+    seed: int
+
+
+def check_leaderboard(base: GPTConfig, schemes: Sequence[str], tasks: Sequence[str], train_len: int,
+                      test_lengths: Sequence[int]) -> list[GPTConfig]:
+    """Every error before any training: unknown names, sizes, sequences past max_seq_len."""
+    if not isinstance(train_len, int) or isinstance(train_len, bool) or train_len < 1:
+        raise bad_value("train_len", train_len, "a positive integer")
+    if not test_lengths or any(not isinstance(n, int) or n < 1 for n in test_lengths):
+        raise bad_value("test_lengths", list(test_lengths), "a non-empty list of positive integers")
+    configs = [base.replace(position_embedding_type=name) for name in schemes]  # validates names
+    longest = max(longest_sequence(get_task(name), max(max(test_lengths), train_len)) for name in tasks)
+    if longest > base.max_seq_len:
+        raise bad_value("max_seq_len", base.max_seq_len, f">= {longest}, the longest test sequence")
+    return configs
+
+
+def run_leaderboard(schemes: Sequence[str], tasks: Sequence[str], train_len: int, test_lengths: Sequence[int],
+                    seeds: Sequence[int], steps: int, base: GPTConfig | None = None, batch_size: int = 64,
+                    lr: float = 3e-3, n_samples: int = 64, skip: Iterable[Unit] = (),
+                    on_unit: Callable[[Unit, list[dict]], None] | None = None,
+                    progress: bool = True) -> list[dict]:
+    """Train each (scheme, task, seed) and test it at every length.
+
+    Returns rows {scheme, task, seed, length, accuracy}. Units in `skip` are not run (resume);
+    `on_unit(unit, rows)` is called after each unit so a caller can save partial results.
+    """
+    base = base or GPTConfig(n_layer=2, n_head=4, d_model=64)
+    configs = check_leaderboard(base, schemes, tasks, train_len, test_lengths)
+    done = set(skip)
+    units = [(cfg, Unit(cfg.position_embedding_type, task, seed))
+             for cfg in configs for task in tasks for seed in seeds]
+    todo = [(cfg, unit) for cfg, unit in units if unit not in done]
+    rows: list[dict] = []
+    bar = tqdm(todo, desc="tasks", unit="run", disable=not progress)
+    for cfg, unit in bar:
+        bar.set_postfix_str(f"{unit.scheme}/{unit.task}/seed{unit.seed}")
+        model = train_on_task(cfg, unit.task, train_len, steps, batch_size, lr, unit.seed)
+        accuracy = accuracy_by_length(model, unit.task, test_lengths, n_samples, unit.seed)
+        new = [{"scheme": unit.scheme, "task": unit.task, "seed": unit.seed, "length": n, "accuracy": acc}
+               for n, acc in accuracy.items()]
+        rows.extend(new)
+        if on_unit is not None:
+            on_unit(unit, new)
+    return rows

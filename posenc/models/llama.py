@@ -1,0 +1,125 @@
+"""Llama (Touvron et al. 2023): RMSNorm, GQA, SwiGLU, and any posenc scheme (RoPE for
+pretrained weights). `Llama.from_gguf` loads a llama.cpp GGUF file, e.g. SmolLM2-135M."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from posenc.errors import bad_value
+from posenc.models.checks import positive_int
+from posenc.models.config import PositionOptions
+from posenc.models.gpt import GPT
+from posenc.models.inputs import check_positions, check_token_ids
+from posenc.nn.kv_cache import KVCache
+from posenc.nn.llama_block import LlamaBlock
+from posenc.registry import build, scheme_class
+from posenc.scheme import Dims
+
+
+@dataclass(frozen=True, kw_only=True)
+class LlamaConfig(PositionOptions):
+    """Defaults are SmolLM2-135M's shapes; a GGUF file overrides every one."""
+
+    vocab_size: int = 49152
+    n_layer: int = 30
+    n_head: int = 9
+    n_kv_head: int = 3  # GQA: each key/value head serves n_head // n_kv_head query heads
+    d_model: int = 576
+    ffn_hidden_size: int = 1536
+    max_seq_len: int = 8192  # the trained context: HF's max_position_embeddings, scalings' reference
+    rms_norm_eps: float = 1e-5
+    tie_word_embeddings: bool = True
+    position_embedding_type: str = "rope"
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "n_layer", "n_head", "n_kv_head", "d_model", "ffn_hidden_size", "max_seq_len"):
+            positive_int(name, getattr(self, name))
+        if self.d_model % self.n_head:
+            raise bad_value("n_head", self.n_head, f"a divisor of d_model={self.d_model}")
+        if self.n_head % self.n_kv_head:
+            raise bad_value("n_kv_head", self.n_kv_head, f"a divisor of n_head={self.n_head}")
+        self.check_position_options()
+        scheme_class(self.position_embedding_type).check_config(self.dims(), self)
+
+    def dims(self) -> Dims:
+        return Dims(self.d_model, self.n_head, self.d_model // self.n_head, self.max_seq_len, True, self.n_kv_head)
+
+    def replace(self, **changes: Any) -> LlamaConfig:
+        return dataclasses.replace(self, **changes)
+
+
+class Llama(nn.Module):
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.positions = build(cfg.position_embedding_type, cfg.dims(), cfg)  # one instance, all layers
+        self.blocks = nn.ModuleList(
+            LlamaBlock(cfg.d_model, cfg.n_head, cfg.n_kv_head, cfg.ffn_hidden_size, i, cfg.rms_norm_eps)
+            for i in range(cfg.n_layer)
+        )
+        self.norm = nn.RMSNorm(cfg.d_model, eps=cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.gguf_path: Path | None = None
+        self._tokenizer: Any = None
+
+    @classmethod
+    def from_gguf(cls, path: str | Path, rope_scaling: dict[str, Any] | None = None) -> Llama:
+        """Load a llama.cpp GGUF (weights dequantised to float32); rope_scaling in HF's dict format."""
+        from posenc.models.gguf import read_llama_gguf
+
+        fields, state = read_llama_gguf(path)
+        model = cls(LlamaConfig(**fields, rope_scaling=rope_scaling))
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        missing = [m for m in missing if not (m == "lm_head.weight" and model.cfg.tie_word_embeddings)]
+        if missing or unexpected:
+            raise bad_value("gguf tensors", {"missing": missing, "unexpected": unexpected}, "a Llama GGUF")
+        model.gguf_path = Path(path)
+        return model.eval()
+
+    @property
+    def tokenizer(self) -> Any:
+        """The GGUF's own tokenizer (a transformers fast tokenizer), built on first use."""
+        if self._tokenizer is None:
+            if self.gguf_path is None:
+                raise bad_value("tokenizer", None, "a model loaded with Llama.from_gguf")
+            from posenc.models.gguf import load_tokenizer
+
+            self._tokenizer = load_tokenizer(self.gguf_path)
+        return self._tokenizer
+
+    def features(self, input_ids: Tensor, position_ids: Tensor | None = None,
+                 cache: KVCache | None = None) -> Tensor:
+        """input_ids (B,T) -> final-normed hidden states (B,T,D); the LM head is left to the caller
+        so long-context evaluation can project in chunks instead of holding (T, vocab) logits."""
+        check_token_ids(input_ids, self.cfg.vocab_size)
+        b, t = input_ids.shape
+        start = cache.length if cache is not None else 0
+        if position_ids is None:
+            q_pos = torch.arange(start, start + t, device=input_ids.device).expand(b, t)
+        else:
+            q_pos = check_positions(position_ids.to(input_ids.device), input_ids)
+        k_pos = cache.add_positions(q_pos) if cache is not None else q_pos  # (B,Tk)
+        x = self.positions.embed(self.embed_tokens(input_ids), q_pos)  # (B,T,D)
+        for block in self.blocks:
+            x = block(x, self.positions, q_pos, k_pos, cache)
+        return self.norm(x)
+
+    def forward(self, input_ids: Tensor, position_ids: Tensor | None = None,
+                cache: KVCache | None = None) -> Tensor:
+        """input_ids (B,T) -> logits (B,T,V). position_ids default to cache length + arange(T)."""
+        return self.lm_head(self.features(input_ids, position_ids, cache))
+
+    def new_cache(self) -> KVCache:
+        return KVCache(self.cfg.n_layer)
+
+    # The same greedy/sampled decoding loop as GPT: it needs only self(...), new_cache and cfg.vocab_size.
+    generate = GPT.generate

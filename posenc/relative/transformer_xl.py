@@ -1,0 +1,71 @@
+"""`transformer_xl`: relative attention of Transformer-XL (Dai et al. 2019, sec. 3.3, eq. before 3.4).
+
+  A_ij = q_i.k_j  +  q_i.W_R R_{i-j}  +  u.k_j  +  v.W_R R_{i-j}
+          (a)          (b)                 (c)        (d)
+R is the fixed sinusoid of the distance i - j (d_model wide), W_R a learned projection to
+the heads, u and v learned per-head vectors. SDPA computes (a) scaled by 1/sqrt(Dh); this
+scheme returns (b) + (c) + (d) with the same scaling, so all four terms share it as in the paper.
+
+(b) + (d) = (q_i + v).W_R R_{i-j}: one matmul against the L distinct distances present
+(B,H,Tq,L), then a gather at each pair's distance. The paper's "relative shift" (pad,
+reshape, slice) produces the same matrix, but only for contiguous positions with queries
+at the end of the keys; the gather reads the explicit position tensors instead, so shifted
+positions, cached decoding (Tq < Tk) and any position layout need no special case.
+
+per_layer=True: the paper gives each layer its own W_R; u and v are shared across layers in
+the paper but untied per layer by default in the reference code's successors (HF untie_r=True);
+we keep one instance per layer so a layer owns all its positional parameters.
+Causal only (supports_bidirectional=False): TXL is a decoder, and its segment recurrence
+(not implemented here: our KV cache plays that role at inference) assumes the past.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from posenc.absolute.sinusoidal import sinusoidal_table
+from posenc.scheme import Dims, Scheme
+
+
+class TransformerXL(Scheme):
+    relative = True
+    per_layer = True
+    supports_bidirectional = False
+
+    def __init__(self, dims: Dims) -> None:
+        super().__init__(dims)
+        h, dh = dims.n_head, dims.head_dim
+        self.w_r = nn.Linear(dims.d_model, h * dh, bias=False)  # W_{k,R}
+        nn.init.normal_(self.w_r.weight, std=0.02)
+        self.u = nn.Parameter(torch.randn(h, dh) * 0.02)  # content bias, term (c)
+        self.v = nn.Parameter(torch.randn(h, dh) * 0.02)  # position bias, term (d)
+
+    def projected_distances(self, low: int, high: int, like: Tensor) -> Tensor:
+        """W_R R_r for r = low..high -> (H, L, Dh), L = high - low + 1."""
+        offsets = torch.arange(low, high + 1, device=like.device)  # (L,)
+        r = sinusoidal_table(offsets, self.dims.d_model).to(like.dtype)  # (L,D), computed in float64
+        return self.w_r(r).view(-1, self.dims.n_head, self.dims.head_dim).transpose(0, 1)  # (H,L,Dh)
+
+    def content_bias(self, k: Tensor) -> Tensor:
+        """Term (c), u.k_j: k (B,Hkv,Tk,Dh) -> (B,H,1,Tk); GQA query head h reads key head h // group."""
+        b, hkv, tk, dh = k.shape
+        u = self.u.to(k.dtype).view(hkv, -1, dh)  # (Hkv,group,Dh)
+        return torch.einsum("bktd,kgd->bkgt", k, u).reshape(b, -1, 1, tk)  # (B,H,1,Tk)
+
+    def bias(self, q_pos: Tensor, k_pos: Tensor, q: Tensor | None = None, k: Tensor | None = None) -> Tensor:
+        if q is None or k is None:
+            raise ValueError("transformer_xl: bias() needs q and k (terms b, c, d); attention passes them")
+        distance = q_pos[:, :, None] - k_pos[:, None, :]  # (B,Tq,Tk), i - j
+        low, high = int(distance.min()), int(distance.max())
+        rk = self.projected_distances(low, high, q)  # (H,L,Dh)
+        per_distance = (q + self.v.to(q.dtype)[:, None, :]) @ rk.transpose(-1, -2)  # (B,H,Tq,L): (b)+(d)
+        index = (distance - low).unsqueeze(1).expand(q.shape[0], q.shape[1], -1, -1)  # (B,H,Tq,Tk)
+        position = per_distance.gather(-1, index)  # (B,H,Tq,Tk)
+        return (position + self.content_bias(k)) * q.shape[-1] ** -0.5  # (B,H,Tq,Tk)
+
+    def extra_repr(self) -> str:
+        return f"heads={self.dims.n_head}, head_dim={self.dims.head_dim}"
+
+
+__all__ = ["TransformerXL"]

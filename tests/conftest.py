@@ -1,0 +1,45 @@
+"""Shared fixtures: tiny models that run in milliseconds on CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import posenc
+from posenc.models import GPT, GPTConfig
+
+VOCAB = 61
+
+
+def tiny_config(scheme: str, **overrides) -> GPTConfig:
+    base = dict(vocab_size=VOCAB, n_layer=2, n_head=4, d_model=32, max_seq_len=512,
+                position_embedding_type=scheme)
+    return GPTConfig(**{**base, **overrides})
+
+
+def tiny_gpt(scheme: str, seed: int = 0, **overrides) -> GPT:
+    torch.manual_seed(seed)
+    model = GPT(tiny_config(scheme, **overrides)).eval()
+    perturb_scheme_parameters(model)
+    return model
+
+
+def perturb_scheme_parameters(model: torch.nn.Module) -> None:
+    """Learned position tables start at zero or at symmetric values in some schemes (T5 relative,
+    TXL u/v); random values make the property tests see every term."""
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for scheme in model.positions:
+            for name, p in scheme.named_parameters():
+                if "raw" not in name:  # KERPLE's raw params keep their meaning
+                    p.add_(0.1 * torch.randn(p.shape, generator=g))
+
+
+@pytest.fixture(params=posenc.available())
+def scheme_name(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+def tokens() -> torch.Tensor:
+    return torch.randint(0, VOCAB, (2, 24), generator=torch.Generator().manual_seed(0))
