@@ -21,7 +21,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 demo: $(STAMP)
-	$(BIN)/posenc compare
+	$(BIN)/posenc compare --config configs/compare.yaml
 
 lint: $(STAMP)
 	$(BIN)/ruff check posenc tests benchmarks

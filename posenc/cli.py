@@ -11,6 +11,9 @@ import sys
 # subcommand -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "list": ("posenc.commands.list_schemes", "list every positional scheme and its family"),
+    "tasks": ("posenc.commands.tasks", "length generalisation on copy/reverse/addition/...: train 1..L, test to 4L"),
+    "train": ("posenc.commands.train", "train one GPT from a YAML preset and dotted overrides (torchrun: DDP)"),
+    "eval": ("posenc.commands.eval", "perplexity vs length and the shift test for a trained run"),
     "compare": ("posenc.commands.compare", "the main job: train one tiny GPT per scheme short, evaluate long"),
 }
 

@@ -19,3 +19,11 @@ def unknown_name(field: str, value: str, valid: Iterable[str]) -> ConfigError:
     near = difflib.get_close_matches(str(value), valid, n=1)
     hint = f" (did you mean {near[0]!r}?)" if near else ""
     return ConfigError(f"{field}={value!r} is unknown{hint}; valid: {', '.join(valid)}")
+
+
+def unknown_key(section: str, key: str, valid: Iterable[str]) -> ConfigError:
+    valid = sorted(valid)
+    near = difflib.get_close_matches(str(key), valid, n=1)
+    where = f"{section}." if section else ""
+    hint = f" (did you mean '{where}{near[0]}'?)" if near else ""
+    return ConfigError(f"unknown key '{where}{key}'{hint}; valid keys: {', '.join(valid)}")

@@ -14,7 +14,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from posenc.errors import ConfigError, bad_value, unknown_name
+from posenc.errors import bad_value, unknown_key, unknown_name
 from posenc.models.checks import from_dict, number_in, positive_int
 from posenc.models.config import GPTConfig
 
@@ -108,17 +108,14 @@ def _section(name: str, cls: type, values: Any) -> Any:
     if not isinstance(values, dict):
         raise bad_value(name, values, "a mapping of options")
     values = {k: tuple(v) if k in _TUPLES and isinstance(v, list) else v for k, v in values.items()}
-    try:
-        return from_dict(cls, values)
-    except ConfigError as err:
-        raise ConfigError(str(err).replace(f"{cls.__name__} key", f"{name} key")) from None
+    return from_dict(cls, values, section=name)
 
 
 def from_plain(data: dict[str, Any]) -> RunConfig:
     valid = set(SECTIONS) | {"out_dir"}
     for key in data:
         if key not in valid:
-            raise unknown_name("config key", key, valid)
+            raise unknown_key("", key, valid)
     parts = {name: _section(name, cls, data[name]) for name, cls in SECTIONS.items() if name in data}
     return RunConfig(**parts, **({"out_dir": str(data["out_dir"])} if "out_dir" in data else {}))
 

@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 from posenc.data.tasks import Task, get_task, make_batch, make_problems
 from posenc.errors import bad_value
 from posenc.models import GPT, GPTConfig
+from posenc.models.checks import number_in, positive_int
 
 EVAL_SEED_OFFSET = 1_000_003  # test problems come from a stream other than the training one
 
@@ -37,15 +38,17 @@ def answer_loss(model: GPT, input_ids: torch.Tensor, loss_mask: torch.Tensor) ->
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
 
 
+def check_training(max_len: int, steps: int, batch_size: int, lr: float) -> None:
+    for name, value in (("max_len", max_len), ("steps", steps), ("batch_size", batch_size)):
+        positive_int(name, value)
+    number_in("lr", lr, 0.0, 10.0, low_open=True)
+
+
 def train_on_task(cfg: GPTConfig, task: Task | str, max_len: int, steps: int, batch_size: int = 64,
                   lr: float = 3e-3, seed: int = 0) -> GPT:
     """AdamW, 5% warm-up + cosine, grad clip 1.0; each batch has one size drawn uniformly in 1..max_len."""
     task = get_task(task) if isinstance(task, str) else task
-    for name, value in (("max_len", max_len), ("steps", steps), ("batch_size", batch_size)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise bad_value(name, value, "a positive integer")
-    if not lr > 0:
-        raise bad_value("lr", lr, "a number > 0")
+    check_training(max_len, steps, batch_size, lr)
     with torch.random.fork_rng():  # model init reads the global RNG; seed it without leaking
         torch.manual_seed(seed)
         model = GPT(cfg)
@@ -97,12 +100,14 @@ class Unit:
 
 
 def check_leaderboard(base: GPTConfig, schemes: Sequence[str], tasks: Sequence[str], train_len: int,
-                      test_lengths: Sequence[int]) -> list[GPTConfig]:
+                      test_lengths: Sequence[int], seeds: Sequence[int]) -> list[GPTConfig]:
     """Every error before any training: unknown names, sizes, sequences past max_seq_len."""
-    if not isinstance(train_len, int) or isinstance(train_len, bool) or train_len < 1:
-        raise bad_value("train_len", train_len, "a positive integer")
-    if not test_lengths or any(not isinstance(n, int) or n < 1 for n in test_lengths):
-        raise bad_value("test_lengths", list(test_lengths), "a non-empty list of positive integers")
+    positive_int("train_len", train_len)
+    for name, values in (("schemes", schemes), ("tasks", tasks), ("seeds", seeds), ("test_lengths", test_lengths)):
+        if not values:
+            raise bad_value(name, list(values), "a non-empty list")
+    for n in test_lengths:
+        positive_int("test_lengths", n)
     configs = [base.replace(position_embedding_type=name) for name in schemes]  # validates names
     longest = max(longest_sequence(get_task(name), max(max(test_lengths), train_len)) for name in tasks)
     if longest > base.max_seq_len:
@@ -121,7 +126,9 @@ def run_leaderboard(schemes: Sequence[str], tasks: Sequence[str], train_len: int
     `on_unit(unit, rows)` is called after each unit so a caller can save partial results.
     """
     base = base or GPTConfig(n_layer=2, n_head=4, d_model=64)
-    configs = check_leaderboard(base, schemes, tasks, train_len, test_lengths)
+    configs = check_leaderboard(base, schemes, tasks, train_len, test_lengths, seeds)
+    check_training(train_len, steps, batch_size, lr)
+    positive_int("n_samples", n_samples)
     done = set(skip)
     units = [(cfg, Unit(cfg.position_embedding_type, task, seed))
              for cfg in configs for task in tasks for seed in seeds]

@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-from posenc.errors import bad_value, unknown_name
+from posenc.errors import bad_value, unknown_key
 
 T = TypeVar("T")
 
@@ -33,10 +33,10 @@ def optional_number_at_least(field: str, value: Any, low: float, allowed: str) -
         raise bad_value(field, value, allowed)
 
 
-def from_dict(cls: type[T], data: Mapping[str, Any]) -> T:
+def from_dict(cls: type[T], data: Mapping[str, Any], section: str = "") -> T:
     """Build a config dataclass from a dict; an unknown key names the nearest valid one."""
     names = {f.name for f in dataclasses.fields(cls)}
     for key in data:
         if key not in names:
-            raise unknown_name(f"{cls.__name__} key", key, names)
+            raise unknown_key(section, key, names)
     return cls(**data)

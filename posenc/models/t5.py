@@ -38,6 +38,15 @@ def default_positions(ids: Tensor, start: int, position_ids: Tensor | None) -> T
     return check_positions(position_ids.to(ids.device), ids)
 
 
+def from_origin(scheme: Scheme, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+    """Positions measured from each row's first key for schemes that ask (Scheme.needs_origin, xPos):
+    exact for a relative scheme. k_pos[:, :1] is the first cached position when a cache is in use."""
+    if not scheme.needs_origin:
+        return q_pos, k_pos
+    origin = k_pos[:, :1]  # (B,1)
+    return q_pos - origin, k_pos - origin
+
+
 class T5(nn.Module):
     def __init__(self, cfg: T5Config) -> None:
         super().__init__()
@@ -76,6 +85,7 @@ class T5(nn.Module):
         """input_ids (B,Ts) -> encoder outputs (B,Ts,D)."""
         check_token_ids(input_ids, self.cfg.vocab_size)
         pos = default_positions(input_ids, 0, position_ids)  # (B,Ts)
+        pos, _ = from_origin(self._scheme(self.encoder_positions, 0), pos, pos)
         x = self.drop(self._scheme(self.encoder_positions, 0).embed(self.shared(input_ids), pos))  # (B,Ts,D)
         for i, block in enumerate(self.encoder_blocks):
             x = block(x, self._scheme(self.encoder_positions, i), pos, pos)
@@ -91,6 +101,7 @@ class T5(nn.Module):
         check_token_ids(decoder_input_ids, self.cfg.vocab_size, "decoder_input_ids")
         q_pos = default_positions(decoder_input_ids, cache.length if cache is not None else 0, position_ids)
         k_pos = cache.add_positions(q_pos) if cache is not None else q_pos  # (B,Tk)
+        q_pos, k_pos = from_origin(self._scheme(self.decoder_positions, 0), q_pos, k_pos)
         x = self._scheme(self.decoder_positions, 0).embed(self.shared(decoder_input_ids), q_pos)  # (B,T,D)
         x = self.drop(x)
         for i, block in enumerate(self.decoder_blocks):

@@ -47,7 +47,7 @@ def test_interpolation_factor_and_rope_scaling_together_is_ambiguous():
 
 
 def test_unknown_key_suggests_the_nearest_field():
-    with pytest.raises(ValueError, match=r"'rotary_percentag'.*did you mean 'rotary_percentage'"):
+    with pytest.raises(ValueError, match=r"unknown key 'rotary_percentag'.*did you mean 'rotary_percentage'"):
         from_dict(GPTConfig, {**BASE, "rotary_percentag": 0.5})
 
 

@@ -23,7 +23,7 @@ def sinusoid(r: torch.Tensor, d: int) -> torch.Tensor:
 
 def naive_scores(scheme: TransformerXL, q, k, q_pos, k_pos):
     """A_ij = q_i.k_j + q_i.W_R R_{i-j} + u.k_j + v.W_R R_{i-j}, all / sqrt(Dh), term by term."""
-    b, h, _, dh = q.shape
+    _, h, _, dh = q.shape
     k = k.repeat_interleave(h // k.shape[1], 1)  # (B,H,Tk,Dh)
     r = sinusoid(q_pos[:, :, None] - k_pos[:, None, :], scheme.dims.d_model)  # (B,Tq,Tk,D)
     wr = (r @ scheme.w_r.weight.T).view(*r.shape[:3], h, dh)  # (B,Tq,Tk,H,Dh): W_R R_{i-j}

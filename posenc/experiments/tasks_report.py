@@ -1,0 +1,68 @@
+"""Summaries, files and a plot for a task leaderboard: rows {scheme, task, seed, length, accuracy}."""
+
+from __future__ import annotations
+
+import csv
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+
+from posenc.experiments.rundir import atomic_write
+
+FIELDS = ("scheme", "task", "seed", "length", "accuracy")
+
+
+def bucket(length: int, train_len: int) -> str:
+    """In-distribution (<= L), 2x (L < n <= 2L), 4x (2L < n <= 4L), beyond (> 4L)."""
+    for factor, name in ((1, "in-dist"), (2, "2x"), (4, "4x")):
+        if length <= factor * train_len:
+            low = 1 if factor == 1 else factor // 2 * train_len + 1
+            return f"{name} ({low}-{factor * train_len})"
+    return f">4x ({4 * train_len + 1}+)"
+
+
+def spread(values: Sequence[float]) -> float:
+    """Sample standard deviation across seeds; 0 for a single seed."""
+    return statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def summarize(rows: Sequence[dict], train_len: int) -> list[dict]:
+    """Per scheme x task x length bucket: mean and spread across seeds of each seed's bucket mean."""
+    per_seed: dict[tuple, list[float]] = defaultdict(list)
+    for row in rows:
+        per_seed[(row["scheme"], row["task"], bucket(row["length"], train_len), row["seed"])].append(row["accuracy"])
+    per_bucket: dict[tuple, list[float]] = defaultdict(list)
+    for (scheme, task, name, _seed), accs in per_seed.items():
+        per_bucket[(scheme, task, name)].append(statistics.fmean(accs))
+    return [{"scheme": s, "task": t, "bucket": b, "mean": statistics.fmean(v), "spread": spread(v), "seeds": len(v)}
+            for (s, t, b), v in per_bucket.items()]
+
+
+def bucket_names(summary: Sequence[dict]) -> list[str]:
+    return list(dict.fromkeys(row["bucket"] for row in summary))  # in first-seen (length) order
+
+
+def write_csv(path: str | Path, rows: Sequence[dict]) -> Path:
+    def write(tmp: Path) -> None:
+        with open(tmp, "w", newline="", encoding="utf-8") as f:
+            writer = csv.DictWriter(f, fieldnames=FIELDS)
+            writer.writeheader()
+            writer.writerows({k: row[k] for k in FIELDS} for row in rows)
+
+    return atomic_write(path, write)
+
+
+def print_table(summary: Sequence[dict]) -> None:
+    """A rich table: one row per scheme x task, one column per length bucket (mean ± spread)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    names = bucket_names(summary)
+    table = Table(title="exact-match accuracy: mean ± std over seeds")
+    for column in ("task", "scheme", *names):
+        table.add_column(column, justify="left" if column in ("task", "scheme") else "right")
+    cells = {(r["task"], r["scheme"], r["bucket"]): f"{r['mean']:.2f} ± {r['spread']:.2f}" for r in summary}
+    for task, scheme in dict.fromkeys((r["task"], r["scheme"]) for r in summary):
+        table.add_row(task, scheme, *(cells.get((task, scheme, b), "-") for b in names))
+    Console(width=max(100, 24 * len(names) + 40)).print(table)

@@ -1,0 +1,87 @@
+"""Training: deterministic data, exact resume after an interruption, DDP equals one process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from posenc.data.tokens import batch_generator, byte_tokens, load_corpus, sample_batch, split
+from posenc.experiments import checkpoint
+from posenc.experiments.config import load_config
+from posenc.experiments.train import lr_at, train
+
+TINY = ["model.n_layer=2", "model.d_model=32", "model.n_head=2", "data.seq_len=32", "trainer.batch_size=8",
+        "trainer.warmup_steps=2", "trainer.eval_interval=4", "trainer.eval_batches=2", "trainer.progress=false",
+        "model.position_embedding_type=alibi"]
+
+
+def test_corpus_and_batches_are_deterministic():
+    a, b = load_corpus("python_docs"), load_corpus("python_docs")
+    assert a.sha256 == b.sha256 and len(a.text) > 100_000
+    train_tokens, val_tokens = split(byte_tokens(a.text), 0.1)
+    assert len(val_tokens) == len(byte_tokens(a.text)) - len(train_tokens)
+    x1, _ = sample_batch(train_tokens, 4, 16, batch_generator(0, 5))
+    x2, _ = sample_batch(train_tokens, 4, 16, batch_generator(0, 5))
+    x3, _ = sample_batch(train_tokens, 4, 16, batch_generator(0, 6))
+    assert torch.equal(x1, x2) and not torch.equal(x1, x3)
+
+
+def test_learning_rate_schedule_warms_up_then_decays_to_floor():
+    cfg = load_config(None, ["trainer.max_steps=100", "trainer.warmup_steps=10", "trainer.lr=1.0",
+                             "trainer.min_lr=0.1"]).trainer
+    assert lr_at(0, cfg) == pytest.approx(0.1) and lr_at(9, cfg) == pytest.approx(1.0)
+    assert lr_at(55, cfg) == pytest.approx(0.55) and lr_at(100, cfg) == pytest.approx(0.1)
+
+
+def test_resume_after_interruption_equals_uninterrupted_training(tmp_path):
+    full = train(load_config(None, [*TINY, "trainer.max_steps=8", "trainer.checkpoint_interval=8"]), tmp_path / "a")
+    # Interrupted at step 4 (the checkpoint), then resumed in a fresh process-equivalent call.
+    train(load_config(None, [*TINY, "trainer.max_steps=8", "trainer.checkpoint_interval=4"]), tmp_path / "b")
+    ckpt_dir = tmp_path / "b" / "checkpoints"
+    (ckpt_dir / "latest").write_text("step-00000004")  # as if the run had died right after step 4
+    resumed = train(load_config(None, [*TINY, "trainer.max_steps=8", "trainer.checkpoint_interval=4"]), tmp_path / "b")
+    assert [h["loss"] for h in resumed.history] == pytest.approx([h["loss"] for h in full.history], abs=1e-6)
+    for (name, p), (_, q) in zip(full.model.state_dict().items(), resumed.model.state_dict().items(), strict=True):
+        torch.testing.assert_close(p, q, rtol=0, atol=1e-6, msg=name)
+
+
+def test_corrupt_checkpoint_is_a_clear_error_naming_the_file(tmp_path):
+    train(load_config(None, [*TINY, "trainer.max_steps=2", "trainer.checkpoint_interval=2"]), tmp_path)
+    last = checkpoint.latest(tmp_path)
+    data = (last / "model.safetensors").read_bytes()
+    (last / "model.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match=f"checkpoint {last}"):
+        train(load_config(None, [*TINY, "trainer.max_steps=4"]), tmp_path)
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_match_one_process_on_the_same_global_batch(tmp_path):
+    overrides = [*TINY, "trainer.max_steps=3", "trainer.checkpoint_interval=3", "trainer.grad_accum=2"]
+    single = train(load_config(None, overrides), tmp_path / "single")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "posenc.cli",
+           "train", "--run-dir", str(tmp_path / "ddp"), *overrides]
+    subprocess.run(cmd, check=True, env=env, capture_output=True, timeout=300)
+    ddp_history = json.loads((tmp_path / "ddp" / "train.json").read_text())["history"]
+    assert [h["loss"] for h in ddp_history] == pytest.approx([h["loss"] for h in single.history], abs=1e-5)
+
+
+def test_files_are_never_half_written(tmp_path):
+    from posenc.experiments.rundir import atomic_write
+
+    target = tmp_path / "report.json"
+    target.write_text("old")
+
+    def crash(tmp: Path) -> None:
+        tmp.write_text("half")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write(target, crash)
+    assert target.read_text() == "old" and list(tmp_path.iterdir()) == [target]
