@@ -11,8 +11,9 @@ Dh head dim, D model dim. Positions are integer tensors (B, T), never implied.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -55,7 +56,7 @@ class Scheme(nn.Module):
         self.dims = dims
 
     @classmethod
-    def from_config(cls, dims: Dims, cfg: Any) -> "Scheme":
+    def from_config(cls, dims: Dims, cfg: Any) -> Scheme:
         """Build from a model config; schemes with options read their fields here."""
         return cls(dims)
 

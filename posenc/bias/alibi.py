@@ -50,7 +50,7 @@ class ALiBi(Scheme):
         self.register_buffer("slopes", partial_slopes(dims.n_head, num_attention_heads_alibi), persistent=False)
 
     @classmethod
-    def from_config(cls, dims: Dims, cfg: Any) -> "ALiBi":
+    def from_config(cls, dims: Dims, cfg: Any) -> ALiBi:
         return cls(dims, getattr(cfg, "num_attention_heads_alibi", None))
 
     @classmethod

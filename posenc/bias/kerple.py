@@ -20,7 +20,6 @@ from posenc.bias.alibi import partial_slopes
 from posenc.errors import unknown_name
 from posenc.scheme import Dims, Scheme, ScoreMod, relative_distance
 
-
 KERPLE_EPS = 1e-6  # floor: softplus underflows to exactly 0 for very negative raw values
 
 
@@ -53,7 +52,7 @@ class KERPLE(Scheme):
         self.r2_raw = nn.Parameter(r2_raw)
 
     @classmethod
-    def from_config(cls, dims: Dims, cfg: Any) -> "KERPLE":
+    def from_config(cls, dims: Dims, cfg: Any) -> KERPLE:
         return cls(dims, getattr(cfg, "kerple_kernel", "log"), getattr(cfg, "num_attention_heads_alibi", None))
 
     @classmethod

@@ -49,8 +49,8 @@ def _bucket(relative_position: Tensor, bidirectional: bool, num_buckets: int, ma
     else:
         distance = (-relative_position).clamp_min(0)  # only the past counts; future keys share bucket 0
     max_exact = num_buckets // 2
-    # float32 on purpose: Mesh TF computed this log in float32, and trained T5 tables rely on
-    # its rounding at bucket edges (e.g. log(16/8)/log(128/8)*8 lands just below 2).
+    # float32 as Mesh TF and HF compute it, so a bucket edge can never round differently from the
+    # tables of trained T5 checkpoints (float64 agrees on every offset tests/reference checks).
     ratio = distance.clamp_min(1).to(torch.float32) / max_exact
     log_bucket = max_exact + (torch.log(ratio) / math.log(max_distance / max_exact)
                               * (num_buckets - max_exact)).to(torch.int64)

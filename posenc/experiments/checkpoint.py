@@ -48,14 +48,18 @@ def save(run_dir: Path, step: int, model: torch.nn.Module, opt: torch.optim.Opti
     ckpt_root = Path(run_dir) / "checkpoints"
     ckpt_root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=ckpt_root))
-    save_model(model, str(tmp / "model.safetensors"))
-    opt_tensors, opt_plain = _flatten_optimizer(opt)
-    save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
-    (tmp / "state.json").write_text(json.dumps({**meta, "step": step, "optimizer": opt_plain}, default=str))
     final = ckpt_root / f"step-{step:08d}"
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+    try:
+        save_model(model, str(tmp / "model.safetensors"))
+        opt_tensors, opt_plain = _flatten_optimizer(opt)
+        save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
+        (tmp / "state.json").write_text(json.dumps({**meta, "step": step, "optimizer": opt_plain}, default=str))
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     write_text(ckpt_root / "latest", final.name)
     for old in sorted(p for p in ckpt_root.glob("step-*") if p != final)[:-max(keep - 1, 0) or None]:
         shutil.rmtree(old, ignore_errors=True)

@@ -127,19 +127,33 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     if path is not None:
         if not Path(path).is_file():
             raise bad_value("config", str(path), "an existing YAML file")
-        layers.append(OmegaConf.load(path))
+        try:
+            layers.append(OmegaConf.load(path))
+        except Exception as err:
+            raise bad_value("config", str(path), f"valid YAML ({str(err).splitlines()[0]})") from None
     for item in overrides:
         if "=" not in item:
             raise bad_value("override", item, "section.key=value, e.g. trainer.max_steps=2000")
         key = item.split("=", 1)[0]
         if "." not in key and key != "out_dir":
             raise bad_value("override", item, "section.key=value with a section: " + ", ".join(SECTIONS))
-    layers.append(OmegaConf.from_dotlist(list(overrides)))
+    for item in overrides:
+        try:  # one at a time, so a YAML error names the override that caused it
+            layers.append(OmegaConf.from_dotlist([item]))
+        except Exception as err:
+            message = str(err).splitlines()[0]
+            raise bad_value("override", item, f"key=value with a YAML value ({message})") from None
     # Merge as plain dicts: OmegaConf's struct mode would reject unknown keys with a traceback;
     # from_plain rejects them with the nearest valid key instead.
     merged: dict[str, Any] = {}
     for layer in layers:
-        _deep_update(merged, OmegaConf.to_container(layer, resolve=True))
+        try:
+            plain = OmegaConf.to_container(layer, resolve=True)
+        except Exception as err:
+            raise bad_value("config", "interpolation", f"resolvable values ({str(err).splitlines()[0]})") from None
+        if not isinstance(plain, dict):
+            raise bad_value("config", plain, "a mapping of sections")
+        _deep_update(merged, plain)
     return from_plain(merged)
 
 

@@ -80,5 +80,5 @@ class GPTConfig(PositionOptions):
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    def replace(self, **changes: Any) -> "GPTConfig":
+    def replace(self, **changes: Any) -> GPTConfig:
         return dataclasses.replace(self, **changes)

@@ -8,6 +8,7 @@ from torch import Tensor, nn
 from posenc.errors import bad_value
 from posenc.models.config import GPTConfig
 from posenc.models.inputs import check_positions, check_token_ids
+from posenc.models.limits import check_fits
 from posenc.nn.blocks import DecoderBlock
 from posenc.nn.kv_cache import KVCache
 from posenc.registry import build, scheme_class
@@ -50,6 +51,7 @@ class GPT(nn.Module):
         check_token_ids(input_ids, self.cfg.vocab_size)
         b, t = input_ids.shape
         start = cache.length if cache is not None else 0
+        check_fits(b, self.cfg.n_head, self.cfg.d_model, t, start + t, self.scheme(0))
         if position_ids is None:
             q_pos = torch.arange(start, start + t, device=input_ids.device).expand(b, t)
         else:

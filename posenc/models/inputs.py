@@ -14,8 +14,8 @@ def check_token_ids(input_ids: Tensor, vocab_size: int, field: str = "input_ids"
     if input_ids.dim() != 2 or input_ids.dtype not in (torch.int64, torch.int32):
         raise bad_value(f"{field}.shape/dtype", (tuple(input_ids.shape), str(input_ids.dtype)),
                         "a (batch, length) tensor of int64 token ids")
-    if input_ids.shape[1] == 0:
-        raise bad_value(f"{field}.shape", tuple(input_ids.shape), "at least one token per sequence")
+    if input_ids.shape[0] == 0 or input_ids.shape[1] == 0:
+        raise bad_value(f"{field}.shape", tuple(input_ids.shape), "at least one sequence of at least one token")
     low, high = int(input_ids.min()), int(input_ids.max())
     if low < 0 or high >= vocab_size:
         bad = low if low < 0 else high

@@ -76,6 +76,7 @@ class Llama(nn.Module):
         """Load a llama.cpp GGUF (weights dequantised to float32); rope_scaling in HF's dict format."""
         from posenc.models.gguf import read_llama_gguf
 
+        LlamaConfig(rope_scaling=rope_scaling)  # a bad scaling fails here, before the slow read
         fields, state = read_llama_gguf(path)
         model = cls(LlamaConfig(**fields, rope_scaling=rope_scaling))
         missing, unexpected = model.load_state_dict(state, strict=False)
@@ -84,6 +85,12 @@ class Llama(nn.Module):
             raise bad_value("gguf tensors", {"missing": missing, "unexpected": unexpected}, "a Llama GGUF")
         model.gguf_path = Path(path)
         return model.eval()
+
+    def set_rope_scaling(self, rope_scaling: dict[str, Any] | None) -> Llama:
+        """Switch the context-extension scaling in place (weights untouched; validated first)."""
+        self.cfg = self.cfg.replace(rope_scaling=rope_scaling)
+        self.positions = build(self.cfg.position_embedding_type, self.cfg.dims(), self.cfg)
+        return self
 
     @property
     def tokenizer(self) -> Any:

@@ -47,6 +47,8 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False)
     gradient is needed; otherwise uses out-of-place ops autograd can follow.
     """
     rot_dim = 2 * cos.shape[-1]
+    if x.element_size() < 4:  # bf16/fp16: rotate in float32, round once (cos/sin keep 24 bits)
+        return apply_rotary(x.float(), cos, sin, interleaved).to(x.dtype)
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     x1, x2 = _pairs(x, rot_dim, interleaved)
     if torch.is_grad_enabled() and (x.requires_grad or cos.requires_grad):

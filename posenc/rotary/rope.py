@@ -65,7 +65,7 @@ class RoPE(Scheme):
         self._memo: tuple | None = None  # (pos, version, cos, sin): one table per forward, shared by layers
 
     @classmethod
-    def from_config(cls, dims: Dims, cfg: Any) -> "RoPE":
+    def from_config(cls, dims: Dims, cfg: Any) -> RoPE:
         return cls(
             dims,
             rotary_percentage=cfg.rotary_percentage,
@@ -101,7 +101,8 @@ class RoPE(Scheme):
         return apply_rotary(q, cq, sq, self.interleaved), apply_rotary(k, ck, sk, self.interleaved)
 
     def extra_repr(self) -> str:
-        return f"rot_dim={self.rot_dim}, base={self.rotary_base:g}, interleaved={self.interleaved}, scaling={self.rope_scaling}"
+        return (f"rot_dim={self.rot_dim}, base={self.rotary_base:g}, interleaved={self.interleaved}, "
+                f"scaling={self.rope_scaling}")
 
 
 def clear_memo(module: torch.nn.Module) -> None:

@@ -53,6 +53,8 @@ def xpos_exact_span(rot_dim: int, scale_base: float) -> float:
 class XPos(RoPE):
     relative = True  # up to the documented per-pair scale, which depends on m - n only
     needs_origin = True
+    # In an encoder, future keys (m - n < 0) would be amplified by zeta^(m-n) > 1, not decayed.
+    supports_bidirectional = False
 
     def __init__(self, dims: Dims, scale_base: float = 2048.0, **rope_kwargs: Any) -> None:
         super().__init__(dims, **rope_kwargs)
@@ -62,7 +64,7 @@ class XPos(RoPE):
         self.register_buffer("log_zeta", xpos_log_zeta(self.rot_dim), persistent=False)
 
     @classmethod
-    def from_config(cls, dims: Dims, cfg: Any) -> "XPos":
+    def from_config(cls, dims: Dims, cfg: Any) -> XPos:
         rope = RoPE.from_config(dims, cfg)
         return cls(
             dims,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -40,7 +41,7 @@ def check_addition(problem: str, answer: str) -> bool:
 
 
 def check_sort(problem: str, answer: str) -> bool:
-    ordered = all(x <= y for x, y in zip(answer, answer[1:], strict=False))
+    ordered = all(x <= y for x, y in itertools.pairwise(answer))
     return ordered and sorted(problem) == sorted(answer)  # ordered and a permutation of the problem
 
 

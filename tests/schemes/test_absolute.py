@@ -44,8 +44,8 @@ def test_learned_absolute_rejects_positions_past_its_table_with_a_clear_error():
 def test_nope_attention_output_is_order_free_without_a_mask():
     """The permutation demo: with no positions and no mask, a token's output is the same wherever it
     sits ("The dog chased another dog": both dogs get the same vector)."""
-    from posenc.nn.attention import SelfAttention
     from posenc.absolute.nope import NoPE
+    from posenc.nn.attention import SelfAttention
 
     torch.manual_seed(0)
     attn = SelfAttention(16, 2, 2, causal=False)

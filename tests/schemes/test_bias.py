@@ -84,7 +84,7 @@ def test_kerple_gradients_flow_and_parameters_stay_positive(kernel):
 
 
 def test_kerple_rejects_unknown_kernel():
-    with pytest.raises(ValueError, match="kerple_kernel='cubic'.*log, power"):
+    with pytest.raises(ValueError, match=r"kerple_kernel='cubic'.*log, power"):
         KERPLE(dims(), kernel="cubic")
 
 

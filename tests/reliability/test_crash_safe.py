@@ -1,0 +1,83 @@
+"""Crash safety and safe loading: SIGKILL mid-run then resume equals an uninterrupted run; a pickled
+payload in a checkpoint is refused, not executed; a corrupt file is named in the error."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from posenc.experiments import checkpoint
+from posenc.experiments.config import load_config
+from posenc.experiments.train import train
+from tests.experiments.test_train import TINY
+
+ROOT = Path(__file__).resolve().parents[2]
+KILL_RUN = [*TINY, "trainer.max_steps=40", "trainer.checkpoint_interval=5"]
+
+
+def _train_cmd(run_dir: Path) -> list[str]:
+    return [sys.executable, "-m", "posenc.cli", "train", "--run-dir", str(run_dir), *KILL_RUN]
+
+
+@pytest.mark.slow
+def test_sigkill_mid_run_then_resume_gives_the_same_final_loss(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(_train_cmd(tmp_path / "killed"), env=env, cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while checkpoint.latest(tmp_path / "killed") is None and time.time() < deadline:
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)  # no chance to clean up: whatever was mid-write stays half-written
+    proc.wait()
+    killed_at = json.loads((checkpoint.latest(tmp_path / "killed") / "state.json").read_text())["step"]
+    assert 5 <= killed_at < 40
+    subprocess.run(_train_cmd(tmp_path / "killed"), env=env, cwd=ROOT, check=True, capture_output=True)
+    reference = train(load_config(None, KILL_RUN), tmp_path / "clean")
+    resumed = json.loads((tmp_path / "killed" / "train.json").read_text())["history"]
+    assert len(resumed) == 40
+    assert abs(resumed[-1]["loss"] - reference.history[-1]["loss"]) < 1e-6
+
+
+class _Payload:
+    def __reduce__(self):
+        return (os.system, ("touch pwned",))
+
+
+def test_pickled_payload_in_a_checkpoint_is_refused_not_executed(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    train(load_config(None, [*TINY, "trainer.max_steps=2", "trainer.checkpoint_interval=2"]), tmp_path / "run")
+    last = checkpoint.latest(tmp_path / "run")
+    (last / "model.safetensors").write_bytes(pickle.dumps(_Payload()))
+    with pytest.raises(checkpoint.CheckpointError, match=str(last)):
+        train(load_config(None, [*TINY, "trainer.max_steps=4"]), tmp_path / "run")
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_no_module_unpickles_weights():
+    """Any torch.load in the package must pass weights_only=True."""
+    for path in (ROOT / "posenc").rglob("*.py"):
+        for line in path.read_text().splitlines():
+            if "torch.load(" in line:
+                assert "weights_only=True" in line, f"{path}: {line.strip()}"
+
+
+def test_a_new_checkpoint_never_replaces_the_last_good_one_until_complete(tmp_path, monkeypatch):
+    train(load_config(None, [*TINY, "trainer.max_steps=2", "trainer.checkpoint_interval=2"]), tmp_path)
+    good = checkpoint.latest(tmp_path)
+
+    def boom(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(checkpoint, "save_file", boom)
+    with pytest.raises(OSError, match="disk full"):
+        train(load_config(None, [*TINY, "trainer.max_steps=4", "trainer.checkpoint_interval=2"]), tmp_path)
+    assert checkpoint.latest(tmp_path) == good and (good / "model.safetensors").is_file()
+    assert not [p for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith(".tmp")]

@@ -1,0 +1,69 @@
+"""Positions stay precise whatever the model dtype: angles in float64, xPos in log space,
+biases finite at long range."""
+
+from __future__ import annotations
+
+import torch
+
+from posenc.bias.alibi import ALiBi
+from posenc.bias.kerple import KERPLE
+from posenc.bias.sandwich import Sandwich
+from posenc.rotary._core import apply_rotary_reference
+from posenc.rotary.rope import RoPE
+from posenc.rotary.xpos import XPos
+from posenc.scheme import Dims
+
+DIMS = Dims(d_model=512, n_head=8, head_dim=64, max_seq_len=128)
+# bf16 keeps 8 significant bits; rotating in float32 and rounding once leaves each rotated component
+# within 2^-9 relative, so |q.k - exact| <= 2^-8 |q| |k| (two roundings), whatever the position.
+BF16_RELATIVE_BOUND = 2.0**-8
+
+
+def test_bf16_rotated_scores_at_a_million_positions_match_float64_reference():
+    rope = RoPE(DIMS)
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 8, 16, 64, generator=g).to(torch.bfloat16)
+    k = torch.randn(1, 8, 16, 64, generator=g).to(torch.bfloat16)
+    q_pos = torch.arange(1_000_000 - 16, 1_000_000)[None]
+    k_pos = torch.arange(0, 1_000_000, 62_500)[None]  # keys spread over the whole million
+    qr, _ = rope.rotate(q, q, q_pos, q_pos)
+    _, kr = rope.rotate(k, k, k_pos, k_pos)
+    assert qr.dtype == torch.bfloat16
+    ours = qr.double() @ kr.double().transpose(-1, -2)
+    exact = apply_rotary_reference(q, q_pos, rope.inv_freq, False) @ \
+        apply_rotary_reference(k, k_pos, rope.inv_freq, False).transpose(-1, -2)
+    norms = q.double().norm(dim=-1)[..., :, None] * k.double().norm(dim=-1)[..., None, :]
+    worst = ((ours - exact).abs() / norms).max().item()
+    assert worst < BF16_RELATIVE_BOUND, worst
+
+
+def test_float32_angles_would_fail_the_same_bound():
+    """Control: HF-style float32 angles at m ~ 1e6 are off by up to ~0.06 rad, visibly worse."""
+    inv_freq = RoPE(DIMS).inv_freq
+    pos = torch.tensor([999_999.0])
+    angle32 = (pos.float()[:, None] * inv_freq)[0, 0].item()
+    angle64 = (pos.double()[:, None] * inv_freq.double())[0, 0].item()
+    assert abs(angle32 - angle64) < 0.1  # float32 rounds 1e6 * 1.0 exactly; test a non-trivial frequency
+    angle32 = (pos.float() * inv_freq[3]).item()
+    angle64 = (pos.double() * inv_freq[3].double()).item()
+    assert abs(angle32 - angle64) > 1e-3
+
+
+def test_xpos_scale_never_overflows_in_bf16():
+    xpos = XPos(DIMS, scale_base=512.0)
+    x = torch.randn(1, 8, 4, 64).to(torch.bfloat16)
+    for far in (10_000, 100_000, 1_000_000, 10_000_000):
+        pos = torch.arange(far, far + 4)[None]
+        q, k = xpos.rotate(x, x, pos, pos)
+        assert torch.isfinite(q).all() and torch.isfinite(k).all()
+        assert torch.isfinite(q.float() @ k.float().transpose(-1, -2)).all()
+
+
+def test_biases_at_65k_tokens_stay_finite():
+    q_pos = torch.tensor([[65_535]])
+    k_pos = torch.arange(65_536)[None]
+    for scheme in (ALiBi(DIMS), KERPLE(DIMS, "log"), KERPLE(DIMS, "power"), Sandwich(DIMS)):
+        bias = scheme.bias(q_pos, k_pos).detach()
+        assert bias.shape == (1, 8, 1, 65_536)
+        assert torch.isfinite(bias).all(), type(scheme).__name__
+        assert bias[..., -1].abs().max() < 1e-4  # zero distance, zero bias
