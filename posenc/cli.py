@@ -15,6 +15,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("posenc.commands.train", "train one GPT from a YAML preset and dotted overrides (torchrun: DDP)"),
     "eval": ("posenc.commands.eval", "perplexity vs length and the shift test for a trained run"),
     "compare": ("posenc.commands.compare", "the main job: train one tiny GPT per scheme short, evaluate long"),
+    "extend": ("posenc.commands.extend", "pretrained SmolLM2: perplexity vs length for each RoPE scaling"),
 }
 
 

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from posenc.absolute.abacus import Abacus
 from posenc.absolute.learned import LearnedAbsolute
 from posenc.absolute.nope import NoPE
+from posenc.absolute.shape import SHAPE
 from posenc.absolute.sinusoidal import Sinusoidal
 from posenc.bias.alibi import ALiBi
+from posenc.bias.fire import FIRE
 from posenc.bias.kerple import KERPLE
 from posenc.bias.sandwich import Sandwich
 from posenc.bias.t5 import T5RelativeBias
 from posenc.errors import unknown_name
+from posenc.relative.cope import CoPE
 from posenc.relative.shaw import Shaw
 from posenc.relative.transformer_xl import TransformerXL
 from posenc.rotary.p_rope import PRoPE
@@ -32,6 +36,10 @@ SCHEMES: dict[str, type[Scheme]] = {
     "relative": T5RelativeBias,
     "shaw": Shaw,
     "transformer_xl": TransformerXL,
+    "cope": CoPE,
+    "fire": FIRE,
+    "abacus": Abacus,
+    "shape": SHAPE,
 }
 
 

@@ -64,8 +64,9 @@ class Scheme(nn.Module):
     def check_config(cls, dims: Dims, cfg: Any) -> None:
         """Raise ValueError for a config this scheme cannot serve (called at config build)."""
 
-    def embed(self, x: Tensor, pos: Tensor) -> Tensor:
-        """x (B,T,D), pos (B,T) -> (B,T,D)."""
+    def embed(self, x: Tensor, pos: Tensor, input_ids: Tensor | None = None) -> Tensor:
+        """x (B,T,D), pos (B,T) -> (B,T,D). input_ids (B,Tk), Tk >= T, when the model passes them:
+        the token ids of the cached prefix followed by x's T tokens (Abacus reads digit runs)."""
         return x
 
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
@@ -88,6 +89,12 @@ class Scheme(nn.Module):
 
     def extra_repr(self) -> str:
         return f"relative={self.relative}"
+
+
+def materialises_bias(scheme: Scheme | type[Scheme]) -> bool:
+    """True when the scheme (instance or class) adds logits or reads the attention weights."""
+    cls = scheme if isinstance(scheme, type) else type(scheme)
+    return cls.bias is not Scheme.bias or cls.needs_weights
 
 
 def relative_distance(q_pos: Tensor, k_pos: Tensor) -> Tensor:

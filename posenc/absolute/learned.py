@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import Tensor, nn
 
+from posenc.errors import bad_value
 from posenc.scheme import Dims, Scheme
 
 
@@ -19,7 +22,16 @@ class LearnedAbsolute(Scheme):
         self.wpe = nn.Embedding(dims.max_seq_len, dims.d_model)
         nn.init.normal_(self.wpe.weight, std=0.02)
 
-    def embed(self, x: Tensor, pos: Tensor) -> Tensor:
+    @classmethod
+    def check_config(cls, dims: Dims, cfg: Any) -> None:
+        # Randomized positions (GPTConfig) draw ids from [0, L): every one needs a row of the table.
+        limit = getattr(cfg, "random_position_range", None)
+        if limit is not None and limit > dims.max_seq_len:
+            raise bad_value("max_random_position", limit,
+                            f"<= max_seq_len={dims.max_seq_len} with learned_absolute (its table has max_seq_len "
+                            "rows; None means 4 * max_seq_len): set it to max_seq_len and train on shorter sequences")
+
+    def embed(self, x: Tensor, pos: Tensor, input_ids: Tensor | None = None) -> Tensor:
         highest = int(pos.max()) if pos.numel() else 0
         if highest >= self.dims.max_seq_len or (pos.numel() and int(pos.min()) < 0):
             raise PositionTooLarge(

@@ -28,5 +28,5 @@ class Sinusoidal(Scheme):
     def __init__(self, dims: Dims) -> None:
         super().__init__(dims)
 
-    def embed(self, x: Tensor, pos: Tensor) -> Tensor:
+    def embed(self, x: Tensor, pos: Tensor, input_ids: Tensor | None = None) -> Tensor:
         return x + sinusoidal_table(pos, self.dims.d_model).to(x.dtype)  # (B,T,D)

@@ -48,11 +48,14 @@ class Sandwich(Scheme):
         return table[distance] / self.head_scales.view(1, -1, 1, 1)  # (B,H,Tq,Tk)
 
     def score_mod(self, q_pos: Tensor, k_pos: Tensor) -> ScoreMod:
-        span = int(torch.cat((q_pos, k_pos), 1).max() - torch.cat((q_pos, k_pos), 1).min())
-        table, scales = self._table(span), self.head_scales
+        both = torch.cat((q_pos, k_pos), 1)
+        span = int(both.max() - both.min())
+        table = self._table(span)[: span + 1]
+        symmetric = torch.cat((table.flip(0), table[1:]))  # index m - n + span, no abs() in the kernel
+        by_offset = (symmetric[None, :] / self.head_scales[:, None]).contiguous()  # (H, 2*span+1)
+        # (abs() of an index inside score_mod trips an Inductor C++ codegen bug in torch 2.13.)
 
         def sandwich(score, b, h, q_idx, kv_idx):
-            distance = (q_pos[b, q_idx] - k_pos[b, kv_idx]).abs()
-            return score + table[distance] / scales[h]
+            return score + by_offset[h, q_pos[b, q_idx] - k_pos[b, kv_idx] + span]
 
         return sandwich

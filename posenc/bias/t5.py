@@ -87,10 +87,15 @@ class T5RelativeBias(Scheme):
         return values.permute(0, 3, 1, 2)  # (B,H,Tq,Tk)
 
     def score_mod(self, q_pos: Tensor, k_pos: Tensor) -> ScoreMod:
-        table, args = self.table, (self.bidirectional, self.num_buckets, self.max_distance)
+        # One lookup per score: the bias of every distance in range, (H, span), built once per call.
+        # (A bucket computation inside score_mod also hits an Inductor C++ codegen bug in torch 2.13.)
+        lowest = int(k_pos.min() - q_pos.max())
+        distances = torch.arange(lowest, int(k_pos.max() - q_pos.min()) + 1, device=q_pos.device)
+        buckets = _bucket(distances, self.bidirectional, self.num_buckets, self.max_distance)
+        by_distance = self.table[buckets].t().contiguous().detach()  # (H, span)
 
         def t5_bias(score, b, h, q_idx, kv_idx):
-            return score + table[_bucket(k_pos[b, kv_idx] - q_pos[b, q_idx], *args), h].to(score.dtype)
+            return score + by_distance[h, k_pos[b, kv_idx] - q_pos[b, q_idx] - lowest].to(score.dtype)
 
         return t5_bias
 

@@ -19,6 +19,7 @@ from posenc.experiments.tasks_report import print_table, summarize, write_csv
 from posenc.experiments.tasks_resume import previous_rows, units_in
 from posenc.experiments.tasks_run import longest_sequence, run_leaderboard
 from posenc.models import GPTConfig
+from posenc.models.checks import number_in, positive_int
 from posenc.registry import scheme_class
 
 
@@ -62,8 +63,9 @@ def settings_from(args: argparse.Namespace) -> dict:
         scheme_class(name, field="--schemes")
     for name in tasks:
         get_task(name, field="--tasks")
-    if args.train_len < 1:
-        raise bad_value("--train-len", args.train_len, "a positive integer")
+    for flag in ("train_len", "steps", "batch_size", "samples", "n_layer", "n_head", "d_model"):
+        positive_int(f"--{flag.replace('_', '-')}", getattr(args, flag))
+    number_in("--lr", args.lr, 0.0, 10.0, low_open=True)
     test_max = 4 * args.train_len if args.test_max_len is None else args.test_max_len
     if test_max < 1:
         raise bad_value("--test-max-len", test_max, "a positive integer")
@@ -87,9 +89,12 @@ def main(args: argparse.Namespace) -> int:
         rows.extend(new)
         write_json(out / "results.json", {"settings": s, "rows": rows, "complete": False})
 
-    run_leaderboard(s["schemes"], s["tasks"], s["train_len"], s["test_lengths"], s["seeds"], s["steps"], base,
-                    s["batch_size"], s["lr"], s["samples"], skip=units_in(rows), on_unit=save_partial,
-                    progress=not args.no_progress)
+    run_leaderboard(s["schemes"], s["tasks"], s["train_len"], s["test_lengths"], s["seeds"], s["steps"], base=base,
+                    batch_size=s["batch_size"], lr=s["lr"], n_samples=s["samples"], skip=units_in(rows),
+                    on_unit=save_partial, progress=not args.no_progress)
+    # Resumed runs append out of order; the files list runs in the order the flags name them.
+    rows.sort(key=lambda r: (s["schemes"].index(r["scheme"]), s["tasks"].index(r["task"]),
+                             s["seeds"].index(r["seed"]), r["length"]))
     summary = summarize(rows, s["train_len"])
     write_json(out / "results.json", {"settings": s, "rows": rows, "summary": summary, "complete": True})
     write_csv(out / "results.csv", rows)

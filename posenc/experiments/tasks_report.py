@@ -63,6 +63,9 @@ def print_table(summary: Sequence[dict]) -> None:
     for column in ("task", "scheme", *names):
         table.add_column(column, justify="left" if column in ("task", "scheme") else "right")
     cells = {(r["task"], r["scheme"], r["bucket"]): f"{r['mean']:.2f} ± {r['spread']:.2f}" for r in summary}
-    for task, scheme in dict.fromkeys((r["task"], r["scheme"]) for r in summary):
-        table.add_row(task, scheme, *(cells.get((task, scheme, b), "-") for b in names))
+    schemes = dict.fromkeys(r["scheme"] for r in summary)
+    for task in dict.fromkeys(r["task"] for r in summary):  # schemes side by side within each task
+        for scheme in schemes:
+            table.add_row(task, scheme, *(cells.get((task, scheme, b), "-") for b in names))
+        table.add_section()
     Console(width=max(100, 24 * len(names) + 40)).print(table)

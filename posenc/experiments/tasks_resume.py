@@ -14,7 +14,8 @@ RUN_LISTS = ("schemes", "tasks", "seeds")
 
 def comparable(settings: dict) -> dict:
     model = {k: v for k, v in settings["model"].items() if k != "position_embedding_type"}
-    return {**{k: v for k, v in settings.items() if k not in RUN_LISTS}, "model": model}
+    kept = {**{k: v for k, v in settings.items() if k not in RUN_LISTS}, "model": model}
+    return json.loads(json.dumps(kept, default=str))  # as stored: tuples read back as lists
 
 
 def previous_rows(path: Path, settings: dict) -> list[dict]:

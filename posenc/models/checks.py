@@ -16,6 +16,11 @@ def positive_int(field: str, value: Any) -> None:
         raise bad_value(field, value, "a positive integer")
 
 
+def non_negative_int(field: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise bad_value(field, value, "a non-negative integer")
+
+
 def number_in(field: str, value: Any, low: float, high: float, low_open: bool = False,
               high_open: bool = False) -> None:
     ok = isinstance(value, (int, float)) and not isinstance(value, bool)

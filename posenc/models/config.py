@@ -6,9 +6,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from posenc.absolute.abacus import check_digit_ids
 from posenc.bias.t5 import check_bucket_options
 from posenc.errors import bad_value
-from posenc.models.checks import number_in, optional_number_at_least, positive_int
+from posenc.models.checks import non_negative_int, number_in, optional_number_at_least, positive_int
+from posenc.models.random_positions import check_randomized_positions
 from posenc.registry import scheme_class
 from posenc.relative.shaw import check_max_relative_position
 from posenc.scheme import Dims
@@ -30,6 +32,13 @@ class PositionOptions:
     relative_attention_max_distance: int = 128  # T5: distances past this share the last bucket
     shaw_max_relative_position: int = 16  # Shaw et al. 2018's clipping k (they found k >= 2 enough)
     p_rope_fraction: float = 0.75  # p-RoPE: share of highest frequencies kept (Barbero et al. 2024)
+    cope_npos_max: int = 64  # CoPE: rows of the position table; contextual positions clip at npos_max - 1
+    fire_mlp_width: int = 32  # FIRE: hidden units of f_theta (Li et al. 2023 use 32)
+    fire_init_c: float = 0.1  # FIRE: initial c of psi(x) = log(c x + 1) (the paper's init)
+    fire_init_threshold: float = 512.0  # FIRE: initial L of psi(max(L, i)) (the paper's init)
+    abacus_max_offset: int = 100  # Abacus: training offsets k in [0, this) (McLeish et al. 2024: 100)
+    abacus_digit_ids: tuple[int, ...] = tuple(range(48, 58))  # Abacus: ids of '0'..'9' (bytes 48..57)
+    shape_max_shift: int = 100  # SHAPE: training shifts k in [0, this] (Kiyono et al. 2021 use larger)
 
     def check_position_options(self) -> None:
         number_in("rotary_percentage", self.rotary_percentage, 0.0, 1.0, low_open=True)
@@ -39,6 +48,14 @@ class PositionOptions:
         number_in("xpos_scale_base", self.xpos_scale_base, 0.0, float("inf"), low_open=True)
         check_bucket_options(self.relative_attention_num_buckets, self.relative_attention_max_distance)
         check_max_relative_position(self.shaw_max_relative_position)
+        positive_int("cope_npos_max", self.cope_npos_max)
+        positive_int("fire_mlp_width", self.fire_mlp_width)
+        number_in("fire_init_c", self.fire_init_c, 0.0, float("inf"), low_open=True, high_open=True)
+        number_in("fire_init_threshold", self.fire_init_threshold, 0.0, float("inf"), low_open=True, high_open=True)
+        positive_int("abacus_max_offset", self.abacus_max_offset)
+        # YAML gives lists: store a tuple so configs compare equal after a save/load round trip.
+        object.__setattr__(self, "abacus_digit_ids", check_digit_ids(self.abacus_digit_ids))
+        non_negative_int("shape_max_shift", self.shape_max_shift)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,6 +73,8 @@ class GPTConfig(PositionOptions):
     tie_word_embeddings: bool = True
     norm_eps: float = 1e-5
     init_std: float = 0.02
+    randomized_positions: bool = False  # Ruoss et al. 2023: train on sorted random positions from [0, L)
+    max_random_position: int | None = None  # their L; None: 4 * max_seq_len
     extra: dict[str, Any] = field(default_factory=dict)  # room for experiment notes; unused by the model
 
     def __post_init__(self) -> None:
@@ -70,12 +89,20 @@ class GPTConfig(PositionOptions):
         if self.ffn_hidden_size is not None:
             positive_int("ffn_hidden_size", self.ffn_hidden_size)
         number_in("dropout", self.dropout, 0.0, 1.0, high_open=True)
+        check_randomized_positions(self.randomized_positions, self.max_random_position, self.max_seq_len)
         self.check_position_options()
         scheme_class(self.position_embedding_type).check_config(self.dims(), self)
 
     def dims(self) -> Dims:
         return Dims(self.d_model, self.n_head, self.d_model // self.n_head, self.max_seq_len, True,
                     self.n_kv_head or self.n_head)
+
+    @property
+    def random_position_range(self) -> int | None:
+        """L of randomized positions when they are on (training samples positions from [0, L)), else None."""
+        if not self.randomized_positions:
+            return None
+        return self.max_random_position or 4 * self.max_seq_len
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -9,6 +9,7 @@ from posenc.errors import bad_value
 from posenc.models.config import GPTConfig
 from posenc.models.inputs import check_positions, check_token_ids
 from posenc.models.limits import check_fits
+from posenc.models.random_positions import random_positions
 from posenc.nn.blocks import DecoderBlock
 from posenc.nn.kv_cache import KVCache
 from posenc.registry import build, scheme_class
@@ -52,7 +53,9 @@ class GPT(nn.Module):
         b, t = input_ids.shape
         start = cache.length if cache is not None else 0
         check_fits(b, self.cfg.n_head, self.cfg.d_model, t, start + t, self.scheme(0))
-        if position_ids is None:
+        if position_ids is None and self.training and cache is None and self.cfg.randomized_positions:
+            q_pos = random_positions(b, t, self.cfg.random_position_range, input_ids.device)  # (B,T)
+        elif position_ids is None:
             q_pos = torch.arange(start, start + t, device=input_ids.device).expand(b, t)
         else:
             q_pos = check_positions(position_ids.to(input_ids.device), input_ids)
@@ -61,7 +64,8 @@ class GPT(nn.Module):
             origin = cache.origin if cache is not None else q_pos[:, :1]  # (B,1)
             shifted = q_pos - origin
             k_pos, q_pos = (shifted if k_pos is q_pos else k_pos - origin), shifted
-        x = self.scheme(0).embed(self.wte(input_ids), q_pos)  # (B,T,D)
+        history = cache.add_tokens(input_ids) if cache is not None else input_ids  # (B,Tk): Abacus reads it
+        x = self.scheme(0).embed(self.wte(input_ids), q_pos, input_ids=history)  # (B,T,D)
         x = self.drop(x)
         for i, block in enumerate(self.blocks):
             x = block(x, self.scheme(i), q_pos, k_pos, cache)

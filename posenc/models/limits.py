@@ -1,19 +1,19 @@
 """Fail fast on requests that cannot fit, before allocating anything.
 
-A scheme whose bias is materialised costs (B, H, Tq, Tk) float32 tensors in attention (the bias,
-its masked copy and SDPA's working copy: about three). Schemes that add no bias run SDPA with
-O(T) extra memory and are bounded only by activations.
+Score-sized tensors dominate: a scheme read through its weights (Shaw) holds (B,H,Tq,Tk) floats
+about three times over (bias, masked bias, weights); a bias scheme on long inputs runs the flex
+or chunked path (posenc.nn.bias_paths), holding at most CHUNK_ROWS rows of scores; a scheme with
+no bias runs SDPA's own kernel with O(T) extra memory. Activations add ~16 (T, D) floats.
 """
 
 from __future__ import annotations
 
-import math
 import os
 
-from posenc.scheme import Scheme
+from posenc.scheme import Scheme, materialises_bias
 
-BIAS_COPIES = 3  # bias, masked bias, SDPA's scaled scores
-ACTIVATION_BYTES_PER_TOKEN_PER_DIM = 4 * 16  # float32, ~16 live (T, D)-sized tensors per layer
+BIAS_COPIES = 3
+ACTIVATION_BYTES_PER_TOKEN_PER_DIM = 4 * 16
 
 
 class SequenceTooLong(ValueError):
@@ -31,25 +31,36 @@ def available_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
-def materialises_bias(scheme: Scheme) -> bool:
-    return type(scheme).bias is not Scheme.bias or scheme.needs_weights
-
-
 def attention_bytes(batch: int, heads: int, tq: int, tk: int, scheme: Scheme) -> int:
-    return BIAS_COPIES * 4 * batch * heads * tq * tk if materialises_bias(scheme) else 0
+    from posenc.nn.bias_paths import CHUNK_ROWS
+
+    if not materialises_bias(scheme):
+        return 0
+    rows = tq if scheme.needs_weights else min(tq, CHUNK_ROWS)
+    return BIAS_COPIES * 4 * batch * heads * rows * tk
+
+
+def needed_bytes(batch: int, heads: int, d_model: int, tq: int, tk: int, scheme: Scheme) -> int:
+    return attention_bytes(batch, heads, tq, tk, scheme) + ACTIVATION_BYTES_PER_TOKEN_PER_DIM * batch * tq * d_model
+
+
+def longest_that_fits(batch: int, heads: int, d_model: int, scheme: Scheme, budget: int) -> int:
+    """Largest T whose estimate fits the budget (bisection on needed_bytes)."""
+    low, high = 1, 1 << 30
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if needed_bytes(batch, heads, d_model, mid, mid, scheme) <= budget else (low, mid - 1)
+    return low
 
 
 def check_fits(batch: int, heads: int, d_model: int, tq: int, tk: int, scheme: Scheme,
                budget: int | None = None) -> None:
     budget = available_bytes() if budget is None else budget
-    need = attention_bytes(batch, heads, tq, tk, scheme) + ACTIVATION_BYTES_PER_TOKEN_PER_DIM * batch * tq * d_model
+    need = needed_bytes(batch, heads, d_model, tq, tk, scheme)
     if need <= budget:
         return
-    per_square = BIAS_COPIES * 4 * batch * heads if materialises_bias(scheme) else 0
-    longest = math.isqrt(budget // per_square) if per_square else budget // (
-        ACTIVATION_BYTES_PER_TOKEN_PER_DIM * batch * d_model)
     raise SequenceTooLong(
         f"sequence length {tk} (batch {batch}) needs ~{need / 2**30:.1f} GiB for attention with "
         f"{type(scheme).__name__}, but {budget / 2**30:.1f} GiB are available; the longest that fits is "
-        f"~{longest} tokens"
+        f"~{longest_that_fits(batch, heads, d_model, scheme, budget)} tokens"
     )

@@ -45,7 +45,11 @@ class LlamaConfig(PositionOptions):
         if self.n_head % self.n_kv_head:
             raise bad_value("n_kv_head", self.n_kv_head, f"a divisor of n_head={self.n_head}")
         self.check_position_options()
-        scheme_class(self.position_embedding_type).check_config(self.dims(), self)
+        scheme = scheme_class(self.position_embedding_type)
+        if scheme.per_layer:  # Llama shares one scheme instance across layers (RoPE tables built once)
+            raise bad_value("position_embedding_type", self.position_embedding_type,
+                            "a scheme shared by all layers (per-layer schemes run in GPT)")
+        scheme.check_config(self.dims(), self)
 
     def dims(self) -> Dims:
         return Dims(self.d_model, self.n_head, self.d_model // self.n_head, self.max_seq_len, True, self.n_kv_head)

@@ -86,7 +86,8 @@ class T5(nn.Module):
         check_token_ids(input_ids, self.cfg.vocab_size)
         pos = default_positions(input_ids, 0, position_ids)  # (B,Ts)
         pos, _ = from_origin(self._scheme(self.encoder_positions, 0), pos, pos)
-        x = self.drop(self._scheme(self.encoder_positions, 0).embed(self.shared(input_ids), pos))  # (B,Ts,D)
+        scheme = self._scheme(self.encoder_positions, 0)
+        x = self.drop(scheme.embed(self.shared(input_ids), pos, input_ids=input_ids))  # (B,Ts,D)
         for i, block in enumerate(self.encoder_blocks):
             x = block(x, self._scheme(self.encoder_positions, i), pos, pos)
         return self.encoder_norm(x)
@@ -102,7 +103,9 @@ class T5(nn.Module):
         q_pos = default_positions(decoder_input_ids, cache.length if cache is not None else 0, position_ids)
         k_pos = cache.add_positions(q_pos) if cache is not None else q_pos  # (B,Tk)
         q_pos, k_pos = from_origin(self._scheme(self.decoder_positions, 0), q_pos, k_pos)
-        x = self._scheme(self.decoder_positions, 0).embed(self.shared(decoder_input_ids), q_pos)  # (B,T,D)
+        history = cache.add_tokens(decoder_input_ids) if cache is not None else decoder_input_ids  # (B,Tk)
+        x = self._scheme(self.decoder_positions, 0).embed(self.shared(decoder_input_ids), q_pos,
+                                                          input_ids=history)  # (B,T,D)
         x = self.drop(x)
         for i, block in enumerate(self.decoder_blocks):
             x = block(x, self._scheme(self.decoder_positions, i), q_pos, k_pos, memory[i], cache)

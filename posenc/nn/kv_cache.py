@@ -40,6 +40,7 @@ class KVCache:
     def __init__(self, n_layer: int) -> None:
         self.layers: list[tuple[_Grown, _Grown] | None] = [None] * n_layer
         self._positions: _Grown | None = None
+        self._tokens: _Grown | None = None  # token history, for schemes that read it (Abacus)
 
     @property
     def origin(self) -> Tensor | None:
@@ -55,6 +56,12 @@ class KVCache:
         if self._positions is None:
             self._positions = _Grown(pos, time_dim=1)
         return self._positions.append(pos)
+
+    def add_tokens(self, input_ids: Tensor) -> Tensor:
+        """Record the new token ids (B,Tq); returns every token id so far (B,Tk)."""
+        if self._tokens is None:
+            self._tokens = _Grown(input_ids, time_dim=1)
+        return self._tokens.append(input_ids)
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Append this layer's new k, v (B,Hkv,Tq,Dh); returns all keys and values (B,Hkv,Tk,Dh)."""

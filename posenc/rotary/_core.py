@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from posenc.rotary import _fast
+
 
 def inv_frequencies(rot_dim: int, base: float) -> Tensor:
     """theta_i = base^(-2i/R), i = 0..R/2-1, float32 (R,) -> (R/2,)."""
@@ -53,6 +55,9 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False)
     x1, x2 = _pairs(x, rot_dim, interleaved)
     if torch.is_grad_enabled() and (x.requires_grad or cos.requires_grad):
         return _apply_differentiable(x, x1, x2, cos, sin, rot_dim, interleaved)
+    fast = _fast_inference(x, cos, sin, interleaved)
+    if fast is not None:
+        return fast
     out = torch.empty_like(x)
     o1, o2 = _pairs(out, rot_dim, interleaved)
     torch.mul(x1, cos, out=o1)
@@ -62,6 +67,14 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False)
     if rot_dim < x.shape[-1]:
         out[..., rot_dim:] = x[..., rot_dim:]
     return out
+
+
+def _fast_inference(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor | None:
+    if interleaved and _fast.can_use_complex(x):
+        return _fast.rotate_interleaved_complex(x, cos, sin)
+    if not interleaved and x.numel() >= _fast.COMPILE_MIN_ELEMENTS:
+        return _fast.rotate_half_split_compiled(x, cos, sin)
+    return None
 
 
 def _apply_differentiable(x, x1, x2, cos, sin, rot_dim, interleaved):

@@ -155,6 +155,8 @@ def test_command_resumes_finished_runs(tmp_path, monkeypatch, capsys):
     ("--schemes", "alibbi", "did you mean 'alibi'"),
     ("--train-len", "0", "--train-len=0"),
     ("--seeds", "0,x", "--seeds"),
+    ("--steps", "0", "--steps=0"),
+    ("--lr", "-1", "--lr=-1.0"),
 ])
 def test_command_reports_bad_input_in_one_line_and_writes_nothing(tmp_path, capsys, flag, value, message):
     out = tmp_path / "run"

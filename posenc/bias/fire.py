@@ -1,0 +1,80 @@
+"""`fire`: functional interpolation for relative positions (Li et al. 2023, "Functional Interpolation
+for Relative Positions Improves Long Context Transformers", arXiv 2310.04418, and its appendix code).
+
+  b(i, j) = f_theta( psi(i - j) / psi(max(L, i)) ),   psi(x) = log(c x + 1)
+f_theta: R -> R^H is an MLP (1 -> 32 -> H, ReLU), one bias per head, shared by all layers.
+c > 0 and the threshold L > 0 are learned. Dividing by psi(i) ("progressive interpolation") maps
+every causal pair j <= i into [0, 1] whatever the length, so longer sequences reuse inputs f saw
+in training; L keeps short contexts from being over-stretched; the log amplifies local distances.
+
+The bias depends on the query's position i, not only on i - j. Here i is measured from the
+sequence's first token (needs_origin): the model subtracts each row's first position (the cache's
+first position when decoding), so position_ids 1000..1023 and 0..23 give the same logits. That
+makes the logits invariant to a uniform shift of position ids, which is the property the
+`relative` flag (and the contract test) stands for; FIRE's paper title calls it relative too.
+c and L are stored as logarithms (plus a tiny floor), so no gradient step can make them
+non-positive (the paper's code takes absolute values instead); a step on log L moves L by a
+fraction of itself, as a step on the paper's multiplier of L's initial value does.
+Causal only: for j > i the input would leave [0, 1].
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from posenc.scheme import Dims, Scheme
+
+FIRE_EPS = 1e-6  # the paper's code adds it to psi(max(L, i)) so a tiny c cannot divide by ~0
+FIRE_FLOOR = 1e-6  # c, L >= this: exp of a very negative log underflows to exactly 0 in float32
+
+
+def fire_inputs(q_pos: Tensor, k_pos: Tensor, c: Tensor, threshold: Tensor) -> Tensor:
+    """(B,Tq), (B,Tk) positions -> psi(i - j) / psi(max(L, i)) as (B,Tq,Tk) float32."""
+    i = q_pos.to(torch.float32)[:, :, None]  # (B,Tq,1)
+    j = k_pos.to(torch.float32)[:, None, :]  # (B,1,Tk)
+    # Future keys (j > i) are masked by attention; clamping keeps their log finite (no NaN gradient).
+    distance = (i - j).clamp_min(0.0)  # (B,Tq,Tk)
+    normalizer = torch.log1p(c * torch.maximum(i, threshold)) + FIRE_EPS  # (B,Tq,1)
+    return torch.log1p(c * distance) / normalizer
+
+
+class FIRE(Scheme):
+    relative = True  # see the module docstring: invariant to uniform shifts via needs_origin
+    needs_origin = True
+    supports_bidirectional = False
+
+    def __init__(self, dims: Dims, mlp_width: int = 32, init_c: float = 0.1, init_threshold: float = 512.0) -> None:
+        super().__init__(dims)
+        self.mlp = nn.Sequential(nn.Linear(1, mlp_width), nn.ReLU(), nn.Linear(mlp_width, dims.n_head))
+        self.log_c = nn.Parameter(torch.tensor(math.log(max(init_c - FIRE_FLOOR, FIRE_FLOOR))))
+        self.log_threshold = nn.Parameter(torch.tensor(math.log(max(init_threshold - FIRE_FLOOR, FIRE_FLOOR))))
+
+    @classmethod
+    def from_config(cls, dims: Dims, cfg: Any) -> FIRE:
+        return cls(dims, cfg.fire_mlp_width, cfg.fire_init_c, cfg.fire_init_threshold)
+
+    @property
+    def c(self) -> Tensor:
+        return self.log_c.exp() + FIRE_FLOOR
+
+    @property
+    def threshold(self) -> Tensor:
+        return self.log_threshold.exp() + FIRE_FLOOR
+
+    def bias(self, q_pos: Tensor, k_pos: Tensor, q: Tensor | None = None, k: Tensor | None = None) -> Tensor:
+        # Rows with identical positions (the usual case) share one evaluation of the MLP.
+        if q_pos.shape[0] > 1 and bool((q_pos == q_pos[:1]).all()) and bool((k_pos == k_pos[:1]).all()):
+            q_pos, k_pos = q_pos[:1], k_pos[:1]
+        x = fire_inputs(q_pos, k_pos, self.c, self.threshold)  # (B|1,Tq,Tk)
+        x = x.to(self.mlp[0].weight.dtype).unsqueeze(-1)  # (B|1,Tq,Tk,1)
+        return self.mlp(x).permute(0, 3, 1, 2)  # (B|1,Tq,Tk,H) -> (B|1,H,Tq,Tk)
+
+    def extra_repr(self) -> str:
+        return f"heads={self.dims.n_head}, mlp_width={self.mlp[0].out_features}"
+
+
+__all__ = ["FIRE", "fire_inputs"]

@@ -1,0 +1,50 @@
+"""Attention kernels without any positional logic: SDPA with an optional bias, and an eager
+form that also returns the weights. Notation: B, H, Hkv, Tq, Tk, Dh as in attention.py."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def causal_mask(tq: int, tk: int, device: torch.device) -> Tensor:
+    """(Tq,Tk) bool, True where allowed. The Tq queries are the last Tq of the Tk keys."""
+    q_idx = torch.arange(tk - tq, tk, device=device)[:, None]
+    return torch.arange(tk, device=device)[None, :] <= q_idx
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, causal: bool, dropout: float = 0.0) -> Tensor:
+    """softmax(q k^T / sqrt(Dh) + bias + mask) v. q (B,H,Tq,Dh), k/v (B,Hkv,Tk,Dh) -> (B,H,Tq,Dh)."""
+    tq, tk = q.shape[-2], k.shape[-2]
+    gqa = k.shape[1] != q.shape[1]
+    needs_mask = causal and tq > 1
+    if bias is None:
+        if not needs_mask:
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, enable_gqa=gqa)
+        if tq == tk:
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, enable_gqa=gqa)
+        mask = causal_mask(tq, tk, q.device)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, enable_gqa=gqa)
+    bias = bias.to(q.dtype)
+    if needs_mask:
+        # A 4-D float mask keeps SDPA on its fast kernel; -inf where the future is.
+        bias = bias.masked_fill(~causal_mask(tq, tk, q.device), float("-inf"))
+    if bias.dim() == 4 and bias.shape[0] == 1 and q.shape[0] > 1:
+        bias = bias.expand(q.shape[0], -1, -1, -1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout, enable_gqa=gqa)
+
+
+def attend_eager(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, causal: bool,
+                 dropout: float = 0.0) -> tuple[Tensor, Tensor]:
+    """The same as attend() but materialises the weights (B,H,Tq,Tk) for schemes that need them."""
+    h, hkv = q.shape[1], k.shape[1]
+    if hkv != h:  # GQA: share each key/value head among h // hkv query heads
+        k, v = k.repeat_interleave(h // hkv, 1), v.repeat_interleave(h // hkv, 1)
+    scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5  # (B,H,Tq,Tk)
+    if bias is not None:
+        scores = scores + bias.to(scores.dtype)
+    if causal and q.shape[-2] > 1:
+        scores = scores.masked_fill(~causal_mask(q.shape[-2], k.shape[-2], q.device), float("-inf"))
+    weights = F.dropout(torch.softmax(scores, dim=-1), dropout)
+    return weights @ v, weights

@@ -1,0 +1,92 @@
+"""Ways to run attention with a positional bias, fastest first; each is tested equal to `attend`
+with the bias materialised (the reference, NeMo's way).
+
+flex:    torch.nn.attention.flex_attention with the scheme's score_mod and a causal block mask,
+         compiled once per process with dynamic shapes; no (H,Tq,Tk) tensor exists. Inference only
+         on CPU (flex has no CPU backward in torch 2.13).
+chunked: queries in blocks of CHUNK_ROWS; each block's (B,H,rows,Tk) bias is built, used and freed,
+         so memory grows as rows*Tk, not Tq*Tk. Works with autograd; the training path.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import warnings
+
+import torch
+from torch import Tensor
+
+from posenc.nn.attention_core import attend
+from posenc.scheme import Scheme
+
+CHUNK_ROWS = 256
+MIN_FAST_SCORES = 1 << 20  # below ~1M scores per head the reference path is already cheap
+# "failed": flex unusable in this process; "failed_schemes": scheme classes whose score_mod did not compile.
+_flex_state = {"compiled": None, "failed": os.environ.get("POSENC_FLEX", "1") == "0", "failed_schemes": set()}
+
+
+def chunked_attention(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, q_pos: Tensor, k_pos: Tensor,
+                      causal: bool, dropout: float = 0.0, rows: int = CHUNK_ROWS) -> Tensor:
+    """q (B,H,Tq,Dh), k/v (B,Hkv,Tk,Dh) -> (B,H,Tq,Dh), one block of query rows at a time."""
+    tq, tk = q.shape[-2], k.shape[-2]
+    outs = []
+    for start in range(0, tq, rows):
+        stop = min(start + rows, tq)
+        keys = tk - tq + stop if causal else tk  # causal: later keys are masked anyway, skip them
+        q_block = q[:, :, start:stop]
+        bias = scheme.bias(q_pos[:, start:stop], k_pos[:, :keys], q_block, k[:, :, :keys])
+        outs.append(attend(q_block, k[:, :, :keys], v[:, :, :keys], bias, causal, dropout))
+    return torch.cat(outs, dim=2)
+
+
+@functools.lru_cache(maxsize=8)
+def _causal_block_mask(tq: int, tk: int, device: str):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    offset = tk - tq
+    return create_block_mask(lambda b, h, qi, ki: qi + offset >= ki, None, None, tq, tk, device=device,
+                             _compile=True)
+
+
+def flex_attention_path(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, q_pos: Tensor, k_pos: Tensor,
+                        causal: bool) -> Tensor | None:
+    """The score_mod path, or None when the scheme has none or flex is unavailable here."""
+    if _flex_state["failed"] or type(scheme) in _flex_state["failed_schemes"]:
+        return None
+    score_mod = scheme.score_mod(q_pos, k_pos)
+    if score_mod is None:
+        return None
+    try:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        if _flex_state["compiled"] is None:
+            _flex_state["compiled"] = torch.compile(flex_attention, dynamic=True)
+        mask = _causal_block_mask(q.shape[-2], k.shape[-2], str(q.device)) if causal else None
+        return _flex_state["compiled"](q, k, v, score_mod=score_mod, block_mask=mask,
+                                       enable_gqa=k.shape[1] != q.shape[1])
+    except Exception as err:
+        _flex_state["failed_schemes"].add(type(scheme))
+        if _flex_state["compiled"] is None:
+            _flex_state["failed"] = True
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        warnings.warn(f"posenc: flex_attention failed for {type(scheme).__name__} ({type(err).__name__}: "
+                      f"{first_line}); using the chunked path", stacklevel=2)
+        return None
+
+
+def needs_grad(q: Tensor, scheme: Scheme) -> bool:
+    return torch.is_grad_enabled() and (q.requires_grad or any(p.requires_grad for p in scheme.parameters()))
+
+
+def biased_attention(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, q_pos: Tensor, k_pos: Tensor,
+                     causal: bool, dropout: float = 0.0) -> Tensor:
+    """Dispatch for a scheme that contributes a bias: flex, else chunked, else the reference."""
+    large = q.shape[-2] * k.shape[-2] >= MIN_FAST_SCORES
+    if large and dropout == 0.0 and not needs_grad(q, scheme):
+        out = flex_attention_path(q, k, v, scheme, q_pos, k_pos, causal)
+        if out is not None:
+            return out
+    if large and q.shape[-2] > CHUNK_ROWS:
+        return chunked_attention(q, k, v, scheme, q_pos, k_pos, causal, dropout)
+    return attend(q, k, v, scheme.bias(q_pos, k_pos, q, k), causal, dropout)

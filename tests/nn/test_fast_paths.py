@@ -1,0 +1,130 @@
+"""Every fast path equals its reference path, for every scheme in the registry that uses it."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import posenc
+from posenc.nn import bias_paths
+from posenc.nn.attention_core import attend
+from posenc.registry import SCHEMES
+from posenc.rotary import _fast
+from posenc.rotary._core import apply_rotary_reference, cos_sin, inv_frequencies
+from posenc.scheme import Dims, materialises_bias
+from tests.conftest import perturb_scheme_parameters
+
+BIASED = [n for n in posenc.available() if materialises_bias(SCHEMES[n]) and not SCHEMES[n].needs_weights]
+
+
+def build(name: str, causal: bool = True):
+    from posenc.models import GPTConfig
+
+    cfg = GPTConfig(vocab_size=32, n_layer=1, n_head=4, d_model=64, max_seq_len=512, position_embedding_type=name)
+    dims = Dims(64, 4, 16, 512, causal, 4)
+    torch.manual_seed(0)
+    scheme = SCHEMES[name].from_config(dims, cfg)
+    holder = torch.nn.Module()
+    holder.positions = torch.nn.ModuleList([scheme])
+    perturb_scheme_parameters(holder)
+    return scheme
+
+
+def qkv(tq: int, tk: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(2, 4, tq, 16, generator=g), torch.randn(2, 4, tk, 16, generator=g),
+            torch.randn(2, 4, tk, 16, generator=g))
+
+
+def reference(q, k, v, scheme, q_pos, k_pos, causal):
+    return attend(q, k, v, scheme.bias(q_pos, k_pos, q, k), causal)
+
+
+@pytest.mark.parametrize("name", BIASED)
+@pytest.mark.parametrize("tq, tk", [(300, 300), (70, 333)])  # full, and queries after a cache
+def test_chunked_equals_reference(name, tq, tk):
+    scheme = build(name)
+    q, k, v = qkv(tq, tk)
+    k_pos = torch.arange(tk).expand(2, tk) + 11
+    q_pos = k_pos[:, tk - tq :]
+    with torch.no_grad():
+        fast = bias_paths.chunked_attention(q, k, v, scheme, q_pos, k_pos, True, rows=64)
+        torch.testing.assert_close(fast, reference(q, k, v, scheme, q_pos, k_pos, True), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", BIASED)
+def test_chunked_gradients_equal_reference_gradients(name):
+    scheme = build(name)
+    q, k, v = (t.requires_grad_() for t in qkv(130, 130))
+    pos = torch.arange(130).expand(2, 130)
+    grads = []
+    for fn in (lambda: bias_paths.chunked_attention(q, k, v, scheme, pos, pos, True, rows=32),
+               lambda: reference(q, k, v, scheme, pos, pos, True)):
+        out = fn()
+        grads.append(torch.autograd.grad(out.square().sum(), [q, k, v, *scheme.parameters()]))
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [n for n in BIASED if SCHEMES[n].supports_causal])
+def test_flex_score_mod_equals_reference(name):
+    scheme = build(name)
+    q, k, v = qkv(200, 260, seed=1)
+    k_pos = torch.arange(260).expand(2, 260) + 3
+    q_pos = k_pos[:, 60:]
+    with torch.no_grad():
+        if scheme.score_mod(q_pos, k_pos) is None:
+            pytest.skip(f"{name} has no score_mod (its bias needs q or k)")
+        expected = reference(q, k, v, scheme, q_pos, k_pos, True)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fast = bias_paths.flex_attention_path(q, k, v, scheme, q_pos, k_pos, True)
+        if fast is None:  # the fallback must be announced and must still be right
+            assert any("flex_attention failed" in str(w.message) for w in caught)
+            dispatched = bias_paths.biased_attention(q, k, v, scheme, q_pos, k_pos, True)
+            torch.testing.assert_close(dispatched, expected, rtol=1e-4, atol=1e-4)
+            pytest.xfail(f"{name}: Inductor could not compile its score_mod here: {caught[-1].message}")
+        torch.testing.assert_close(fast, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_dispatch_uses_flex_or_chunks_for_long_inputs_and_never_builds_the_full_bias(monkeypatch):
+    scheme = build("alibi")
+    q, k, v = qkv(1100, 1100)
+    pos = torch.arange(1100).expand(2, 1100)
+    shapes = []
+    real_bias = type(scheme).bias
+    def recording_bias(self, *args, **kwargs):
+        shapes.append(args[0].shape)
+        return real_bias(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(scheme), "bias", recording_bias)
+    monkeypatch.setitem(bias_paths._flex_state, "failed", True)  # force the chunked path
+    with torch.no_grad():
+        bias_paths.biased_attention(q, k, v, scheme, pos, pos, True)
+    assert shapes and max(s[1] for s in shapes) <= bias_paths.CHUNK_ROWS
+
+
+@pytest.mark.parametrize("percentage", [1.0, 0.5])
+def test_complex_rope_kernel_equals_reference(percentage):
+    rot = int(32 * percentage)
+    inv_freq = inv_frequencies(rot, 10000.0)
+    x = torch.randn(2, 5, 3, 32).transpose(1, 2)  # strided like a projected q
+    pos = torch.randint(0, 100_000, (2, 5))
+    cos, sin = cos_sin(pos, inv_freq)
+    assert _fast.can_use_complex(x)
+    out = _fast.rotate_interleaved_complex(x, cos, sin)
+    torch.testing.assert_close(out.double(), apply_rotary_reference(x, pos, inv_freq, True), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_compiled_half_split_rope_kernel_equals_reference():
+    inv_freq = inv_frequencies(24, 10000.0)
+    x = torch.randn(1, 4, 64, 32)
+    pos = torch.randint(0, 100_000, (1, 64))
+    cos, sin = cos_sin(pos, inv_freq)
+    out = _fast.rotate_half_split_compiled(x, cos, sin)
+    assert out is not None, "torch.compile failed on this machine"
+    torch.testing.assert_close(out.double(), apply_rotary_reference(x, pos, inv_freq, False), rtol=1e-5, atol=1e-5)
