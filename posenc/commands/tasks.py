@@ -1,7 +1,9 @@
 """`posenc tasks`: train tiny GPTs on algorithmic tasks at sizes 1..L, test up to 4L, per scheme.
 
 Default budget (5 schemes x 3 tasks x 2 seeds = 30 runs of 1000 steps, sizes 1..32 tested with
-64 problems each) takes about 30 minutes on one CPU thread (OMP_NUM_THREADS=1). The run folder
+64 problems each) took 24 minutes on one CPU thread (OMP_NUM_THREADS=1, a 2-core machine shared
+with other jobs). It is a smoke-scale budget: copy/reverse are partly learned in-distribution,
+addition stays near 0; raise --steps (about 10x) for a leaderboard that separates schemes. The run folder
 holds results.json (settings, rows, summary), results.csv, accuracy_<task>.png; rerunning with
 the same --out resumes: finished (scheme, task, seed) runs are kept, the rest are trained.
 """

