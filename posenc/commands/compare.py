@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from posenc.experiments.compare import DEFAULT_SCHEMES, compare, write_report
+from posenc.experiments.compare import DEFAULT_SCHEMES, TaskSetting, compare, write_report
 from posenc.experiments.config import describe_options, load_config
 from posenc.experiments.rundir import new_run_dir
 
@@ -16,6 +16,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.max_steps=2000")
     parser.add_argument("--config", help="YAML preset, e.g. configs/compare.yaml (default: built-in defaults)")
     parser.add_argument("--schemes", default=",".join(DEFAULT_SCHEMES), help="comma-separated scheme names")
+    parser.add_argument("--task", default="copy", help="the algorithmic task trained per scheme ('none' to skip)")
+    parser.add_argument("--task-steps", type=int, default=TaskSetting.steps, help="training steps for the task")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -23,8 +25,9 @@ def main(args: argparse.Namespace) -> int:
     schemes = [s.strip() for s in args.schemes.split(",") if s.strip()]
     run_dir = new_run_dir(cfg.out_dir, "compare")
     started = time.perf_counter()
-    rows = compare(cfg, schemes, run_dir)
-    html = write_report(rows, cfg, run_dir, time.perf_counter() - started)
+    task = TaskSetting(None if args.task == "none" else args.task, steps=args.task_steps)
+    rows = compare(cfg, schemes, run_dir, task)
+    html = write_report(rows, cfg, run_dir, time.perf_counter() - started, task)
     print(f"run folder: {run_dir}\nreport:     {html}")
     return 0
 

@@ -18,10 +18,33 @@ from posenc.experiments.rundir import write_json
 from posenc.experiments.train import train
 from posenc.registry import scheme_class
 
-DEFAULT_SCHEMES = ("learned_absolute", "sinusoidal", "none", "rope", "xpos", "alibi", "kerple", "sandwich")
+DEFAULT_SCHEMES = ("learned_absolute", "sinusoidal", "none", "rope", "xpos", "alibi", "kerple", "sandwich",
+                   "relative")
 
 
-def run_scheme(cfg: RunConfig, scheme: str, run_dir: Path, val_tokens) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class TaskSetting:
+    """The one algorithmic task of the main job: train at sizes 1..train_len, test to 4x."""
+
+    name: str | None = "copy"
+    train_len: int = 8
+    steps: int = 300
+    samples: int = 32
+
+
+def task_accuracy(cfg: RunConfig, scheme: str, task: TaskSetting) -> dict[int, float]:
+    from posenc.data.tasks import get_task
+    from posenc.experiments.tasks_run import accuracy_by_length, longest_sequence, train_on_task
+
+    spec = get_task(task.name)
+    lengths = list(range(1, 4 * task.train_len + 1))
+    model_cfg = cfg.model.replace(position_embedding_type=scheme, n_layer=2, d_model=64, n_head=4,
+                                  max_seq_len=max(cfg.model.max_seq_len, longest_sequence(spec, lengths[-1])))
+    model = train_on_task(model_cfg, spec, task.train_len, task.steps, seed=cfg.trainer.seed)
+    return accuracy_by_length(model, spec, lengths, task.samples, seed=cfg.trainer.seed)
+
+
+def run_scheme(cfg: RunConfig, scheme: str, run_dir: Path, val_tokens, task: TaskSetting) -> dict[str, Any]:
     scheme_cfg = dataclasses.replace(cfg, model=cfg.model.replace(position_embedding_type=scheme))
     started = time.perf_counter()
     result = train(scheme_cfg, run_dir / scheme)
@@ -41,26 +64,40 @@ def run_scheme(cfg: RunConfig, scheme: str, run_dir: Path, val_tokens) -> dict[s
     for length, value in ppl.items():
         row[f"ppl@{length // train_len}x"] = value
     row["shift_dloss"] = max((abs(v) for v in row["shift_loss_change"].values()), default=float("nan"))
+    if task.name:
+        accuracy = task_accuracy(cfg, scheme, task)
+        row["task_accuracy"] = accuracy
+        for label, low, high in (("in", 1, task.train_len), ("2x", task.train_len + 1, 2 * task.train_len),
+                                 ("4x", 2 * task.train_len + 1, 4 * task.train_len)):
+            values = [a for n, a in accuracy.items() if low <= n <= high]
+            row[f"{task.name}@{label}"] = sum(values) / len(values)
     return row
 
 
-def compare(cfg: RunConfig, schemes: Sequence[str], run_dir: Path) -> list[dict[str, Any]]:
+def compare(cfg: RunConfig, schemes: Sequence[str], run_dir: Path,
+            task: TaskSetting = TaskSetting()) -> list[dict[str, Any]]:
     for scheme in schemes:  # fail on a bad name before any training starts
         scheme_class(scheme, field="--schemes")
+    if task.name:
+        from posenc.data.tasks import get_task
+
+        get_task(task.name)
     corpus = load_corpus(cfg.data.corpus)
     _, val_tokens = split(byte_tokens(corpus.text), cfg.data.val_fraction)
     write_json(run_dir / "config.json", cfg.to_dict() | {"schemes": list(schemes), "corpus_sha256": corpus.sha256})
     rows = []
     for scheme in schemes:
-        rows.append(run_scheme(cfg, scheme, run_dir, val_tokens))
+        rows.append(run_scheme(cfg, scheme, run_dir, val_tokens, task))
         write_json(run_dir / "results.json", rows)  # partial results survive an interrupted run
     return rows
 
 
-def write_report(rows: list[dict[str, Any]], cfg: RunConfig, run_dir: Path, wall_seconds: float) -> Path:
+def write_report(rows: list[dict[str, Any]], cfg: RunConfig, run_dir: Path, wall_seconds: float,
+                 task: TaskSetting = TaskSetting()) -> Path:
     L = cfg.data.seq_len
+    task_columns = [f"{task.name}@{b}" for b in ("in", "2x", "4x")] if task.name else []
     columns = ["scheme"] + [f"ppl@{m}x" for m in cfg.eval.length_multipliers] + [
-        "shift_dloss", "params", "tok/s"]
+        "shift_dloss", *task_columns, "params", "tok/s"]
     report.print_table(rows, columns, f"Train at L={L}, evaluate at 1x..{max(cfg.eval.length_multipliers)}x "
                                       f"({cfg.eval.mode}); perplexity per byte")
     csv_path = report.write_csv(run_dir / "leaderboard.csv", rows, columns)
@@ -71,6 +108,12 @@ def write_report(rows: list[dict[str, Any]], cfg: RunConfig, run_dir: Path, wall
     shift_png = report.line_plot(run_dir / "shift_test.png",
                                  {r["scheme"]: {max(k, 1): v for k, v in r["shift_loss_change"].items()} for r in rows},
                                  "position offset k", "loss change (nats/byte)", "Shift test: all positions + k")
+    images = [ppl_png, shift_png]
+    if task.name:
+        images.append(report.line_plot(run_dir / f"accuracy_{task.name}.png",
+                                       {r["scheme"]: r["task_accuracy"] for r in rows}, "problem size",
+                                       "exact-match accuracy", f"{task.name}: trained at sizes 1..{task.train_len}",
+                                       vline=task.train_len))
     corpus_note = f"corpus {cfg.data.corpus}" + (f" ({SOURCES[cfg.data.corpus].__doc__.splitlines()[0]})"
                                                  if cfg.data.corpus in SOURCES else "")
     sections = [("Leaderboard", report.html_table(rows, columns)),
@@ -79,7 +122,7 @@ def write_report(rows: list[dict[str, Any]], cfg: RunConfig, run_dir: Path, wall
                           f"wall time {wall_seconds:.0f} s. Shift test: loss change when every position is moved "
                           f"by k (relative schemes must show none; n/a = positions past a learned table).</p>")]
     return report.html_report(run_dir / "report.html", "posenc: train short, test long", sections,
-                              [ppl_png, shift_png], [json_path, csv_path, ppl_png, shift_png])
+                              images, [json_path, csv_path, *images])
 
 
 __all__ = ["DEFAULT_SCHEMES", "compare", "load_builtin", "write_report"]
