@@ -12,7 +12,8 @@ from posenc.nn.bias_paths import biased_attention
 from posenc.registry import SCHEMES
 from posenc.scheme import Dims
 
-SCHEMES_WITH_BIAS = ("alibi", "kerple", "sandwich", "relative", "shaw")
+SCHEMES_WITH_BIAS = ("alibi", "kerple", "sandwich", "relative", "fire", "shaw")
+NAIVE_MAX_T = 4096  # the naive (H,T,T) path at 8192 is 2 GiB per bias and ~10 s a call: measured up to here
 
 
 def _scheme(name: str, heads: int, head_dim: int, t: int):
@@ -49,8 +50,9 @@ def _rows_at(t: int, heads: int, head_dim: int, repeats: int, schemes) -> list[d
                  "peak MiB": (base_mem or 0) / 2**20, "x sdpa mem": 1.0}]
         for name in schemes:
             scheme = _scheme(name, heads, head_dim, t)
-            paths = {"posenc": lambda s=scheme: _posenc_path(s, q, k, v, pos),
-                     "naive (H,T,T) bias": lambda s=scheme: attend(q, k, v, s.bias(pos, pos, q, k), True)}
+            paths = {"posenc": lambda s=scheme: _posenc_path(s, q, k, v, pos)}
+            if t <= NAIVE_MAX_T:
+                paths["naive (H,T,T) bias"] = lambda s=scheme: attend(q, k, v, s.bias(pos, pos, q, k), True)
             for path, fn in paths.items():
                 seconds, mem = median_seconds(fn, repeats), peak_bytes(fn)
                 rows.append({"T": t, "scheme": name, "path": path, "ms": 1e3 * seconds,

@@ -10,6 +10,8 @@ import torch.nn.functional as F
 from benchmarks.timing import median_seconds, ratio
 from posenc.models import GPT, GPTConfig
 
+PREFILL_CHUNK = 1024
+
 
 def _model(name: str, seq: int, d_model: int, layers: int, heads: int) -> GPT:
     torch.manual_seed(0)
@@ -47,7 +49,8 @@ def decode_rows(schemes: list[str], contexts: list[int], new_tokens: int, d_mode
             model = _model(name, ctx + new_tokens, d_model, layers, heads).eval()
             with torch.no_grad():
                 cache = model.new_cache()
-                logits = model(prompt, cache=cache)
+                for start in range(0, ctx, PREFILL_CHUNK):  # chunked prefill: score memory ~ chunk x ctx
+                    logits = model(prompt[:, start : start + PREFILL_CHUNK], cache=cache)
                 token = logits[:, -1:].argmax(-1)
                 times = []
                 for _ in range(new_tokens):

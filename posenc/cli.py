@@ -14,6 +14,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "tasks": ("posenc.commands.tasks", "length generalisation on copy/reverse/addition/...: train 1..L, test to 4L"),
     "train": ("posenc.commands.train", "train one GPT from a YAML preset and dotted overrides (torchrun: DDP)"),
     "eval": ("posenc.commands.eval", "perplexity vs length and the shift test for a trained run"),
+    "report": ("posenc.commands.report", "re-render a compare run's table, plots and HTML from its files"),
     "bench": ("posenc.commands.bench", "speed and memory of every scheme vs the peers (writes BENCHMARKS.md)"),
     "compare": ("posenc.commands.compare", "the main job: train one tiny GPT per scheme short, evaluate long"),
     "extend": ("posenc.commands.extend", "pretrained SmolLM2: perplexity vs length for each RoPE scaling"),

@@ -27,7 +27,18 @@ def main(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     task = TaskSetting(None if args.task == "none" else args.task, steps=args.task_steps)
     rows = compare(cfg, schemes, run_dir, task)
-    html = write_report(rows, cfg, run_dir, time.perf_counter() - started, task)
+    wall = time.perf_counter() - started
+    html = write_report(rows, cfg, run_dir, wall, task)
+    _record_wall_time(run_dir, wall)
     print(f"run folder: {run_dir}\nreport:     {html}")
     return 0
 
+
+
+def _record_wall_time(run_dir, seconds: float) -> None:
+    import json
+
+    from posenc.experiments.rundir import write_json
+
+    path = run_dir / "config.json"
+    write_json(path, json.loads(path.read_text()) | {"wall_seconds": seconds})

@@ -48,6 +48,7 @@ class TrainerConfig:
     keep_checkpoints: int = 2
     tensorboard: bool = False
     progress: bool = True
+    init_from: str | None = None  # a posenc run folder, or gguf:smollm2 / gguf:PATH (fine-tuning)
 
     def __post_init__(self) -> None:
         for name in ("max_steps", "batch_size", "grad_accum", "eval_interval", "eval_batches",

@@ -27,11 +27,12 @@ def print_table(rows: Sequence[dict[str, Any]], columns: Sequence[str], title: s
     from rich.table import Table
 
     table = Table(title=title)
+    console = Console() if Console().is_terminal else Console(width=max(120, 14 * len(columns)))
     for col in columns:
         table.add_column(col, justify="left" if col == columns[0] else "right")
     for row in rows:
         table.add_row(*(fmt(row.get(col, "")) for col in columns))
-    Console().print(table)
+    console.print(table)
 
 
 def write_csv(path: Path, rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> Path:

@@ -20,10 +20,11 @@ import torch.nn.functional as F
 from torch import Tensor
 from tqdm import tqdm
 
-from posenc.data.tokens import batch_generator, byte_tokens, load_corpus, sample_batch, split
+from posenc.data.tokens import batch_generator, sample_batch, split
 from posenc.errors import bad_value
 from posenc.experiments import checkpoint
 from posenc.experiments.config import RunConfig, TrainerConfig
+from posenc.experiments.model_source import build_model
 from posenc.experiments.rundir import write_json
 from posenc.models import GPT
 
@@ -48,11 +49,6 @@ def world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
-
-
-def check_model_vocab(cfg: RunConfig) -> None:
-    if cfg.model.vocab_size < 256:
-        raise bad_value("model.vocab_size", cfg.model.vocab_size, ">= 256 for byte-level text")
 
 
 def _loss(model: torch.nn.Module, x: Tensor, y: Tensor, precision: str) -> Tensor:
@@ -84,24 +80,21 @@ def _micro_batches(train: Tensor, cfg: RunConfig, step: int, rank: int, world_si
         yield x[rank * per_rank : (rank + 1) * per_rank], y[rank * per_rank : (rank + 1) * per_rank]
 
 
-def build(cfg: RunConfig) -> tuple[GPT, torch.optim.Optimizer]:
-    torch.manual_seed(cfg.trainer.seed)
-    model = GPT(cfg.model)
+def build(cfg: RunConfig) -> tuple[torch.nn.Module, torch.optim.Optimizer, Tensor]:
+    model, tokens = build_model(cfg)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "positions" not in n]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2 or "positions" in n]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.trainer.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg.trainer.lr, betas=(0.9, 0.95))
-    return model, opt
+    return model, opt, tokens
 
 
 def train(cfg: RunConfig, run_dir: str | Path, resume: bool = True) -> TrainResult:
-    check_model_vocab(cfg)
     run_dir = Path(run_dir)
     rank, world_size = world()
     t = cfg.trainer
-    tokens = byte_tokens(load_corpus(cfg.data.corpus).text)
+    model, opt, tokens = build(cfg)
     train_tokens, val_tokens = split(tokens, cfg.data.val_fraction)
-    model, opt = build(cfg)
     start, history = 0, []
     last = checkpoint.latest(run_dir) if resume else None
     if last is not None:

@@ -35,3 +35,14 @@ def test_compare_micro_run_writes_report(tmp_path, capsys):
 def test_compare_rejects_unknown_scheme_before_training(tmp_path, capsys):
     assert main(["compare", "--schemes", "rope,alibbi", f"out_dir={tmp_path}"]) == 2
     assert "did you mean 'alibi'" in capsys.readouterr().err
+
+
+def test_report_re_renders_from_saved_files(tmp_path, capsys):
+    assert main(["compare", "--schemes", "none", "--task", "none", "trainer.max_steps=2", "trainer.progress=false",
+                 "model.n_layer=1", "model.d_model=32", "model.n_head=2", "data.seq_len=16", "eval.max_windows=1",
+                 f"out_dir={tmp_path}"]) == 0
+    run_dir = next(tmp_path.iterdir())
+    (run_dir / "report.html").unlink()
+    assert main(["report", str(run_dir)]) == 0
+    assert "none" in (run_dir / "report.html").read_text()
+    assert main(["report", str(tmp_path)]) == 2  # not a compare folder: one-line error

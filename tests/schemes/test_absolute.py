@@ -23,11 +23,15 @@ def test_sinusoidal_table_follows_vaswani_formula():
             assert table[row, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-6)
 
 
-def test_sinusoidal_embed_adds_the_table():
-    scheme = Sinusoidal(Dims(16, 2, 8, 32))
+def test_sinusoidal_embed_adds_the_table_at_the_token_embedding_scale():
+    scheme = Sinusoidal(Dims(16, 2, 8, 32), init_std=0.02)
     x = torch.zeros(1, 3, 16)
     pos = torch.tensor([[4, 5, 6]])
-    torch.testing.assert_close(scheme.embed(x, pos), sinusoidal_table(pos, 16))
+    added = scheme.embed(x, pos)
+    torch.testing.assert_close(added, math.sqrt(2) * 0.02 * sinusoidal_table(pos, 16))
+    pos = torch.arange(1000)[None]
+    rms = scheme.embed(torch.zeros(1, 1000, 16), pos).pow(2).mean().sqrt().item()
+    assert rms == pytest.approx(0.02, rel=0.05)  # the same size as the initial token embeddings
 
 
 def test_learned_absolute_rejects_positions_past_its_table_with_a_clear_error():
