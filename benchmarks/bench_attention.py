@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from benchmarks.timing import median_seconds, peak_bytes, ratio
+from benchmarks.memory import peak_live_bytes
+from benchmarks.timing import median_seconds, ratio
 from posenc.models import GPTConfig
 from posenc.nn.attention_core import attend
 from posenc.nn.bias_paths import biased_attention
@@ -45,17 +46,17 @@ def _rows_at(t: int, heads: int, head_dim: int, repeats: int, schemes) -> list[d
     pos = torch.arange(t)[None]
     with torch.no_grad():
         base = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-        base_s, base_mem = median_seconds(base, repeats), peak_bytes(base)
+        base_s, base_mem = median_seconds(base, repeats), peak_live_bytes(base)
         rows = [{"T": t, "scheme": "none (causal SDPA)", "path": "sdpa", "ms": 1e3 * base_s, "x sdpa": 1.0,
-                 "peak MiB": (base_mem or 0) / 2**20, "x sdpa mem": 1.0}]
+                 "peak MiB": base_mem / 2**20, "x sdpa mem": 1.0}]
         for name in schemes:
             scheme = _scheme(name, heads, head_dim, t)
             paths = {"posenc": lambda s=scheme: _posenc_path(s, q, k, v, pos)}
             if t <= NAIVE_MAX_T:
                 paths["naive (H,T,T) bias"] = lambda s=scheme: attend(q, k, v, s.bias(pos, pos, q, k), True)
             for path, fn in paths.items():
-                seconds, mem = median_seconds(fn, repeats), peak_bytes(fn)
+                seconds, mem = median_seconds(fn, repeats), peak_live_bytes(fn)
                 rows.append({"T": t, "scheme": name, "path": path, "ms": 1e3 * seconds,
-                             "x sdpa": ratio(seconds, base_s), "peak MiB": (mem or 0) / 2**20,
-                             "x sdpa mem": ratio(mem or 0, base_mem or 0)})
+                             "x sdpa": ratio(seconds, base_s), "peak MiB": mem / 2**20,
+                             "x sdpa mem": ratio(mem, base_mem)})
     return rows

@@ -23,8 +23,10 @@ def table(rows: list[dict]) -> str:
 SECTIONS = {
     "rope": ("RoPE on q and k", "Time to rotate q and k; `x copy` is the ratio to cloning the same bytes (the floor), "
              "`x posenc` the ratio to posenc. Target: posenc <= 1.5x copy, and >= 2x faster than transformers."),
-    "attention": ("Causal attention with a bias", "`posenc` = the default path (flex_attention score_mod when no "
-                  "gradient is needed; Shaw uses its eager path); `naive` materialises the (H,T,T) bias. "
+    "attention": ("Causal attention with a bias",
+                  "`posenc` = the default path (on CPU: query blocks of 256 rows with their bias; flex_attention "
+                  "with POSENC_FLEX=1 or on CUDA; Shaw: its eager path); `naive` materialises the (H,T,T) bias. "
+                  "Peak MiB = peak live bytes of tensors the call creates (benchmarks/memory.py). "
                   "Targets: <= 1.25x SDPA time, peak memory within 10% of SDPA."),
     "train": ("Training tokens/s", "A 4-layer d_model 256 GPT, batch 8; ratio to `none`. Target: within 10% "
               "except shaw, transformer_xl, cope."),

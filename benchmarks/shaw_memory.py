@@ -10,32 +10,13 @@ which is what the allocator must hold at once. Inference (no_grad), float32.
 from __future__ import annotations
 
 import argparse
-import weakref
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from benchmarks.memory import MemoryWatch
 from posenc.nn.attention import attend_eager
 from posenc.relative.shaw import Shaw
 from posenc.scheme import Dims
-
-
-class MemoryWatch(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.alive: list[weakref.ref] = []
-        self.largest, self.peak = 0, 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else [out]:
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.untyped_storage().nbytes())
-                self.alive.append(weakref.ref(t))
-        storages = {r().untyped_storage().data_ptr(): r().untyped_storage().nbytes()
-                    for r in self.alive if r() is not None}
-        self.peak = max(self.peak, sum(storages.values()))
-        return out
 
 
 def naive(q, k, v, pos, scheme: Shaw):

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from posenc.bias._distance import shared_rows
 from posenc.errors import bad_value
 from posenc.scheme import Dims, Scheme, ScoreMod, relative_distance
 
@@ -58,8 +59,9 @@ class ALiBi(Scheme):
         partial_slopes(dims.n_head, getattr(cfg, "num_attention_heads_alibi", None))
 
     def bias(self, q_pos: Tensor, k_pos: Tensor, q: Tensor | None = None, k: Tensor | None = None) -> Tensor:
-        distance = relative_distance(q_pos, k_pos).abs().to(torch.float32)  # (B,1,Tq,Tk)
-        return -self.slopes.view(1, -1, 1, 1) * distance  # (B,H,Tq,Tk)
+        q_pos, k_pos = shared_rows(q_pos, k_pos)  # one (1,H,Tq,Tk) bias when rows share positions
+        distance = relative_distance(q_pos, k_pos).abs().to(torch.float32)  # (B|1,1,Tq,Tk)
+        return -self.slopes.view(1, -1, 1, 1) * distance  # (B|1,H,Tq,Tk)
 
     def score_mod(self, q_pos: Tensor, k_pos: Tensor) -> ScoreMod:
         slopes = self.slopes

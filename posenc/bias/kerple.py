@@ -16,9 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from posenc.bias._distance import distance_bias
 from posenc.bias.alibi import partial_slopes
 from posenc.errors import unknown_name
-from posenc.scheme import Dims, Scheme, ScoreMod, relative_distance
+from posenc.scheme import Dims, Scheme, ScoreMod
 
 KERPLE_EPS = 1e-6  # floor: softplus underflows to exactly 0 for very negative raw values
 
@@ -70,9 +71,9 @@ class KERPLE(Scheme):
         return KERPLE_EPS + (2.0 - KERPLE_EPS) * torch.sigmoid(self.r2_raw)  # power exponent in (0, 2]
 
     def bias(self, q_pos: Tensor, k_pos: Tensor, q: Tensor | None = None, k: Tensor | None = None) -> Tensor:
-        distance = relative_distance(q_pos, k_pos).abs().to(torch.float32)  # (B,1,Tq,Tk)
-        shape = (1, -1, 1, 1)
-        return self.KERNELS[self.kernel](distance, self.r1.view(shape), self.r2.view(shape))  # (B,H,Tq,Tk)
+        kernel, r1, r2 = self.KERNELS[self.kernel], self.r1[:, None], self.r2[:, None]
+        # the kernel once per distance (H, S), then gathered: no log/pow per (B,H,Tq,Tk) entry
+        return distance_bias(q_pos, k_pos, lambda d: kernel(d.abs().to(torch.float32)[None], r1, r2))
 
     def score_mod(self, q_pos: Tensor, k_pos: Tensor) -> ScoreMod:
         r1, r2, kernel = self.r1.detach(), self.r2.detach(), self.KERNELS[self.kernel]

@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from posenc.scheme import Dims, Scheme, ScoreMod, relative_distance
+from posenc.bias._distance import distance_bias
+from posenc.scheme import Dims, Scheme, ScoreMod
 
 
 def sandwich_table(max_distance: int, d: int) -> Tensor:
@@ -43,9 +44,11 @@ class Sandwich(Scheme):
         return self.table
 
     def bias(self, q_pos: Tensor, k_pos: Tensor, q: Tensor | None = None, k: Tensor | None = None) -> Tensor:
-        distance = relative_distance(q_pos, k_pos).abs()  # (B,1,Tq,Tk)
-        table = self._table(int(distance.max()))
-        return table[distance] / self.head_scales.view(1, -1, 1, 1)  # (B,H,Tq,Tk)
+        def per_distance(m_minus_n: Tensor) -> Tensor:
+            table = self._table(int(m_minus_n.abs().max()))
+            return table[m_minus_n.abs()][None] / self.head_scales[:, None]  # (H, S)
+
+        return distance_bias(q_pos, k_pos, per_distance)  # (B|1,H,Tq,Tk)
 
     def score_mod(self, q_pos: Tensor, k_pos: Tensor) -> ScoreMod:
         both = torch.cat((q_pos, k_pos), 1)

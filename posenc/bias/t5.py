@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from posenc.bias._distance import distance_bias
 from posenc.errors import bad_value
 from posenc.scheme import Dims, Scheme, ScoreMod
 
@@ -83,8 +84,11 @@ class T5RelativeBias(Scheme):
         return _bucket(relative_position, self.bidirectional, self.num_buckets, self.max_distance)
 
     def bias(self, q_pos: Tensor, k_pos: Tensor, q: Tensor | None = None, k: Tensor | None = None) -> Tensor:
-        values = self.table[self.buckets(q_pos, k_pos)]  # (B,Tq,Tk,H)
-        return values.permute(0, 3, 1, 2)  # (B,H,Tq,Tk)
+        def per_distance(m_minus_n: Tensor) -> Tensor:  # buckets of n - m, looked up once per distance
+            buckets = _bucket(-m_minus_n, self.bidirectional, self.num_buckets, self.max_distance)
+            return self.table[buckets].t()  # (H, S)
+
+        return distance_bias(q_pos, k_pos, per_distance)  # (B|1,H,Tq,Tk)
 
     def score_mod(self, q_pos: Tensor, k_pos: Tensor) -> ScoreMod:
         # One lookup per score: the bias of every distance in range, (H, span), built once per call.

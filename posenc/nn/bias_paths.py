@@ -3,7 +3,8 @@ with the bias materialised (the reference, NeMo's way).
 
 flex:    torch.nn.attention.flex_attention with the scheme's score_mod and a causal block mask,
          compiled once per process with dynamic shapes; no (H,Tq,Tk) tensor exists. Inference only
-         on CPU (flex has no CPU backward in torch 2.13).
+         on CPU (flex has no CPU backward in torch 2.13); default on CUDA, opt-in on CPU (see
+         flex_enabled).
 chunked: queries in blocks of CHUNK_ROWS; each block's (B,H,rows,Tk) bias is built, used and freed,
          so memory grows as rows*Tk, not Tq*Tk. Works with autograd; the training path.
 """
@@ -23,7 +24,16 @@ from posenc.scheme import Scheme
 CHUNK_ROWS = 256
 MIN_FAST_SCORES = 1 << 20  # below ~1M scores per head the reference path is already cheap
 # "failed": flex unusable in this process; "failed_schemes": scheme classes whose score_mod did not compile.
-_flex_state = {"compiled": None, "failed": os.environ.get("POSENC_FLEX", "1") == "0", "failed_schemes": set()}
+_flex_state = {"compiled": None, "failed": False, "failed_schemes": set()}
+
+
+def flex_enabled(device: torch.device) -> bool:
+    """On by default on CUDA. Opt-in on CPU (POSENC_FLEX=1): torch 2.13's Inductor CPU template for
+    flex_attention fails to compile some score_mods depending on sizes and compile order (C++
+    'cur_kvSplitSize' errors, seen for ALiBi, KERPLE and Sandwich), costing a ~20 s attempt before the
+    fallback; the chunked path needs no compiler."""
+    setting = os.environ.get("POSENC_FLEX")
+    return setting == "1" if setting is not None else device.type == "cuda"
 
 
 def chunked_attention(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, q_pos: Tensor, k_pos: Tensor,
@@ -40,13 +50,17 @@ def chunked_attention(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, q_pos: Te
     return torch.cat(outs, dim=2)
 
 
+def _causal(b, h, q_idx, kv_idx):
+    return q_idx >= kv_idx
+
+
 @functools.lru_cache(maxsize=8)
-def _causal_block_mask(tq: int, tk: int, device: str):
+def _causal_block_mask(t: int, device: str):
+    # The mask_mod captures nothing: a captured Python int (e.g. a cache offset) under dynamic
+    # shapes makes Inductor 2.13 emit C++ that does not compile ('cur_kvSplitSize5' undeclared).
     from torch.nn.attention.flex_attention import create_block_mask
 
-    offset = tk - tq
-    return create_block_mask(lambda b, h, qi, ki: qi + offset >= ki, None, None, tq, tk, device=device,
-                             _compile=True)
+    return create_block_mask(_causal, None, None, t, t, device=device, _compile=True)
 
 
 def flex_attention_path(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, q_pos: Tensor, k_pos: Tensor,
@@ -54,7 +68,10 @@ def flex_attention_path(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, q_pos: 
     """The score_mod path, or None when the scheme has none or flex is unavailable here."""
     if _flex_state["failed"] or type(scheme) in _flex_state["failed_schemes"]:
         return None
-    score_mod = scheme.score_mod(q_pos, k_pos)
+    if causal and q.shape[-2] != k.shape[-2]:  # queries after a cache: the chunked path (see above)
+        return None
+    # Contiguous positions: Inductor 2.13 miscompiles score_mods that index stride-0 (expanded) tensors.
+    score_mod = scheme.score_mod(q_pos.contiguous(), k_pos.contiguous())
     if score_mod is None:
         return None
     try:
@@ -62,7 +79,7 @@ def flex_attention_path(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, q_pos: 
 
         if _flex_state["compiled"] is None:
             _flex_state["compiled"] = torch.compile(flex_attention, dynamic=True)
-        mask = _causal_block_mask(q.shape[-2], k.shape[-2], str(q.device)) if causal else None
+        mask = _causal_block_mask(q.shape[-2], str(q.device)) if causal else None
         return _flex_state["compiled"](q, k, v, score_mod=score_mod, block_mask=mask,
                                        enable_gqa=k.shape[1] != q.shape[1])
     except Exception as err:
@@ -83,7 +100,7 @@ def biased_attention(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, q_pos: Ten
                      causal: bool, dropout: float = 0.0) -> Tensor:
     """Dispatch for a scheme that contributes a bias: flex, else chunked, else the reference."""
     large = q.shape[-2] * k.shape[-2] >= MIN_FAST_SCORES
-    if large and dropout == 0.0 and not needs_grad(q, scheme):
+    if large and dropout == 0.0 and not needs_grad(q, scheme) and flex_enabled(q.device):
         out = flex_attention_path(q, k, v, scheme, q_pos, k_pos, causal)
         if out is not None:
             return out

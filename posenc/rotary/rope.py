@@ -43,6 +43,9 @@ def scaling_from_config(cfg: Any) -> dict[str, Any] | None:
     return dict(scaling) if scaling is not None else None
 
 
+TABLE_CAP = 1 << 17  # positions with a cached cos/sin row (~32 MB at R=64); beyond: computed per call
+
+
 class RoPE(Scheme):
     relative = True
 
@@ -63,6 +66,7 @@ class RoPE(Scheme):
         inv_freq, self.attention_scaling = self._frequencies(None)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self._memo: tuple | None = None  # (pos, version, cos, sin): one table per forward, shared by layers
+        self._table: tuple[Tensor, Tensor] | None = None  # cos, sin per position 0..N-1, kept across forwards
 
     @classmethod
     def from_config(cls, dims: Dims, cfg: Any) -> RoPE:
@@ -84,19 +88,38 @@ class RoPE(Scheme):
         )
 
     def tables(self, pos: Tensor) -> tuple[Tensor, Tensor]:
-        """cos, sin (B,1,T,R/2) for positions (B,T); built once per forward, shared by all layers."""
+        """cos, sin (B,1,T,R/2) for positions (B,T). Rows come from a per-position table built once
+        (grown by doubling) and gathered by position id; the gathered pair is remembered for the
+        rest of the forward, so all layers share it."""
         memo = self._memo
         if memo is not None and memo[0] is pos and memo[1] == pos._version:
             return memo[2], memo[3]
-        inv_freq, scale = self.inv_freq, self.attention_scaling
-        if self._dynamic:
-            inv_freq, scale = self._frequencies(int(pos.max()) + 1)
-        cos, sin = cos_sin(pos, inv_freq.to(pos.device), scale)
+        highest = int(pos.max()) if pos.numel() else 0
+        if self._dynamic:  # frequencies depend on the current length: no reusable table
+            inv_freq, scale = self._frequencies(highest + 1)
+            cos, sin = cos_sin(pos, inv_freq.to(pos.device), scale)
+        elif highest < TABLE_CAP and (not pos.numel() or int(pos.min()) >= 0):
+            cos_table, sin_table = self._position_table(highest + 1, pos.device)  # (N, R/2)
+            cos, sin = cos_table[pos].unsqueeze(1), sin_table[pos].unsqueeze(1)
+        else:  # beyond the cap (e.g. a 1e6 offset): compute these rows directly, still in float64
+            cos, sin = cos_sin(pos, self.inv_freq.to(pos.device), self.attention_scaling)
         self._memo = (pos, pos._version, cos, sin)
         return cos, sin
 
+    def _position_table(self, needed: int, device: torch.device) -> tuple[Tensor, Tensor]:
+        table = self._table
+        if table is None or table[0].shape[0] < needed or table[0].device != device:
+            size = min(TABLE_CAP, max(4096, 1 << (needed - 1).bit_length()))
+            cos, sin = cos_sin(torch.arange(size, device=device)[None], self.inv_freq.to(device),
+                               self.attention_scaling)
+            table = self._table = (cos[0, 0], sin[0, 0])  # (N, R/2) float32
+        return table
+
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
         cq, sq = self.tables(q_pos)
+        if k_pos is q_pos and q.shape[-2] == 1 and q.dtype == k.dtype:  # a decode step: one call, not two
+            both = apply_rotary(torch.cat((q, k), dim=1), cq, sq, self.interleaved)  # (B,H+Hkv,1,Dh)
+            return both[:, : q.shape[1]], both[:, q.shape[1] :]
         ck, sk = (cq, sq) if k_pos is q_pos else self.tables(k_pos)
         return apply_rotary(q, cq, sq, self.interleaved), apply_rotary(k, ck, sk, self.interleaved)
 
@@ -110,3 +133,5 @@ def clear_memo(module: torch.nn.Module) -> None:
     for m in module.modules():
         if hasattr(m, "_memo"):
             m._memo = None
+        if hasattr(m, "_table"):
+            m._table = None

@@ -72,9 +72,9 @@ def test_chunked_gradients_equal_reference_gradients(name):
 @pytest.mark.parametrize("name", [n for n in BIASED if SCHEMES[n].supports_causal])
 def test_flex_score_mod_equals_reference(name):
     scheme = build(name)
-    q, k, v = qkv(200, 260, seed=1)
+    q, k, v = qkv(260, 260, seed=1)
     k_pos = torch.arange(260).expand(2, 260) + 3
-    q_pos = k_pos[:, 60:]
+    q_pos = k_pos
     with torch.no_grad():
         if scheme.score_mod(q_pos, k_pos) is None:
             pytest.skip(f"{name} has no score_mod (its bias needs q or k)")
@@ -88,6 +88,13 @@ def test_flex_score_mod_equals_reference(name):
             torch.testing.assert_close(dispatched, expected, rtol=1e-4, atol=1e-4)
             pytest.xfail(f"{name}: Inductor could not compile its score_mod here: {caught[-1].message}")
         torch.testing.assert_close(fast, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_flex_is_opt_in_on_cpu_and_default_on_cuda(monkeypatch):
+    monkeypatch.delenv("POSENC_FLEX", raising=False)
+    assert not bias_paths.flex_enabled(torch.device("cpu")) and bias_paths.flex_enabled(torch.device("cuda"))
+    monkeypatch.setenv("POSENC_FLEX", "1")
+    assert bias_paths.flex_enabled(torch.device("cpu"))
 
 
 def test_dispatch_uses_flex_or_chunks_for_long_inputs_and_never_builds_the_full_bias(monkeypatch):

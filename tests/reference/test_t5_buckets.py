@@ -41,7 +41,7 @@ def test_score_mod_equals_bias():
     score = torch.zeros(2, 4, 6, 9)
     with torch.no_grad():
         torch.testing.assert_close(scheme.score_mod(q_pos, k_pos)(score, b, h, q_idx, kv_idx),
-                                   scheme.bias(q_pos, k_pos))
+                                   scheme.bias(q_pos, k_pos).expand(2, -1, -1, -1))
 
 
 @pytest.mark.parametrize(("num_buckets", "max_distance"), [(2, 128), (32, 16), (True, 128)])
