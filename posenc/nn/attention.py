@@ -8,30 +8,22 @@ dict holds its parameters once. Attention calls every hook and never asks which 
 
 from __future__ import annotations
 
-from torch import Tensor, nn
+from torch import Tensor
 
 from posenc.nn.attention_core import attend, attend_eager, causal_mask
 from posenc.nn.bias_paths import biased_attention
 from posenc.nn.kv_cache import KVCache
+from posenc.nn.projections import HeadProjections
 from posenc.scheme import Scheme, materialises_bias
 
 __all__ = ["SelfAttention", "attend", "attend_eager", "causal_mask"]
 
 
-class SelfAttention(nn.Module):
+class SelfAttention(HeadProjections):
     def __init__(self, d_model: int, n_head: int, n_kv_head: int, causal: bool, bias: bool = False,
                  dropout: float = 0.0, layer: int = 0) -> None:
-        super().__init__()
-        self.n_head, self.n_kv_head, self.head_dim = n_head, n_kv_head, d_model // n_head
+        super().__init__(d_model, n_head, n_kv_head, bias)
         self.causal, self.dropout, self.layer = causal, dropout, layer
-        self.q_proj = nn.Linear(d_model, n_head * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(d_model, n_kv_head * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(d_model, n_kv_head * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(n_head * self.head_dim, d_model, bias=bias)
-
-    def _heads(self, x: Tensor, n: int) -> Tensor:
-        b, t, _ = x.shape
-        return x.view(b, t, n, self.head_dim).transpose(1, 2)  # (B,n,T,Dh)
 
     def forward(self, x: Tensor, scheme: Scheme, q_pos: Tensor, k_pos: Tensor,
                 cache: KVCache | None = None) -> Tensor:

@@ -9,24 +9,16 @@ already put positions into its outputs, and query/source positions live on diffe
 
 from __future__ import annotations
 
-from torch import Tensor, nn
+from torch import Tensor
 
 from posenc.nn.attention import attend
+from posenc.nn.projections import HeadProjections
 
 
-class CrossAttention(nn.Module):
+class CrossAttention(HeadProjections):
     def __init__(self, d_model: int, n_head: int, n_kv_head: int, bias: bool = False, dropout: float = 0.0) -> None:
-        super().__init__()
-        self.n_head, self.n_kv_head, self.head_dim = n_head, n_kv_head, d_model // n_head
+        super().__init__(d_model, n_head, n_kv_head, bias)
         self.dropout = dropout
-        self.q_proj = nn.Linear(d_model, n_head * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(d_model, n_kv_head * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(d_model, n_kv_head * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(n_head * self.head_dim, d_model, bias=bias)
-
-    def _heads(self, x: Tensor, n: int) -> Tensor:
-        b, t, _ = x.shape
-        return x.view(b, t, n, self.head_dim).transpose(1, 2)  # (B,n,T,Dh)
 
     def memory(self, encoded: Tensor) -> tuple[Tensor, Tensor]:
         """Encoder outputs (B,Ts,D) -> keys, values (B,Hkv,Ts,Dh); computed once per generate()."""

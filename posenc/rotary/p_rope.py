@@ -44,15 +44,7 @@ class PRoPE(RoPE):
 
     @classmethod
     def from_config(cls, dims: Dims, cfg: Any) -> PRoPE:
-        rope = RoPE.from_config(dims, cfg)
-        return cls(
-            dims,
-            p_rope_fraction=cfg.p_rope_fraction,
-            rotary_percentage=cfg.rotary_percentage,
-            rotary_base=rope.rotary_base,
-            interleaved=rope.interleaved,
-            rope_scaling=rope.rope_scaling,
-        )
+        return cls(dims, p_rope_fraction=cfg.p_rope_fraction, **RoPE.config_kwargs(cfg))
 
     def _frequencies(self, seq_len: int | None) -> tuple[Tensor, float]:
         # Scalings act first (they are defined on the full spectrum), then the low end is cut.

@@ -68,15 +68,15 @@ class RoPE(Scheme):
         self._memo: tuple | None = None  # (pos, version, cos, sin): one table per forward, shared by layers
         self._table: tuple[Tensor, Tensor] | None = None  # cos, sin per position 0..N-1, kept across forwards
 
+    @staticmethod
+    def config_kwargs(cfg: Any) -> dict[str, Any]:
+        """The constructor arguments every rotary scheme reads from a model config (NeMo names)."""
+        return {"rotary_percentage": cfg.rotary_percentage, "rotary_base": cfg.rotary_base,
+                "interleaved": cfg.rotary_interleaved, "rope_scaling": scaling_from_config(cfg)}
+
     @classmethod
     def from_config(cls, dims: Dims, cfg: Any) -> RoPE:
-        return cls(
-            dims,
-            rotary_percentage=cfg.rotary_percentage,
-            rotary_base=cfg.rotary_base,
-            interleaved=cfg.rotary_interleaved,
-            rope_scaling=scaling_from_config(cfg),
-        )
+        return cls(dims, **RoPE.config_kwargs(cfg))
 
     @classmethod
     def check_config(cls, dims: Dims, cfg: Any) -> None:

@@ -65,15 +65,7 @@ class XPos(RoPE):
 
     @classmethod
     def from_config(cls, dims: Dims, cfg: Any) -> XPos:
-        rope = RoPE.from_config(dims, cfg)
-        return cls(
-            dims,
-            scale_base=cfg.xpos_scale_base,
-            rotary_percentage=cfg.rotary_percentage,
-            rotary_base=rope.rotary_base,
-            interleaved=rope.interleaved,
-            rope_scaling=rope.rope_scaling,
-        )
+        return cls(dims, scale_base=cfg.xpos_scale_base, **RoPE.config_kwargs(cfg))
 
     def _tables(self, pos: Tensor, sign: float) -> tuple[Tensor, Tensor]:
         """Per-forward memo, one entry per side (+1 queries, -1 keys), shared by all layers."""
