@@ -6,8 +6,6 @@ import statistics
 import time
 from collections.abc import Callable
 
-import torch
-
 
 def median_seconds(fn: Callable[[], object], repeats: int = 5, warmup: int = 2) -> float:
     for _ in range(warmup):
@@ -23,6 +21,3 @@ def median_seconds(fn: Callable[[], object], repeats: int = 5, warmup: int = 2) 
 def ratio(a: float, b: float) -> float:
     return a / b if b else float("nan")
 
-
-def threads() -> int:
-    return torch.get_num_threads()

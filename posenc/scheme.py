@@ -15,7 +15,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import torch
 from torch import Tensor, nn
 
 # flex_attention's score_mod signature: (score, batch, head, q_idx, kv_idx) -> score.
@@ -101,7 +100,3 @@ def relative_distance(q_pos: Tensor, k_pos: Tensor) -> Tensor:
     """(B,Tq), (B,Tk) -> m - n as (B,1,Tq,Tk) int64, broadcastable over heads."""
     return (q_pos[:, :, None] - k_pos[:, None, :]).unsqueeze(1)
 
-
-def as_float_positions(pos: Tensor) -> Tensor:
-    # float64: an int position of 1e6 times a frequency must keep sub-radian precision.
-    return pos.to(torch.float64)

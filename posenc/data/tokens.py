@@ -11,8 +11,6 @@ from torch import Tensor
 from posenc.data.corpus import SOURCES, Corpus, load_builtin
 from posenc.errors import bad_value
 
-BYTE_VOCAB = 256
-
 
 def load_corpus(name_or_path: str) -> Corpus:
     """A built-in corpus name or a path to a UTF-8 text file."""

@@ -9,7 +9,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from posenc.data.corpus import load_builtin
 from posenc.data.tokens import SOURCES, byte_tokens, load_corpus, split
 from posenc.experiments import report
 from posenc.experiments.config import RunConfig
@@ -125,4 +124,4 @@ def write_report(rows: list[dict[str, Any]], cfg: RunConfig, run_dir: Path, wall
                               images, [json_path, csv_path, *images])
 
 
-__all__ = ["DEFAULT_SCHEMES", "compare", "load_builtin", "write_report"]
+__all__ = ["DEFAULT_SCHEMES", "TaskSetting", "compare", "write_report"]

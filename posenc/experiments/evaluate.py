@@ -9,12 +9,12 @@ scored token has at least T - stride tokens of context.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from posenc.absolute.learned import PositionTooLarge
 from posenc.errors import bad_value
 from posenc.experiments.config import EVAL_MODES, EvalConfig
 
@@ -73,12 +73,6 @@ def _guarded(fn) -> float:
     """A scheme that cannot run at a length (learned_absolute past its table) scores NaN, not a crash."""
     try:
         return fn()
-    except ValueError as err:
-        if "max_seq_len" in str(err):
-            return float("nan")
-        raise
+    except PositionTooLarge:
+        return float("nan")
 
-
-def summarise(ppl: dict[int, float], train_len: int) -> dict[str, Any]:
-    base = ppl.get(train_len, float("nan"))
-    return {f"ppl@{length // train_len}x": value for length, value in ppl.items()} | {"ppl_in_length": base}

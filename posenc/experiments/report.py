@@ -27,7 +27,9 @@ def print_table(rows: Sequence[dict[str, Any]], columns: Sequence[str], title: s
     from rich.table import Table
 
     table = Table(title=title)
-    console = Console() if Console().is_terminal else Console(width=max(120, 14 * len(columns)))
+    console = Console()
+    if not console.is_terminal:  # a pipe or file: rich would assume 80 columns and truncate
+        console = Console(width=max(120, 14 * len(columns)))
     for col in columns:
         table.add_column(col, justify="left" if col == columns[0] else "right")
     for row in rows:

@@ -127,11 +127,3 @@ class RoPE(Scheme):
         return (f"rot_dim={self.rot_dim}, base={self.rotary_base:g}, interleaved={self.interleaved}, "
                 f"scaling={self.rope_scaling}")
 
-
-def clear_memo(module: torch.nn.Module) -> None:
-    """Drop remembered tables (e.g. before timing); harmless at any time."""
-    for m in module.modules():
-        if hasattr(m, "_memo"):
-            m._memo = None
-        if hasattr(m, "_table"):
-            m._table = None

@@ -37,16 +37,17 @@ def test_bf16_rotated_scores_at_a_million_positions_match_float64_reference():
     assert worst < BF16_RELATIVE_BOUND, worst
 
 
-def test_float32_angles_would_fail_the_same_bound():
-    """Control: HF-style float32 angles at m ~ 1e6 are off by up to ~0.06 rad, visibly worse."""
-    inv_freq = RoPE(DIMS).inv_freq
-    pos = torch.tensor([999_999.0])
-    angle32 = (pos.float()[:, None] * inv_freq)[0, 0].item()
-    angle64 = (pos.double()[:, None] * inv_freq.double())[0, 0].item()
-    assert abs(angle32 - angle64) < 0.1  # float32 rounds 1e6 * 1.0 exactly; test a non-trivial frequency
-    angle32 = (pos.float() * inv_freq[3]).item()
-    angle64 = (pos.double() * inv_freq[3].double()).item()
-    assert abs(angle32 - angle64) > 1e-3
+def test_float32_angles_lose_precision_at_a_million_positions_and_ours_do_not():
+    """Control for the float64 choice: HF-style float32 angles m * theta at m ~ 1e6 are off by more than
+    1e-3 rad for some frequencies; posenc's tables match the float64 angles to float32 rounding."""
+    rope = RoPE(DIMS)
+    pos = torch.arange(999_000, 1_000_000)[None]
+    exact = pos.double()[..., None] * rope.inv_freq.double()  # (1,T,R/2)
+    float32_error = ((pos.float()[..., None] * rope.inv_freq).double() - exact).abs().max().item()
+    cos, _ = rope.tables(pos)
+    ours_error = (cos[:, 0].double() - exact.cos()).abs().max().item()
+    assert float32_error > 1e-3
+    assert ours_error < 1e-6
 
 
 def test_xpos_scale_never_overflows_in_bf16():
