@@ -69,3 +69,30 @@ def print_table(summary: Sequence[dict]) -> None:
             table.add_row(task, scheme, *(cells.get((task, scheme, b), "-") for b in names))
         table.add_section()
     Console(width=max(100, 24 * len(names) + 40)).print(table)
+
+
+def markdown_table(summary: Sequence[dict]) -> str:
+    """The leaderboard as a Markdown table: task, scheme, then `mean ± std` per length bucket."""
+    names = bucket_names(summary)
+    cells = {(r["task"], r["scheme"], r["bucket"]): f"{r['mean']:.2f} ± {r['spread']:.2f}" for r in summary}
+    lines = ["| task | scheme | " + " | ".join(names) + " |", "|---|---|" + "---:|" * len(names)]
+    schemes = dict.fromkeys(r["scheme"] for r in summary)
+    for task in dict.fromkeys(r["task"] for r in summary):
+        lines += [f"| {task} | {scheme} | " + " | ".join(cells.get((task, scheme, b), "-") for b in names) + " |"
+                  for scheme in schemes]
+    return "\n".join(lines) + "\n"
+
+
+def write_markdown(path: str | Path, summary: Sequence[dict], settings: dict) -> Path:
+    """leaderboard.md: the settings that produced it, the table, and the plots beside it."""
+    seeds = ", ".join(map(str, settings["seeds"]))
+    model = settings["model"]
+    text = (f"# Length generalisation on algorithmic tasks\n\n"
+            f"Trained on problem sizes 1..{settings['train_len']}, tested on 1..{max(settings['test_lengths'])}; "
+            f"{settings['steps']} steps x batch {settings['batch_size']}, lr {settings['lr']}; "
+            f"GPT {model['n_layer']} layers, d_model {model['d_model']}, {model['n_head']} heads; "
+            f"{settings['samples']} test problems per size; seeds {seeds}. "
+            "Exact match of the greedy answer; mean ± std over seeds of each seed's bucket mean.\n\n"
+            + markdown_table(summary) + "\n"
+            + "".join(f"![{task}](accuracy_{task}.png)\n" for task in settings["tasks"]))
+    return atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))

@@ -7,8 +7,11 @@ to L only; accuracy at sizes past L measures how far its positional scheme gener
 from __future__ import annotations
 
 import math
+import multiprocessing
+import os
 import random
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 
 import torch
@@ -17,6 +20,7 @@ from tqdm.auto import tqdm
 
 from posenc.data.tasks import Task, get_task, make_batch, make_problems
 from posenc.errors import bad_value
+from posenc.experiments.tasks_contenders import contender_config
 from posenc.models import GPT, GPTConfig
 from posenc.models.checks import number_in, positive_int
 
@@ -46,25 +50,29 @@ def check_training(max_len: int, steps: int, batch_size: int, lr: float) -> None
 
 def train_on_task(cfg: GPTConfig, task: Task | str, max_len: int, steps: int, batch_size: int = 64,
                   lr: float = 3e-3, seed: int = 0) -> GPT:
-    """AdamW, 5% warm-up + cosine, grad clip 1.0; each batch has one size drawn uniformly in 1..max_len."""
+    """AdamW, 5% warm-up + cosine, grad clip 1.0; each batch has one size drawn uniformly in 1..max_len.
+
+    Everything random (init, problems, Abacus offsets, randomized positions, dropout) follows `seed`
+    and nothing else: the global RNG is forked, so a run gives the same model in any process.
+    """
     task = get_task(task) if isinstance(task, str) else task
     check_training(max_len, steps, batch_size, lr)
-    with torch.random.fork_rng():  # model init reads the global RNG; seed it without leaking
+    with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = GPT(cfg)
-    rng = random.Random(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
-    warmup = max(1, steps // 20)
-    model.train()
-    for step in range(steps):
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, steps, lr, warmup)
-        input_ids, loss_mask = make_batch(task, rng.randint(1, max_len), batch_size, rng)
-        loss = answer_loss(model, input_ids, loss_mask)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        rng = random.Random(seed)
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
+        warmup = max(1, steps // 20)
+        model.train()
+        for step in range(steps):
+            for group in opt.param_groups:
+                group["lr"] = lr_at(step, steps, lr, warmup)
+            input_ids, loss_mask = make_batch(task, rng.randint(1, max_len), batch_size, rng)
+            loss = answer_loss(model, input_ids, loss_mask)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
     return model.eval()
 
 
@@ -108,40 +116,89 @@ def check_leaderboard(base: GPTConfig, schemes: Sequence[str], tasks: Sequence[s
             raise bad_value(name, list(values), "a non-empty list")
     for n in test_lengths:
         positive_int("test_lengths", n)
-    configs = [base.replace(position_embedding_type=name) for name in schemes]  # validates names
+    configs = [contender_config(base, label, field="position_embedding_type") for label in schemes]
     longest = max(longest_sequence(get_task(name), max(max(test_lengths), train_len)) for name in tasks)
     if longest > base.max_seq_len:
         raise bad_value("max_seq_len", base.max_seq_len, f">= {longest}, the longest test sequence")
     return configs
 
 
+@dataclass(frozen=True)
+class Budget:
+    """What every unit of one leaderboard shares: sizes, optimiser settings, test problems."""
+
+    train_len: int
+    test_lengths: tuple[int, ...]
+    steps: int
+    batch_size: int
+    lr: float
+    n_samples: int
+
+
+def run_unit(cfg: GPTConfig, unit: Unit, budget: Budget) -> list[dict]:
+    """Train one (scheme, task, seed) and test it: rows {scheme, task, seed, length, accuracy}."""
+    b = budget
+    model = train_on_task(cfg, unit.task, b.train_len, b.steps, b.batch_size, b.lr, unit.seed)
+    accuracy = accuracy_by_length(model, unit.task, b.test_lengths, b.n_samples, unit.seed)
+    return [{"scheme": unit.scheme, "task": unit.task, "seed": unit.seed, "length": n, "accuracy": acc}
+            for n, acc in accuracy.items()]
+
+
+def _worker_init(threads: int) -> None:
+    torch.set_num_threads(threads)
+
+
+def default_jobs() -> int:
+    """One process per core: the models are too small for intra-op threads to pay off."""
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+
 def run_leaderboard(schemes: Sequence[str], tasks: Sequence[str], train_len: int, test_lengths: Sequence[int],
                     seeds: Sequence[int], steps: int, base: GPTConfig | None = None, batch_size: int = 64,
                     lr: float = 3e-3, n_samples: int = 64, skip: Iterable[Unit] = (),
                     on_unit: Callable[[Unit, list[dict]], None] | None = None,
-                    progress: bool = True) -> list[dict]:
+                    progress: bool = True, jobs: int = 1) -> list[dict]:
     """Train each (scheme, task, seed) and test it at every length.
 
-    Returns rows {scheme, task, seed, length, accuracy}. Units in `skip` are not run (resume);
-    `on_unit(unit, rows)` is called after each unit so a caller can save partial results.
+    `schemes` are leaderboard entries, `name[+variant]` (see tasks_contenders). Returns rows
+    {scheme, task, seed, length, accuracy}. Units in `skip` are not run (resume); `on_unit(unit,
+    rows)` is called after each unit so a caller can save partial results. With jobs > 1 units
+    run in that many spawned processes, one thread each; each unit depends on its seed only, so
+    the rows are the same as with jobs=1 (they arrive in completion order).
     """
     base = base or GPTConfig(n_layer=2, n_head=4, d_model=64)
     configs = check_leaderboard(base, schemes, tasks, train_len, test_lengths, seeds)
     check_training(train_len, steps, batch_size, lr)
     positive_int("n_samples", n_samples)
+    positive_int("jobs", jobs)
+    budget = Budget(train_len, tuple(test_lengths), steps, batch_size, lr, n_samples)
     done = set(skip)
-    units = [(cfg, Unit(cfg.position_embedding_type, task, seed))
-             for cfg in configs for task in tasks for seed in seeds]
+    units = [(cfg, Unit(label, task, seed))
+             for label, cfg in zip(schemes, configs, strict=True) for task in tasks for seed in seeds]
     todo = [(cfg, unit) for cfg, unit in units if unit not in done]
     rows: list[dict] = []
-    bar = tqdm(todo, desc="tasks", unit="run", disable=not progress)
-    for cfg, unit in bar:
-        bar.set_postfix_str(f"{unit.scheme}/{unit.task}/seed{unit.seed}")
-        model = train_on_task(cfg, unit.task, train_len, steps, batch_size, lr, unit.seed)
-        accuracy = accuracy_by_length(model, unit.task, test_lengths, n_samples, unit.seed)
-        new = [{"scheme": unit.scheme, "task": unit.task, "seed": unit.seed, "length": n, "accuracy": acc}
-               for n, acc in accuracy.items()]
+    bar = tqdm(total=len(todo), desc="tasks", unit="run", disable=not progress)
+
+    def finished(unit: Unit, new: list[dict]) -> None:
         rows.extend(new)
         if on_unit is not None:
             on_unit(unit, new)
+        bar.set_postfix_str(f"{unit.scheme}/{unit.task}/seed{unit.seed}")
+        bar.update()
+
+    if jobs == 1 or len(todo) <= 1:
+        for cfg, unit in todo:
+            finished(unit, run_unit(cfg, unit, budget))
+    else:
+        threads = max(1, default_jobs() // jobs)
+        with ProcessPoolExecutor(min(jobs, len(todo)), mp_context=multiprocessing.get_context("spawn"),
+                                 initializer=_worker_init, initargs=(threads,)) as pool:
+            futures = {pool.submit(run_unit, cfg, unit, budget): unit for cfg, unit in todo}
+            try:
+                for future in as_completed(futures):
+                    finished(futures[future], future.result())
+            except BaseException:  # a failed unit or Ctrl-C: do not start the queued ones
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
+    bar.close()
     return rows

@@ -36,8 +36,8 @@ def check_reverse(problem: str, answer: str) -> bool:
 
 
 def check_addition(problem: str, answer: str) -> bool:
-    a, b = problem.split("+")
-    return int(answer[::-1]) == int(a) + int(b) and len(answer) == len(a) + 1
+    a, b = problem.split("+")  # every number least-significant digit first
+    return int(answer[::-1]) == int(a[::-1]) + int(b[::-1]) and len(answer) == len(a) + 1
 
 
 def check_sort(problem: str, answer: str) -> bool:
@@ -99,6 +99,13 @@ def test_sampling_uses_no_global_state():
     random.seed(123)
     torch.manual_seed(123)
     assert samples("addition", 4, seed=1) == first
+
+
+def test_addition_writes_every_number_least_significant_digit_first():
+    """By hand: 123 + 456 = 579 and 99 + 01 = 100, each number reversed, the sum padded to n+1 digits."""
+    addition = TASKS["addition"]
+    assert addition.solve("321+654") == "9750"
+    assert addition.solve("99+10") == "001"
 
 
 def test_addition_makes_carries():

@@ -14,6 +14,7 @@ import torch
 import posenc.experiments.tasks_run as tasks_run
 from posenc.cli import main as cli_main
 from posenc.data.tasks import TASKS, make_batch
+from posenc.experiments.tasks_contenders import contender_config
 from posenc.experiments.tasks_plot import curves
 from posenc.experiments.tasks_report import bucket, summarize
 from posenc.experiments.tasks_run import (
@@ -49,6 +50,51 @@ def test_training_is_deterministic_from_seed_and_leaves_global_rng_alone():
     c = train_on_task(cfg, "reverse", max_len=3, steps=3, batch_size=4, seed=2)
     assert all(torch.equal(pa, pb) for pa, pb in zip(a.parameters(), b.parameters(), strict=True))
     assert any(not torch.equal(pa, pc) for pa, pc in zip(a.parameters(), c.parameters(), strict=True))
+
+
+@pytest.mark.parametrize("label", ["abacus", "rope+randomized"])
+def test_training_randomness_follows_the_seed_only(label):
+    """Abacus offsets and randomized positions draw from torch's RNG: seeded per run, not global."""
+    cfg = contender_config(TINY.replace(d_model=16, n_layer=1), label)
+    torch.manual_seed(1)
+    a = train_on_task(cfg, "addition", max_len=3, steps=3, batch_size=4, seed=1)
+    torch.manual_seed(2)
+    b = train_on_task(cfg, "addition", max_len=3, steps=3, batch_size=4, seed=1)
+    assert all(torch.equal(pa, pb) for pa, pb in zip(a.parameters(), b.parameters(), strict=True))
+
+
+def test_randomized_variant_trains_on_positions_up_to_max_seq_len():
+    cfg = contender_config(TINY, "learned_absolute+randomized")
+    assert cfg.position_embedding_type == "learned_absolute" and cfg.randomized_positions
+    assert cfg.random_position_range == TINY.max_seq_len  # the learned table has exactly these rows
+    assert contender_config(TINY, "rope") == TINY
+
+
+@pytest.mark.parametrize(("label", "message"), [
+    ("rope+randomzed", r"variant in 'rope\+randomzed'='randomzed' is unknown \(did you mean 'randomized'\?\)"),
+    ("ropee+randomized", r"'ropee' is unknown"),
+])
+def test_bad_entries_name_what_is_wrong(label, message):
+    with pytest.raises(ValueError, match=message):
+        contender_config(TINY, label)
+
+
+def test_parallel_jobs_give_the_rows_of_one_process():
+    """Units run in spawned single-thread processes; each depends on its seed only."""
+    kwargs = {"schemes": ["rope", "abacus"], "tasks": ["addition"], "train_len": 2, "test_lengths": [1, 3],
+              "seeds": [0], "steps": 4, "base": TINY.replace(d_model=16, n_layer=1), "batch_size": 8,
+              "n_samples": 8, "progress": False}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the workers' setting, so float sums agree to the bit
+    try:
+        serial = run_leaderboard(**kwargs, jobs=1)
+    finally:
+        torch.set_num_threads(threads)
+    seen = []
+    parallel = run_leaderboard(**kwargs, jobs=2, on_unit=lambda unit, rows: seen.append(unit))
+    key = lambda r: (r["scheme"], r["length"])
+    assert sorted(parallel, key=key) == sorted(serial, key=key) and len(serial) == 4
+    assert {u.scheme for u in seen} == {"rope", "abacus"}
 
 
 def test_loss_reaches_only_answer_tokens():
@@ -132,6 +178,8 @@ def test_command_writes_json_csv_png_and_prints_the_folder(tmp_path, capsys):
     assert [int(r["length"]) for r in table] == list(range(1, 9))
     assert all(0.0 <= float(r["accuracy"]) <= 1.0 for r in table)
     assert (out / "accuracy_copy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    board = (out / "leaderboard.md").read_text()
+    assert "| copy | rope | " in board and "seeds 0." in board and "(accuracy_copy.png)" in board
     assert not list(out.glob("*.tmp"))  # atomic writes leave no temp files behind
 
 

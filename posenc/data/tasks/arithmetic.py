@@ -8,12 +8,14 @@ from posenc.data.tasks.base import DIGITS, Task, draw
 
 
 class Addition(Task):
-    """`^123+456=` -> `9750$`: two `length`-digit operands (leading zeros allowed, so every digit
-    string is equally likely); the sum is written least-significant digit first and zero-padded
-    to length+1 digits (123+456 = 579 -> "975" -> "9750").
+    """`^321+654=` -> `9750$`: two `length`-digit numbers and their sum, every number written
+    least-significant digit first (123 + 456 = 579; the sum zero-padded to length+1 digits, 0579,
+    and reversed). Leading zeros are allowed, so every digit string is equally likely.
 
-    Least-significant-first is the "reverse" format of Lee et al. 2023: a causal model then
-    produces each carry before the digit that needs it. The fixed width keeps every answer of a
+    All-reversed is the format of the length-generalisation work on addition (Zhou et al. 2024,
+    McLeish et al. 2024 "Abacus"): a causal model produces each carry before the digit that needs
+    it, and digit i of the answer sits at the same place within its number as digit i of each
+    operand, which is what the `abacus` embedding encodes. The fixed width keeps every answer of a
     size the same length, so batches need no padding.
     """
 
@@ -24,9 +26,9 @@ class Addition(Task):
         return draw(DIGITS, length, rng) + "+" + draw(DIGITS, length, rng)
 
     def solve(self, problem: str) -> str:
-        left, right = problem.split("+")
-        width = max(len(left), len(right)) + 1
-        return str(int(left) + int(right)).zfill(width)[::-1]
+        left, right = (int(number[::-1]) for number in problem.split("+"))
+        width = max(len(part) for part in problem.split("+")) + 1
+        return str(left + right).zfill(width)[::-1]
 
 
 class SumMod10(Task):
