@@ -27,6 +27,7 @@ def plot_task(path: str | Path, rows: Sequence[dict], task: str, train_len: int)
     # Figure + Agg canvas, not pyplot: no global backend state, safe beside other plotting code.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     fig = Figure(figsize=(7, 4.2), dpi=120)
     FigureCanvasAgg(fig)
@@ -37,6 +38,7 @@ def plot_task(path: str | Path, rows: Sequence[dict], task: str, train_len: int)
     ax.axvline(train_len + 0.5, color="grey", linestyle="--", linewidth=1, label=f"train sizes ≤ {train_len}")
     ax.set(title=f"{task}: exact match vs problem size", xlabel="problem size", ylabel="accuracy",
            ylim=(-0.02, 1.02))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # problem sizes are whole numbers
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
