@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from posenc.bias._distance import shared_rows
 from posenc.scheme import Dims, Scheme
 
 FIRE_EPS = 1e-6  # the paper's code adds it to psi(max(L, i)) so a tiny c cannot divide by ~0
@@ -66,9 +67,7 @@ class FIRE(Scheme):
         return self.log_threshold.exp() + FIRE_FLOOR
 
     def bias(self, q_pos: Tensor, k_pos: Tensor, q: Tensor | None = None, k: Tensor | None = None) -> Tensor:
-        # Rows with identical positions (the usual case) share one evaluation of the MLP.
-        if q_pos.shape[0] > 1 and bool((q_pos == q_pos[:1]).all()) and bool((k_pos == k_pos[:1]).all()):
-            q_pos, k_pos = q_pos[:1], k_pos[:1]
+        q_pos, k_pos = shared_rows(q_pos, k_pos)  # rows sharing positions share one evaluation of the MLP
         x = fire_inputs(q_pos, k_pos, self.c, self.threshold)  # (B|1,Tq,Tk)
         x = x.to(self.mlp[0].weight.dtype).unsqueeze(-1)  # (B|1,Tq,Tk,1)
         return self.mlp(x).permute(0, 3, 1, 2)  # (B|1,Tq,Tk,H) -> (B|1,H,Tq,Tk)

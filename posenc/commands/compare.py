@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import json
 import time
+from pathlib import Path
 
 from posenc.experiments.compare import DEFAULT_SCHEMES, TaskSetting, compare, write_report
 from posenc.experiments.config import describe_options, load_config
-from posenc.experiments.rundir import new_run_dir
+from posenc.experiments.rundir import new_run_dir, write_json
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,11 +36,7 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-
-def _record_wall_time(run_dir, seconds: float) -> None:
-    import json
-
-    from posenc.experiments.rundir import write_json
-
+def _record_wall_time(run_dir: Path, seconds: float) -> None:
+    """`posenc report` re-renders from config.json: it needs the wall time the report shows."""
     path = run_dir / "config.json"
     write_json(path, json.loads(path.read_text()) | {"wall_seconds": seconds})

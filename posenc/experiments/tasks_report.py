@@ -53,33 +53,35 @@ def write_csv(path: str | Path, rows: Sequence[dict]) -> Path:
     return atomic_write(path, write)
 
 
+def grid(summary: Sequence[dict]) -> tuple[list[str], list[tuple[str, str, list[str]]]]:
+    """(bucket names, rows of (task, scheme, `mean ± std` per bucket)): schemes side by side per task."""
+    names = bucket_names(summary)
+    cells = {(r["task"], r["scheme"], r["bucket"]): f"{r['mean']:.2f} ± {r['spread']:.2f}" for r in summary}
+    schemes = dict.fromkeys(r["scheme"] for r in summary)
+    rows = [(task, scheme, [cells.get((task, scheme, b), "-") for b in names])
+            for task in dict.fromkeys(r["task"] for r in summary) for scheme in schemes]
+    return names, rows
+
+
 def print_table(summary: Sequence[dict]) -> None:
     """A rich table: one row per scheme x task, one column per length bucket (mean ± spread)."""
     from rich.console import Console
     from rich.table import Table
 
-    names = bucket_names(summary)
+    names, rows = grid(summary)
     table = Table(title="exact-match accuracy: mean ± std over seeds")
     for column in ("task", "scheme", *names):
         table.add_column(column, justify="left" if column in ("task", "scheme") else "right")
-    cells = {(r["task"], r["scheme"], r["bucket"]): f"{r['mean']:.2f} ± {r['spread']:.2f}" for r in summary}
-    schemes = dict.fromkeys(r["scheme"] for r in summary)
-    for task in dict.fromkeys(r["task"] for r in summary):  # schemes side by side within each task
-        for scheme in schemes:
-            table.add_row(task, scheme, *(cells.get((task, scheme, b), "-") for b in names))
-        table.add_section()
+    for i, (task, scheme, values) in enumerate(rows):
+        table.add_row(task, scheme, *values, end_section=i + 1 == len(rows) or rows[i + 1][0] != task)
     Console(width=max(100, 24 * len(names) + 40)).print(table)
 
 
 def markdown_table(summary: Sequence[dict]) -> str:
     """The leaderboard as a Markdown table: task, scheme, then `mean ± std` per length bucket."""
-    names = bucket_names(summary)
-    cells = {(r["task"], r["scheme"], r["bucket"]): f"{r['mean']:.2f} ± {r['spread']:.2f}" for r in summary}
+    names, rows = grid(summary)
     lines = ["| task | scheme | " + " | ".join(names) + " |", "|---|---|" + "---:|" * len(names)]
-    schemes = dict.fromkeys(r["scheme"] for r in summary)
-    for task in dict.fromkeys(r["task"] for r in summary):
-        lines += [f"| {task} | {scheme} | " + " | ".join(cells.get((task, scheme, b), "-") for b in names) + " |"
-                  for scheme in schemes]
+    lines += [f"| {task} | {scheme} | " + " | ".join(values) + " |" for task, scheme, values in rows]
     return "\n".join(lines) + "\n"
 
 

@@ -26,9 +26,9 @@ class Addition(Task):
         return draw(DIGITS, length, rng) + "+" + draw(DIGITS, length, rng)
 
     def solve(self, problem: str) -> str:
-        left, right = (int(number[::-1]) for number in problem.split("+"))
-        width = max(len(part) for part in problem.split("+")) + 1
-        return str(left + right).zfill(width)[::-1]
+        numbers = problem.split("+")
+        total = sum(int(number[::-1]) for number in numbers)
+        return str(total).zfill(max(map(len, numbers)) + 1)[::-1]
 
 
 class SumMod10(Task):
