@@ -2,9 +2,10 @@
 "Dissecting Transformer Length Extrapolation via the Lens of Receptive Field Analysis", eq. 3).
 
   S(m, n) = p_m . p_n = sum_{k=1..d/2} cos(|m - n| w_k),   w_k = 10000^(-2k/d)
-compressed per head h = 1..H as (S - d/2) / (8h/H). d is the model width (as NeMo).
-S depends only on |m - n|, so we build it once per distance and gather: (H,T,T) work
-is one lookup, not d/2 cosines per entry.
+compressed per head h = 1..H as (S - d/2) / (8h/H). d is the head dimension: NeMo's GPT builds
+SandwichRelativePositionEmbedding with hidden_size = hidden_size // num_attention_heads (or
+kv_channels), and the paper's p_m are the sinusoids of one head. S depends only on |m - n|, so we
+build it once per distance and gather: (H,T,T) work is one lookup, not d/2 cosines per entry.
 """
 
 from __future__ import annotations
@@ -35,12 +36,12 @@ class Sandwich(Scheme):
     def __init__(self, dims: Dims) -> None:
         super().__init__(dims)
         self.register_buffer("head_scales", sandwich_head_scales(dims.n_head), persistent=False)
-        self.register_buffer("table", sandwich_table(dims.max_seq_len, dims.d_model), persistent=False)
+        self.register_buffer("table", sandwich_table(dims.max_seq_len, dims.head_dim), persistent=False)
 
     def _table(self, max_distance: int) -> Tensor:
         if max_distance >= self.table.numel():  # longer than ever seen: grow once, keep it
             size = max(max_distance + 1, 2 * self.table.numel())
-            self.table = sandwich_table(size - 1, self.dims.d_model).to(self.table.device)
+            self.table = sandwich_table(size - 1, self.dims.head_dim).to(self.table.device)
         return self.table
 
     def bias(self, q_pos: Tensor, k_pos: Tensor, q: Tensor | None = None, k: Tensor | None = None) -> Tensor:

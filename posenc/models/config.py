@@ -22,11 +22,12 @@ class PositionOptions:
 
     rotary_percentage: float = 1.0  # NeMo: fraction of each head's dims that rotate
     rotary_base: float = 10000.0
-    rotary_interleaved: bool = False  # False: half-split (NeoX/HF); True: GPT-J/Meta pairs
+    rotary_interleaved: bool | None = None  # None: the scheme's NeMo pairing (rope half-split, xpos adjacent)
     seq_len_interpolation_factor: float | None = None  # PI: positions / factor
     rope_scaling: dict[str, Any] | None = None  # HF format, e.g. {"rope_type": "yarn", "factor": 4.0}
     num_attention_heads_alibi: int | None = None  # NeMo: bias only the first heads
-    kerple_kernel: str = "log"  # "log" or "power" (Chi et al. 2022)
+    kerple_kernel: str = "log"  # "log" (NeMo: -b log(1 + a|m-n|^p)) or "power" (-b |m-n|^p) (Chi et al. 2022)
+    kerple_learn_p: bool = True  # log kernel: learn p as NeMo does; False keeps p = 1 (the paper's 2-parameter form)
     xpos_scale_base: float = 2048.0  # NeMo's default; the paper used 512
     relative_attention_num_buckets: int = 32  # T5 (HF name): buckets of the `relative` bias
     relative_attention_max_distance: int = 128  # T5: distances past this share the last bucket

@@ -8,7 +8,7 @@ the other context-extension methods.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -48,19 +48,22 @@ TABLE_CAP = 1 << 17  # positions with a cached cos/sin row (~32 MB at R=64); bey
 
 class RoPE(Scheme):
     relative = True
+    # Pairing when the config leaves rotary_interleaved unset: Megatron-core's and NeMo's RoPE
+    # rotate half-split pairs (rotate_half), as GPT-NeoX and HF Llama do.
+    default_interleaved: ClassVar[bool] = False
 
     def __init__(
         self,
         dims: Dims,
         rotary_percentage: float = 1.0,
         rotary_base: float = 10000.0,
-        interleaved: bool = False,
+        interleaved: bool | None = None,
         rope_scaling: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(dims)
         self.rot_dim = rotary_dims(dims.head_dim, rotary_percentage)
         self.rotary_base = float(rotary_base)
-        self.interleaved = interleaved
+        self.interleaved = self.default_interleaved if interleaved is None else bool(interleaved)
         self.rope_scaling = rope_scaling
         self._dynamic = rope_type(rope_scaling) in SEQ_LEN_DEPENDENT
         inv_freq, self.attention_scaling = self._frequencies(None)

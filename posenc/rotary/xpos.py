@@ -4,6 +4,7 @@ Transformer", eq. 9-10).
 Pair i gets zeta_i = (2i + 0.4 R) / (1.4 R); queries are multiplied by zeta_i^(m/scale_base)
 and keys divided by zeta_i^(n/scale_base), so q_m . k_n carries zeta_i^((m-n)/scale_base):
 relative, but decaying with distance. NeMo's scale_base default is 2048; the paper used 512.
+Pairs are adjacent dims (x[2i], x[2i+1]) by default, as NeMo and the paper's code rotate them.
 
 A plain zeta**(n/scale_base) overflows float32 past n ~ 36k at scale_base 512. Two guards:
 the model hands this scheme positions measured from the sequence's first token (needs_origin;
@@ -55,6 +56,11 @@ class XPos(RoPE):
     needs_origin = True
     # In an encoder, future keys (m - n < 0) would be amplified by zeta^(m-n) > 1, not decayed.
     supports_bidirectional = False
+    # NeMo's XPOSPositionEmbedding rotates adjacent pairs (x[2i], x[2i+1]) (rotate_every_two and
+    # duplicate_interleave), as the paper's torchscale code does. Half-split pairs give the same
+    # scores up to a permutation of each head's dims, but trained q/k weights carry over only with
+    # the pairing they were trained with; rotary_interleaved=False selects half-split.
+    default_interleaved = True
 
     def __init__(self, dims: Dims, scale_base: float = 2048.0, **rope_kwargs: Any) -> None:
         super().__init__(dims, **rope_kwargs)

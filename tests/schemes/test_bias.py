@@ -52,35 +52,47 @@ def test_alibi_partial_heads_leaves_the_rest_unbiased():
 @pytest.mark.parametrize("kernel", ["log", "power"])
 def test_kerple_matches_formula_and_starts_from_alibi_slopes(kernel):
     kerple = KERPLE(dims(), kernel=kernel)
-    torch.testing.assert_close(kerple.r1, alibi_slopes(8), rtol=1e-5, atol=1e-7)
-    torch.testing.assert_close(kerple.r2, torch.ones(8), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(kerple.b, alibi_slopes(8), rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(kerple.a, torch.ones(8), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(kerple.p, torch.ones(8), rtol=1e-5, atol=1e-6)
     with torch.no_grad():
-        kerple.r1_raw.add_(torch.linspace(-1, 1, 8))
-        kerple.r2_raw.add_(torch.linspace(-0.5, 0.5, 8))
+        kerple.b_raw.add_(torch.linspace(-1, 1, 8))
+        kerple.a_raw.add_(torch.linspace(-0.5, 0.5, 8))
+        kerple.p_raw.add_(torch.linspace(-0.7, 0.7, 8))
     pos = torch.arange(12)[None]
     bias = kerple.bias(pos, pos)[0].detach().double().numpy()
-    r1, r2 = kerple.r1.detach().double().numpy(), kerple.r2.detach().double().numpy()
+    b, a, p = (x.detach().double().numpy() for x in (kerple.b, kerple.a, kerple.p))
     d = np.abs(np.arange(12)[:, None] - np.arange(12)[None, :])
     for h in range(8):
-        expected = -r1[h] * (np.log(1 + r2[h] * d) if kernel == "log" else d ** r2[h])
+        expected = -b[h] * (np.log(1 + a[h] * d ** p[h]) if kernel == "log" else d ** p[h])
         np.testing.assert_allclose(bias[h], expected, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("kernel", ["log", "power"])
-def test_kerple_gradients_flow_and_parameters_stay_positive(kernel):
+def test_kerple_gradients_flow_and_parameters_stay_in_their_domain(kernel):
     kerple = KERPLE(dims(), kernel=kernel)
-    opt = torch.optim.SGD(kerple.parameters(), lr=50.0)
+    opt = torch.optim.SGD([p for p in kerple.parameters() if p.requires_grad], lr=50.0)
     pos = torch.arange(16)[None]
-    for step in range(20):  # push every bias up hard: r1 and r2 are driven towards zero
+    for step in range(20):  # push every bias up hard: b (and a) are driven towards zero
         loss = -kerple.bias(pos, pos).sum()
         opt.zero_grad()
         loss.backward()
         if step == 0:
-            assert (kerple.r1_raw.grad != 0).all() and (kerple.r2_raw.grad != 0).all()
+            assert (kerple.b_raw.grad != 0).all() and (kerple.p_raw.grad != 0).all()
+            assert (kerple.a_raw.grad != 0).all() if kernel == "log" else kerple.a_raw.grad is None
         opt.step()
-    assert (kerple.r1 > 0).all() and (kerple.r2 > 0).all()
-    if kernel == "power":
-        assert (kerple.r2 <= 2).all()
+    assert (kerple.b > 0).all() and (kerple.a > 0).all() and (kerple.p > 0).all() and (kerple.p <= 2).all()
+
+
+def test_kerple_with_fixed_p_is_the_papers_two_parameter_log_kernel():
+    kerple = KERPLE(dims(), kernel="log", learn_p=False)
+    assert not kerple.p_raw.requires_grad
+    pos = torch.arange(8)[None]
+    kerple.bias(pos, pos).sum().backward()
+    assert kerple.p_raw.grad is None
+    torch.testing.assert_close(kerple.p, torch.ones(8))
+    with pytest.raises(ValueError, match="kerple_learn_p"):
+        KERPLE(dims(), kernel="power", learn_p=False)
 
 
 def test_kerple_rejects_unknown_kernel():
@@ -89,9 +101,9 @@ def test_kerple_rejects_unknown_kernel():
 
 
 def test_sandwich_equals_inner_product_of_sinusoids_compressed_per_head():
-    """Chi et al. 2023: (sum_{k=1..d/2} cos(|m-n| 10000^(-2k/d)) - d/2) / (8h/H)."""
+    """Chi et al. 2023: (sum_{k=1..d/2} cos(|m-n| 10000^(-2k/d)) - d/2) / (8h/H), d the head dim."""
     d, heads = 64, 8
-    sandwich = Sandwich(dims(heads, d))
+    sandwich = Sandwich(dims(heads, d * heads))
     pos = torch.arange(40)[None] + 1000
     bias = sandwich.bias(pos, pos)[0].double().numpy()
     k = np.arange(1, d // 2 + 1)
@@ -104,9 +116,9 @@ def test_sandwich_equals_inner_product_of_sinusoids_compressed_per_head():
 
 
 def test_sandwich_grows_its_table_past_max_seq_len():
-    sandwich = Sandwich(dims())
+    sandwich = Sandwich(dims())  # head dim 8
     q_pos, k_pos = torch.tensor([[5000]]), torch.tensor([[0, 4999]])
     bias = sandwich.bias(q_pos, k_pos)
-    w = 10000.0 ** (-2 * np.arange(1, 33) / 64)
-    assert bias[0, 0, 0, 0].item() == pytest.approx((np.cos(5000 * w).sum() - 32) / 1.0, rel=1e-5)
+    w = 10000.0 ** (-2 * np.arange(1, 5) / 8)
+    assert bias[0, 0, 0, 0].item() == pytest.approx((np.cos(5000 * w).sum() - 4) / 1.0, rel=1e-5)
     assert math.isfinite(bias.abs().max().item())

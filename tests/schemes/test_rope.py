@@ -100,20 +100,20 @@ def test_angles_stay_precise_at_a_million_positions():
                                rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("interleaved", [True, False])
 @pytest.mark.parametrize("scale_base", [512.0, 2048.0])
 @pytest.mark.parametrize("m,n", [(10, 3), (600, 0), (2000, 1999), (12_000, 11_000)])
-def test_xpos_pair_score_is_zeta_to_the_offset_times_cosine(scale_base, m, n):
+def test_xpos_pair_score_is_zeta_to_the_offset_times_cosine(interleaved, scale_base, m, n):
     """Sun et al. eq. 9-10: for q = k = e_pair(i), q_m.k_n = zeta_i^((m-n)/scale_base) cos((m-n) theta_i)."""
-    xpos = XPos(DIMS, scale_base=scale_base)
-    half = 16
+    xpos = XPos(DIMS, scale_base=scale_base, interleaved=interleaved)
     log_zeta = xpos_log_zeta(32)
     for i in (0, 7, 15):
         e = torch.zeros(1, 1, 1, 32)
-        e[..., i] = 1.0  # half-split: pair i is (i, i + 16); this is its first component
+        e[..., 2 * i if interleaved else i] = 1.0  # the first component of pair i: (2i, 2i+1) or (i, i+16)
         got = rotated_dot(xpos, e, e, m, n)[0].item()
         theta = 10000 ** (-2 * i / 32)
         expected = math.exp(log_zeta[i].item() * (m - n) / scale_base) * math.cos((m - n) * theta)
-        assert got == pytest.approx(expected, rel=1e-4, abs=1e-6), (i, half)
+        assert got == pytest.approx(expected, rel=1e-4, abs=1e-6), i
 
 
 def test_xpos_zeta_values_from_the_paper():
