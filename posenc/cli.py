@@ -10,7 +10,8 @@ import sys
 
 # subcommand -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "list": ("posenc.commands.list_schemes", "list every positional scheme and its family"),
+    "list": ("posenc.commands.list_schemes", "list every positional scheme, its family and options"),
+    "check": ("posenc.commands.check", "run the contract suite on schemes (yours too) in every model"),
     "tasks": ("posenc.commands.tasks", "length generalisation on copy/reverse/addition/...: train 1..L, test to 4L"),
     "train": ("posenc.commands.train", "train one GPT from a YAML preset and dotted overrides (torchrun: DDP)"),
     "eval": ("posenc.commands.eval", "perplexity vs length and the shift test for a trained run"),
@@ -27,6 +28,8 @@ def parser() -> argparse.ArgumentParser:
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         importlib.import_module(module).add_arguments(p)
+        p.add_argument("--import", dest="plugins", action="append", default=[], metavar="MODULE",
+                       help="import MODULE first: a module that registers your own schemes (posenc.register)")
         p.set_defaults(_module=module)
     return top
 
@@ -34,6 +37,9 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
+        from posenc.registry import import_plugins
+
+        import_plugins(args.plugins)
         return int(importlib.import_module(args._module).main(args) or 0)
     except ValueError as err:  # bad input: one line, no traceback
         print(f"posenc {args.command}: error: {err}", file=sys.stderr)

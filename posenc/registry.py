@@ -1,7 +1,19 @@
-"""The one place a scheme name maps to code. Names follow NeMo/Megatron."""
+"""The one place a scheme name maps to code. Names follow NeMo/Megatron.
+
+A user's own scheme joins with `posenc.register("my_scheme", MyScheme)` from their code, or through
+the entry-point group `posenc.schemes` of an installed package (`my_scheme = "pkg.module:MyScheme"`);
+it is then a name like any other: every model accepts it, and `posenc compare`, `posenc tasks` and
+`posenc check` run it.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
+import importlib.metadata
+import re
+import warnings
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from posenc.absolute.abacus import Abacus
@@ -14,10 +26,10 @@ from posenc.bias.fire import FIRE
 from posenc.bias.kerple import KERPLE
 from posenc.bias.sandwich import Sandwich
 from posenc.bias.t5 import T5RelativeBias
-from posenc.errors import unknown_name
-from posenc.relative.cope import CoPE
-from posenc.relative.shaw import Shaw
-from posenc.relative.transformer_xl import TransformerXL
+from posenc.content.cope import CoPE
+from posenc.content.shaw import Shaw
+from posenc.content.transformer_xl import TransformerXL
+from posenc.errors import ConfigError, bad_value, unknown_name
 from posenc.rotary.p_rope import PRoPE
 from posenc.rotary.rope import RoPE
 from posenc.rotary.xpos import XPos
@@ -41,18 +53,125 @@ SCHEMES: dict[str, type[Scheme]] = {
     "abacus": Abacus,
     "shape": SHAPE,
 }
+BUILTIN = frozenset(SCHEMES)
+ENTRY_POINT_GROUP = "posenc.schemes"
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # no '+' or ',': leaderboard entries use them
+_state = {"entry_points_loaded": False}
+_plugin_modules: list[str] = []  # modules that registered schemes: re-imported by spawned workers
+
+
+def _check_options_class(name: str, cls: type[Scheme]) -> None:
+    options = cls.Options
+    if not dataclasses.is_dataclass(options) or not options.__dataclass_params__.frozen:
+        raise bad_value(f"{name}.Options", options, "a frozen dataclass of the scheme's options")
+    from posenc.models.scheme_config import model_field_names  # lazy: model configs import this module
+
+    reserved = model_field_names()
+    for f in dataclasses.fields(options):
+        if f.name in reserved:
+            raise bad_value(f"{name}.Options.{f.name}", f.name, "a name that is not a model config field")
+        for other_name, other in SCHEMES.items():
+            same = {g.name: g for g in dataclasses.fields(other.Options)}.get(f.name)
+            if same is not None and other_name != name and _default(same) != _default(f):
+                raise bad_value(f"{name}.Options.{f.name}", _default(f),
+                                f"the default {other_name!r} gives it ({_default(same)!r}): a flat option name "
+                                "means one thing in every scheme")
+
+
+def _default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else None
+
+
+def register(name: str, cls: type[Scheme], *, replace: bool = False) -> type[Scheme]:
+    """Make `name` select `cls` in every model config, command and test; returns cls (usable as a decorator
+    argument). A built-in name cannot be replaced; a user name only with replace=True."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise bad_value("scheme name", name, "letters, digits and '_', not starting with a digit")
+    if not isinstance(cls, type) or not issubclass(cls, Scheme) or cls is Scheme:
+        raise bad_value(f"scheme {name!r}", cls, "a subclass of posenc.Scheme")
+    if name in SCHEMES and SCHEMES[name] is not cls and (name in BUILTIN or not replace):
+        why = "a built-in scheme" if name in BUILTIN else "registered already (pass replace=True)"
+        raise bad_value("scheme name", name, f"a new name: {name!r} is {why}")
+    _check_options_class(name, cls)
+    SCHEMES[name] = cls
+    if cls.__module__ not in ("__main__", "__mp_main__") and cls.__module__ not in _plugin_modules:
+        _plugin_modules.append(cls.__module__)
+    return cls
+
+
+def _load_entry_points() -> None:
+    """Installed packages' schemes (entry-point group posenc.schemes), once per process."""
+    if _state["entry_points_loaded"]:
+        return
+    _state["entry_points_loaded"] = True
+    for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            register(entry.name, entry.load())
+        except Exception as err:  # a broken plugin must not break posenc; its name stays unknown
+            warnings.warn(f"posenc: scheme {entry.name!r} from entry point {entry.value!r} not loaded: {err}",
+                          stacklevel=2)
+
+
+def import_plugins(modules: Iterable[str]) -> None:
+    """Import modules that call posenc.register (the --import flag; spawned worker processes)."""
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as err:
+            raise bad_value("--import", module, f"an importable module ({err})") from None
+
+
+def plugin_modules() -> list[str]:
+    return list(_plugin_modules)
 
 
 def available() -> list[str]:
+    _load_entry_points()
     return sorted(SCHEMES)
 
 
 def scheme_class(name: str, field: str = "position_embedding_type") -> type[Scheme]:
-    if name not in SCHEMES:
-        raise unknown_name(field, name, SCHEMES)
+    _load_entry_points()
+    if not isinstance(name, str) or name not in SCHEMES:
+        raise unknown_name(field, str(name), SCHEMES)
     return SCHEMES[name]
 
 
-def build(name: str, dims: Dims, cfg: Any) -> Scheme:
-    """Build scheme `name` for `dims`, reading its options from `cfg` (a model config)."""
-    return scheme_class(name).from_config(dims, cfg)
+def option_fields(cls: type[Scheme]) -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(cls.Options)}
+
+
+def option_owners() -> dict[str, list[str]]:
+    """Every flat option name -> the schemes that read it, in registry order."""
+    _load_entry_points()
+    owners: dict[str, list[str]] = {}
+    for name, cls in SCHEMES.items():
+        for option in option_fields(cls):
+            owners.setdefault(option, []).append(name)
+    return owners
+
+
+def option_default(option: str) -> Any:
+    for name in option_owners().get(option, []):
+        return _default(option_fields(SCHEMES[name])[option])
+    raise KeyError(option)
+
+
+def options_for(name: str, given: Mapping[str, Any], field: str = "position_embedding_type") -> Any:
+    """The Options instance of scheme `name` from flat options (keys it does not read are ignored)."""
+    cls = scheme_class(name, field)
+    fields = option_fields(cls)
+    try:
+        return cls.Options(**{k: v for k, v in given.items() if k in fields})
+    except TypeError as err:  # e.g. a field without a default left out
+        raise ConfigError(f"{field}={name!r}: {err}") from None
+
+
+def build(name: str, dims: Dims, options: Mapping[str, Any] | Any = None) -> Scheme:
+    """Build scheme `name` for `dims` from flat options (a mapping) or its Options instance."""
+    cls = scheme_class(name)
+    if options is None or isinstance(options, Mapping):
+        options = options_for(name, options or {})
+    return cls(dims, options)

@@ -1,9 +1,14 @@
-"""The `Scheme` base class: four hooks, all no-ops, that attention calls blindly.
+"""The `Scheme` base class: hooks, all no-ops, that attention calls blindly.
 
 A positional scheme touches attention in one of three places (DESIGN.md):
 token embeddings (`embed`), q/k rotation (`rotate`) or the attention logits
-(`bias`, and `score_mod`, its flex-attention form). A family overrides the hook
-it needs; attention calls every hook without asking which scheme it holds.
+(`bias`, and `score_mod`, its flex-attention form; `mix_values` for Shaw's value term).
+A family overrides the hook it needs; attention calls every hook without asking which
+scheme it holds. `frame` decides which positions the other hooks see (the origin shift).
+
+A scheme's options live in its own frozen dataclass (`Options`, NeMo/HF field names), next
+to the scheme; model configs accept those names flat (`GPTConfig(rotary_base=...)`), so a new
+scheme is one file and one registry line.
 
 Notation: B batch, H query heads, Hkv key/value heads, Tq queries, Tk keys,
 Dh head dim, D model dim. Positions are integer tensors (B, T), never implied.
@@ -11,6 +16,7 @@ Dh head dim, D model dim. Positions are integer tensors (B, T), never implied.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -23,7 +29,7 @@ ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 
 @dataclass(frozen=True)
 class Dims:
-    """Shapes a scheme needs to build its tables; filled in by the model."""
+    """What a scheme needs from the model to build its tables; filled in by the model config."""
 
     d_model: int
     n_head: int
@@ -31,41 +37,55 @@ class Dims:
     max_seq_len: int
     causal: bool = True
     n_kv_head: int | None = None
+    init_std: float = 0.02  # std of the token embeddings: absolute schemes match their scale to it
+    max_position: int | None = None  # largest position id training feeds (randomized positions); None: max_seq_len - 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class NoOptions:
+    """The options of a scheme that has none."""
 
 
 class Scheme(nn.Module):
     """Base of every positional scheme. Subclasses override one family's hook."""
 
-    # True when logits depend only on m - n: drives the shift-invariance test.
-    relative: ClassVar[bool] = True
+    # The scheme's own options: a frozen, kw-only dataclass validated in __post_init__.
+    Options: ClassVar[type] = NoOptions
+    # True when logits depend only on m - n, so moving every position by k changes nothing:
+    # drives the shift-invariance property of the contract suite.
+    shift_invariant: ClassVar[bool] = True
     # True when each layer needs its own instance (per-layer learned tables, e.g. Shaw).
     per_layer: ClassVar[bool] = False
     # True when the scheme adds to the output from the attention weights (Shaw's value term):
     # attention then runs its eager path and calls mix_values.
     needs_weights: ClassVar[bool] = False
-    # True when the hooks should see positions measured from the sequence's first position
-    # (exact for a relative scheme; keeps xPos' exponential scale in range at any offset).
-    needs_origin: ClassVar[bool] = False
     # Stacks the scheme can serve: a causal decoder, a bidirectional encoder.
     supports_causal: ClassVar[bool] = True
     supports_bidirectional: ClassVar[bool] = True
 
-    def __init__(self, dims: Dims) -> None:
+    def __init__(self, dims: Dims, options: Any = None, **flat: Any) -> None:
+        """options: an instance of `Options`; or its fields as keywords (`KERPLE(dims, kerple_kernel="power")`).
+        A subclass that builds tables or parameters keeps this signature and calls super().__init__ first."""
         super().__init__()
+        if options is not None and flat:
+            raise TypeError(f"{type(self).__name__}: give options or keyword options, not both")
         self.dims = dims
+        self.options = options if options is not None else type(self).Options(**flat)
 
     @classmethod
-    def from_config(cls, dims: Dims, cfg: Any) -> Scheme:
-        """Build from a model config; schemes with options read their fields here."""
-        return cls(dims)
+    def check_config(cls, dims: Dims, options: Any) -> None:
+        """The one validator a model config calls: raise ValueError if these options cannot serve a model
+        of these dims (the options validated their own values when they were built). Must not allocate."""
 
-    @classmethod
-    def check_config(cls, dims: Dims, cfg: Any) -> None:
-        """Raise ValueError for a config this scheme cannot serve (called at config build)."""
+    def frame(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+        """The positions every other hook sees, from the model's query (B,Tq) and key (B,Tk) positions
+        (k_pos includes the cached keys). Identity; see `from_first_key` for schemes that measure
+        from the sequence's first position."""
+        return q_pos, k_pos
 
     def embed(self, x: Tensor, pos: Tensor, input_ids: Tensor | None = None) -> Tensor:
-        """x (B,T,D), pos (B,T) -> (B,T,D). input_ids (B,Tk), Tk >= T, when the model passes them:
-        the token ids of the cached prefix followed by x's T tokens (Abacus reads digit runs)."""
+        """x (B,T,D), pos (B,T) -> (B,T,D). input_ids (B,Tk), Tk >= T: the token ids of the cached
+        prefix followed by x's T tokens (Abacus reads digit runs)."""
         return x
 
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
@@ -87,7 +107,24 @@ class Scheme(nn.Module):
         return None
 
     def extra_repr(self) -> str:
-        return f"relative={self.relative}"
+        changed = {f.name: getattr(self.options, f.name) for f in dataclasses.fields(self.options)
+                   if getattr(self.options, f.name) != _default(f)}
+        return ", ".join(f"{k}={v!r}" for k, v in changed.items())
+
+
+def _default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else dataclasses.MISSING
+
+
+def from_first_key(q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+    """Positions measured from each row's first key (the first cached position when decoding): for a
+    scheme whose logits depend only on m - n this changes nothing mathematically, and it keeps values
+    that grow with the absolute position (xPos' zeta^n, FIRE's psi(i)) independent of any offset."""
+    origin = k_pos[:, :1]  # (B,1)
+    shifted_keys = k_pos - origin
+    return (shifted_keys if q_pos is k_pos else q_pos - origin), shifted_keys
 
 
 def materialises_bias(scheme: Scheme | type[Scheme]) -> bool:
@@ -99,4 +136,3 @@ def materialises_bias(scheme: Scheme | type[Scheme]) -> bool:
 def relative_distance(q_pos: Tensor, k_pos: Tensor) -> Tensor:
     """(B,Tq), (B,Tk) -> m - n as (B,1,Tq,Tk) int64, broadcastable over heads."""
     return (q_pos[:, :, None] - k_pos[:, None, :]).unsqueeze(1)
-

@@ -18,13 +18,16 @@ are computed over it; the embedding is then taken for the new tokens only.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from posenc.absolute.learned import PositionTooLarge
+from posenc.checks import positive_int
 from posenc.errors import bad_value
+from posenc.memory import check_table_fits
 from posenc.scheme import Dims, Scheme
 
 DIGIT_IDS = tuple(range(48, 58))  # bytes '0'..'9'
@@ -48,19 +51,33 @@ def digit_run_index(input_ids: Tensor, digit_ids: Tensor) -> Tensor:
     return torch.where(is_digit, t - last_break, 0)
 
 
-class Abacus(Scheme):
-    relative = True  # indices come from token ids; position ids are never read
+@dataclass(frozen=True, kw_only=True)
+class AbacusOptions:
+    abacus_max_offset: int = 100  # training offsets k in [0, this) (McLeish et al. 2024: 100)
+    abacus_digit_ids: tuple[int, ...] = DIGIT_IDS  # ids of '0'..'9' (bytes 48..57)
 
-    def __init__(self, dims: Dims, max_offset: int = 100, digit_ids: Sequence[int] = DIGIT_IDS) -> None:
-        super().__init__(dims)
-        self.max_offset = max_offset
-        self.register_buffer("digit_ids", torch.tensor(check_digit_ids(digit_ids)), persistent=False)
+    def __post_init__(self) -> None:
+        positive_int("abacus_max_offset", self.abacus_max_offset)
+        # YAML gives lists: store a tuple so configs compare equal after a save/load round trip.
+        object.__setattr__(self, "abacus_digit_ids", check_digit_ids(self.abacus_digit_ids))
+
+
+class Abacus(Scheme):
+    Options = AbacusOptions
+    shift_invariant = True  # indices come from token ids; position ids are never read
+
+    def __init__(self, dims: Dims, options: AbacusOptions | None = None, **flat: Any) -> None:
+        super().__init__(dims, options, **flat)
+        self.max_offset = self.options.abacus_max_offset
+        self.register_buffer("digit_ids", torch.tensor(self.options.abacus_digit_ids), persistent=False)
         # A run is at most as long as a sequence; the offset adds up to max_offset - 1.
-        self.table = nn.Embedding(dims.max_seq_len + max_offset, dims.d_model)  # row 0: non-digits
+        self.table = nn.Embedding(dims.max_seq_len + self.max_offset, dims.d_model)  # row 0: non-digits
+        nn.init.normal_(self.table.weight, std=dims.init_std)  # the scale of the token embeddings it joins
 
     @classmethod
-    def from_config(cls, dims: Dims, cfg: Any) -> Abacus:
-        return cls(dims, cfg.abacus_max_offset, cfg.abacus_digit_ids)
+    def check_config(cls, dims: Dims, options: AbacusOptions) -> None:
+        rows = dims.max_seq_len + options.abacus_max_offset
+        check_table_fits("max_seq_len", dims.max_seq_len, rows, dims.d_model)
 
     def digit_index(self, input_ids: Tensor) -> Tensor:
         """(B,Tk) token history -> (B,Tk) table rows, with a random per-sequence offset in training."""
@@ -72,7 +89,7 @@ class Abacus(Scheme):
 
     def embed(self, x: Tensor, pos: Tensor, input_ids: Tensor | None = None) -> Tensor:
         if input_ids is None:
-            raise ValueError("abacus: embed() needs input_ids (the token history); the model passes them")
+            raise ValueError("abacus: embed() needs input_ids (the token history); every posenc model passes them")
         index = self.digit_index(input_ids)[:, -x.shape[1]:]  # (B,T): the new tokens' rows
         if int(index.max()) >= self.table.num_embeddings:
             raise PositionTooLarge(

@@ -7,6 +7,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from posenc.errors import bad_value
+from posenc.memory import check_table_fits
 from posenc.scheme import Dims, Scheme
 
 
@@ -15,19 +16,19 @@ class PositionTooLarge(ValueError):
 
 
 class LearnedAbsolute(Scheme):
-    relative = False
+    shift_invariant = False
 
-    def __init__(self, dims: Dims) -> None:
-        super().__init__(dims)
+    def __init__(self, dims: Dims, options: Any = None, **flat: Any) -> None:
+        super().__init__(dims, options, **flat)
         self.wpe = nn.Embedding(dims.max_seq_len, dims.d_model)
-        nn.init.normal_(self.wpe.weight, std=0.02)
+        nn.init.normal_(self.wpe.weight, std=dims.init_std)  # GPT-2: the token embeddings' scale
 
     @classmethod
-    def check_config(cls, dims: Dims, cfg: Any) -> None:
-        # Randomized positions (GPTConfig) draw ids from [0, L): every one needs a row of the table.
-        limit = getattr(cfg, "random_position_range", None)
-        if limit is not None and limit > dims.max_seq_len:
-            raise bad_value("max_random_position", limit,
+    def check_config(cls, dims: Dims, options: Any) -> None:
+        check_table_fits("max_seq_len", dims.max_seq_len, dims.max_seq_len, dims.d_model)
+        # Randomized positions (GPTConfig) draw ids up to max_position: every one needs a row of the table.
+        if dims.max_position is not None and dims.max_position >= dims.max_seq_len:
+            raise bad_value("max_random_position", dims.max_position + 1,
                             f"<= max_seq_len={dims.max_seq_len} with learned_absolute (its table has max_seq_len "
                             "rows; None means 4 * max_seq_len): set it to max_seq_len and train on shorter sequences")
 

@@ -10,4 +10,4 @@ from posenc.scheme import Scheme
 
 
 class NoPE(Scheme):
-    relative = True
+    shift_invariant = True

@@ -17,26 +17,33 @@ sinusoid is multiplied by sqrt(2) * init_std: per-dim RMS equal to the tokens' i
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from posenc.absolute.sinusoidal import sinusoidal_table
+from posenc.checks import non_negative_int
 from posenc.scheme import Dims, Scheme
 
 
+@dataclass(frozen=True, kw_only=True)
+class SHAPEOptions:
+    shape_max_shift: int = 100  # training shifts k in [0, this] (Kiyono et al. 2021 use larger)
+
+    def __post_init__(self) -> None:
+        non_negative_int("shape_max_shift", self.shape_max_shift)
+
+
 class SHAPE(Scheme):
-    relative = False
+    Options = SHAPEOptions
+    shift_invariant = False
 
-    def __init__(self, dims: Dims, max_shift: int = 100, init_std: float = 0.02) -> None:
-        super().__init__(dims)
-        self.max_shift = max_shift
-        self.scale = math.sqrt(2.0) * init_std  # see the module docstring
-
-    @classmethod
-    def from_config(cls, dims: Dims, cfg: Any) -> SHAPE:
-        return cls(dims, cfg.shape_max_shift, getattr(cfg, "init_std", 0.02))
+    def __init__(self, dims: Dims, options: SHAPEOptions | None = None, **flat: Any) -> None:
+        super().__init__(dims, options, **flat)
+        self.max_shift = self.options.shape_max_shift
+        self.scale = math.sqrt(2.0) * dims.init_std  # see the module docstring
 
     def shifted(self, pos: Tensor) -> Tensor:
         """pos (B,T) -> pos + k with one k per row in training (k ~ U{0..max_shift}), pos at eval."""

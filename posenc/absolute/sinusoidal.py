@@ -12,6 +12,7 @@ tokens and a tiny GPT stayed at perplexity ~24 after 400 steps (make demo, befor
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -30,15 +31,11 @@ def sinusoidal_table(pos: Tensor, d: int, base: float = 10000.0) -> Tensor:
 
 
 class Sinusoidal(Scheme):
-    relative = False
+    shift_invariant = False
 
-    def __init__(self, dims: Dims, init_std: float = 0.02) -> None:
-        super().__init__(dims)
-        self.scale = math.sqrt(2.0) * init_std  # see the module docstring
-
-    @classmethod
-    def from_config(cls, dims: Dims, cfg) -> Sinusoidal:
-        return cls(dims, getattr(cfg, "init_std", 0.02))
+    def __init__(self, dims: Dims, options: Any = None, **flat: Any) -> None:
+        super().__init__(dims, options, **flat)
+        self.scale = math.sqrt(2.0) * dims.init_std  # see the module docstring
 
     def embed(self, x: Tensor, pos: Tensor, input_ids: Tensor | None = None) -> Tensor:
         return x + (self.scale * sinusoidal_table(pos, self.dims.d_model)).to(x.dtype)  # (B,T,D)

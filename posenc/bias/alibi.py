@@ -9,12 +9,14 @@ NeMo's num_attention_heads_alibi biases only the first heads; the rest get slope
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from posenc.bias._distance import shared_rows
+from posenc.checks import positive_int
 from posenc.errors import bad_value
 from posenc.scheme import Dims, Scheme, ScoreMod, relative_distance
 
@@ -35,28 +37,35 @@ def alibi_slopes(n_heads: int) -> Tensor:
     return torch.tensor(_power_of_two_slopes(closest) + extra, dtype=torch.float32)
 
 
-def partial_slopes(n_heads: int, n_biased: int | None) -> Tensor:
+def partial_slopes(n_heads: int, n_biased: int | None, field: str = "num_attention_heads_alibi") -> Tensor:
     """NeMo's build_slopes: slopes for the first n_biased heads, zero for the rest."""
     n_biased = n_heads if n_biased is None else n_biased
     if not 1 <= n_biased <= n_heads:
-        raise bad_value("num_attention_heads_alibi", n_biased, f"an int in [1, n_head={n_heads}] or None")
+        raise bad_value(field, n_biased, f"an int in [1, n_head={n_heads}] or None")
     return torch.cat((alibi_slopes(n_biased), torch.zeros(n_heads - n_biased)))
 
 
+@dataclass(frozen=True, kw_only=True)
+class ALiBiOptions:
+    num_attention_heads_alibi: int | None = None  # NeMo: bias only the first heads; None = all
+
+    def __post_init__(self) -> None:
+        if self.num_attention_heads_alibi is not None:
+            positive_int("num_attention_heads_alibi", self.num_attention_heads_alibi)
+
+
 class ALiBi(Scheme):
-    relative = True
+    Options = ALiBiOptions
+    shift_invariant = True
 
-    def __init__(self, dims: Dims, num_attention_heads_alibi: int | None = None) -> None:
-        super().__init__(dims)
-        self.register_buffer("slopes", partial_slopes(dims.n_head, num_attention_heads_alibi), persistent=False)
-
-    @classmethod
-    def from_config(cls, dims: Dims, cfg: Any) -> ALiBi:
-        return cls(dims, getattr(cfg, "num_attention_heads_alibi", None))
+    def __init__(self, dims: Dims, options: ALiBiOptions | None = None, **flat: Any) -> None:
+        super().__init__(dims, options, **flat)
+        slopes = partial_slopes(dims.n_head, self.options.num_attention_heads_alibi)
+        self.register_buffer("slopes", slopes, persistent=False)
 
     @classmethod
-    def check_config(cls, dims: Dims, cfg: Any) -> None:
-        partial_slopes(dims.n_head, getattr(cfg, "num_attention_heads_alibi", None))
+    def check_config(cls, dims: Dims, options: ALiBiOptions) -> None:
+        partial_slopes(dims.n_head, options.num_attention_heads_alibi)
 
     def bias(self, q_pos: Tensor, k_pos: Tensor, q: Tensor | None = None, k: Tensor | None = None) -> Tensor:
         q_pos, k_pos = shared_rows(q_pos, k_pos)  # one (1,H,Tq,Tk) bias when rows share positions

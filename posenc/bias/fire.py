@@ -8,10 +8,10 @@ every causal pair j <= i into [0, 1] whatever the length, so longer sequences re
 in training; L keeps short contexts from being over-stretched; the log amplifies local distances.
 
 The bias depends on the query's position i, not only on i - j. Here i is measured from the
-sequence's first token (needs_origin): the model subtracts each row's first position (the cache's
+sequence's first token (the `frame` hook subtracts each row's first key position, the cache's
 first position when decoding), so position_ids 1000..1023 and 0..23 give the same logits. That
 makes the logits invariant to a uniform shift of position ids, which is the property the
-`relative` flag (and the contract test) stands for; FIRE's paper title calls it relative too.
+`shift_invariant` flag (and the contract suite) stands for; FIRE's paper title calls it relative too.
 c and L are stored as logarithms (plus a tiny floor), so no gradient step can make them
 non-positive (the paper's code takes absolute values instead); a step on log L moves L by a
 fraction of itself, as a step on the paper's multiplier of L's initial value does.
@@ -21,13 +21,15 @@ Causal only: for j > i the input would leave [0, 1].
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from posenc.bias._distance import shared_rows
-from posenc.scheme import Dims, Scheme
+from posenc.checks import number_in, positive_int
+from posenc.scheme import Dims, Scheme, from_first_key
 
 FIRE_EPS = 1e-6  # the paper's code adds it to psi(max(L, i)) so a tiny c cannot divide by ~0
 FIRE_FLOOR = 1e-6  # c, L >= this: exp of a very negative log underflows to exactly 0 in float32
@@ -43,20 +45,32 @@ def fire_inputs(q_pos: Tensor, k_pos: Tensor, c: Tensor, threshold: Tensor) -> T
     return torch.log1p(c * distance) / normalizer
 
 
+@dataclass(frozen=True, kw_only=True)
+class FIREOptions:
+    fire_mlp_width: int = 32  # hidden units of f_theta (Li et al. 2023 use 32)
+    fire_init_c: float = 0.1  # initial c of psi(x) = log(c x + 1) (the paper's init)
+    fire_init_threshold: float = 512.0  # initial L of psi(max(L, i)) (the paper's init)
+
+    def __post_init__(self) -> None:
+        positive_int("fire_mlp_width", self.fire_mlp_width)
+        number_in("fire_init_c", self.fire_init_c, 0.0, math.inf, low_open=True, high_open=True)
+        number_in("fire_init_threshold", self.fire_init_threshold, 0.0, math.inf, low_open=True, high_open=True)
+
+
 class FIRE(Scheme):
-    relative = True  # see the module docstring: invariant to uniform shifts via needs_origin
-    needs_origin = True
+    Options = FIREOptions
+    shift_invariant = True  # see the module docstring: invariant to uniform shifts via frame()
     supports_bidirectional = False
 
-    def __init__(self, dims: Dims, mlp_width: int = 32, init_c: float = 0.1, init_threshold: float = 512.0) -> None:
-        super().__init__(dims)
-        self.mlp = nn.Sequential(nn.Linear(1, mlp_width), nn.ReLU(), nn.Linear(mlp_width, dims.n_head))
-        self.log_c = nn.Parameter(torch.tensor(math.log(max(init_c - FIRE_FLOOR, FIRE_FLOOR))))
-        self.log_threshold = nn.Parameter(torch.tensor(math.log(max(init_threshold - FIRE_FLOOR, FIRE_FLOOR))))
+    def __init__(self, dims: Dims, options: FIREOptions | None = None, **flat: Any) -> None:
+        super().__init__(dims, options, **flat)
+        o = self.options
+        self.mlp = nn.Sequential(nn.Linear(1, o.fire_mlp_width), nn.ReLU(), nn.Linear(o.fire_mlp_width, dims.n_head))
+        self.log_c = nn.Parameter(torch.tensor(math.log(max(o.fire_init_c - FIRE_FLOOR, FIRE_FLOOR))))
+        self.log_threshold = nn.Parameter(torch.tensor(math.log(max(o.fire_init_threshold - FIRE_FLOOR, FIRE_FLOOR))))
 
-    @classmethod
-    def from_config(cls, dims: Dims, cfg: Any) -> FIRE:
-        return cls(dims, cfg.fire_mlp_width, cfg.fire_init_c, cfg.fire_init_threshold)
+    def frame(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+        return from_first_key(q_pos, k_pos)  # i is measured from the sequence's first token
 
     @property
     def c(self) -> Tensor:

@@ -18,6 +18,7 @@ the distance. The power kernel starts exactly as ALiBi (p = 1).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -26,6 +27,7 @@ from torch import Tensor, nn
 
 from posenc.bias._distance import distance_bias
 from posenc.bias.alibi import partial_slopes
+from posenc.checks import positive_int
 from posenc.errors import bad_value, unknown_name
 from posenc.scheme import Dims, Scheme, ScoreMod
 
@@ -66,33 +68,44 @@ def kerple_power(distance: Tensor, b: Tensor, a: Tensor, p: Tensor) -> Tensor:
 Kernel = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
-class KERPLE(Scheme):
-    relative = True
-    KERNELS: ClassVar[dict[str, Kernel]] = {"log": kerple_log, "power": kerple_power}
+KERNELS: dict[str, Kernel] = {"log": kerple_log, "power": kerple_power}
 
-    def __init__(self, dims: Dims, kernel: str = "log", num_attention_heads_kerple: int | None = None,
-                 learn_p: bool = True) -> None:
-        super().__init__(dims)
-        if kernel not in self.KERNELS:
-            raise unknown_name("kerple_kernel", kernel, self.KERNELS)
-        if kernel == "power" and not learn_p:
-            raise bad_value("kerple_learn_p", learn_p, "True with kerple_kernel='power' (its exponent is learned)")
-        self.kernel, self.learn_p = kernel, learn_p
+
+@dataclass(frozen=True, kw_only=True)
+class KERPLEOptions:
+    kerple_kernel: str = "log"  # "log" (NeMo: -b log(1 + a|m-n|^p)) or "power" (-b |m-n|^p)
+    kerple_learn_p: bool = True  # log kernel: learn p as NeMo does; False keeps p = 1 (the paper's 2-parameter form)
+    num_attention_heads_kerple: int | None = None  # NeMo: bias only the first heads; None = all
+
+    def __post_init__(self) -> None:
+        if self.kerple_kernel not in KERNELS:
+            raise unknown_name("kerple_kernel", self.kerple_kernel, KERNELS)
+        if not isinstance(self.kerple_learn_p, bool):
+            raise bad_value("kerple_learn_p", self.kerple_learn_p, "True or False")
+        if self.kerple_kernel == "power" and not self.kerple_learn_p:
+            raise bad_value("kerple_learn_p", False, "True with kerple_kernel='power' (its exponent is learned)")
+        if self.num_attention_heads_kerple is not None:
+            positive_int("num_attention_heads_kerple", self.num_attention_heads_kerple)
+
+
+class KERPLE(Scheme):
+    Options = KERPLEOptions
+    shift_invariant = True
+    KERNELS: ClassVar[dict[str, Kernel]] = KERNELS
+
+    def __init__(self, dims: Dims, options: KERPLEOptions | None = None, **flat: Any) -> None:
+        super().__init__(dims, options, **flat)
+        self.kernel, self.learn_p = self.options.kerple_kernel, self.options.kerple_learn_p
         # Heads NeMo leaves unbiased get b = 0; softplus cannot reach 0, so start them tiny.
-        b = partial_slopes(dims.n_head, num_attention_heads_kerple).clamp_min(2 * KERPLE_EPS)
+        b = partial_slopes(dims.n_head, self.options.num_attention_heads_kerple).clamp_min(2 * KERPLE_EPS)
         one = torch.ones(dims.n_head)
         self.b_raw = nn.Parameter(_raw_positive(b))
-        self.a_raw = nn.Parameter(_raw_positive(one), requires_grad=kernel == "log")
-        self.p_raw = nn.Parameter(_raw_power(one), requires_grad=learn_p)
+        self.a_raw = nn.Parameter(_raw_positive(one), requires_grad=self.kernel == "log")
+        self.p_raw = nn.Parameter(_raw_power(one), requires_grad=self.learn_p)
 
     @classmethod
-    def from_config(cls, dims: Dims, cfg: Any) -> KERPLE:
-        return cls(dims, getattr(cfg, "kerple_kernel", "log"), getattr(cfg, "num_attention_heads_alibi", None),
-                   getattr(cfg, "kerple_learn_p", True))
-
-    @classmethod
-    def check_config(cls, dims: Dims, cfg: Any) -> None:
-        cls.from_config(dims, cfg)
+    def check_config(cls, dims: Dims, options: KERPLEOptions) -> None:
+        partial_slopes(dims.n_head, options.num_attention_heads_kerple, "num_attention_heads_kerple")
 
     @property
     def b(self) -> Tensor:

@@ -10,6 +10,8 @@ build it once per distance and gather: (H,T,T) work is one lookup, not d/2 cosin
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -31,12 +33,12 @@ def sandwich_head_scales(n_heads: int) -> Tensor:
 
 
 class Sandwich(Scheme):
-    relative = True
+    shift_invariant = True
 
-    def __init__(self, dims: Dims) -> None:
-        super().__init__(dims)
+    def __init__(self, dims: Dims, options: Any = None, **flat: Any) -> None:
+        super().__init__(dims, options, **flat)
         self.register_buffer("head_scales", sandwich_head_scales(dims.n_head), persistent=False)
-        self.register_buffer("table", sandwich_table(dims.max_seq_len, dims.head_dim), persistent=False)
+        self.register_buffer("table", sandwich_table(min(dims.max_seq_len, 4096), dims.head_dim), persistent=False)
 
     def _table(self, max_distance: int) -> Tensor:
         if max_distance >= self.table.numel():  # longer than ever seen: grow once, keep it

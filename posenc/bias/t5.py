@@ -15,6 +15,7 @@ which does, and the bias is added after that scaling. The learned scalars simply
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -59,24 +60,26 @@ def _bucket(relative_position: Tensor, bidirectional: bool, num_buckets: int, ma
     return offset + torch.where(distance < max_exact, distance, log_bucket)
 
 
-class T5RelativeBias(Scheme):
-    relative = True
+@dataclass(frozen=True, kw_only=True)
+class T5BiasOptions:
+    relative_attention_num_buckets: int = 32  # HF T5 name: buckets of the bias
+    relative_attention_max_distance: int = 128  # distances past this share the last bucket
 
-    def __init__(self, dims: Dims, num_buckets: int = 32, max_distance: int = 128) -> None:
-        super().__init__(dims)
-        check_bucket_options(num_buckets, max_distance)
-        self.num_buckets, self.max_distance = num_buckets, max_distance
+    def __post_init__(self) -> None:
+        check_bucket_options(self.relative_attention_num_buckets, self.relative_attention_max_distance)
+
+
+class T5RelativeBias(Scheme):
+    Options = T5BiasOptions
+    shift_invariant = True
+
+    def __init__(self, dims: Dims, options: T5BiasOptions | None = None, **flat: Any) -> None:
+        super().__init__(dims, options, **flat)
+        self.num_buckets = self.options.relative_attention_num_buckets
+        self.max_distance = self.options.relative_attention_max_distance
         self.bidirectional = not dims.causal
         # HF's T5 init: normal with std d_model^-0.5 (modeling_t5.T5PreTrainedModel._init_weights).
-        self.table = nn.Parameter(torch.randn(num_buckets, dims.n_head) * dims.d_model ** -0.5)  # (buckets,H)
-
-    @classmethod
-    def from_config(cls, dims: Dims, cfg: Any) -> T5RelativeBias:
-        return cls(dims, cfg.relative_attention_num_buckets, cfg.relative_attention_max_distance)
-
-    @classmethod
-    def check_config(cls, dims: Dims, cfg: Any) -> None:
-        check_bucket_options(cfg.relative_attention_num_buckets, cfg.relative_attention_max_distance)
+        self.table = nn.Parameter(torch.randn(self.num_buckets, dims.n_head) * dims.d_model ** -0.5)  # (buckets,H)
 
     def buckets(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """(B,Tq), (B,Tk) -> bucket of n - m, (B,Tq,Tk)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from posenc.checks import number_in, positive_int
 from posenc.data.tasks import TASKS, get_task
 from posenc.errors import bad_value
 from posenc.experiments.rundir import new_run_dir, write_json
@@ -23,7 +24,6 @@ from posenc.experiments.tasks_report import print_table, summarize, write_csv, w
 from posenc.experiments.tasks_resume import previous_rows, units_in
 from posenc.experiments.tasks_run import default_jobs, longest_sequence, run_leaderboard
 from posenc.models import GPTConfig
-from posenc.models.checks import number_in, positive_int
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

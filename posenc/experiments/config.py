@@ -14,9 +14,10 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from posenc.checks import from_dict, number_in, positive_int
 from posenc.errors import bad_value, unknown_key, unknown_name
-from posenc.models.checks import from_dict, number_in, positive_int
 from posenc.models.config import GPTConfig
+from posenc.models.scheme_config import describe_options as describe_scheme_options
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,7 +99,7 @@ class RunConfig:
     out_dir: str = "runs"
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return dataclasses.asdict(self) | {"model": self.model.to_dict()}  # scheme options flat, as NeMo
 
 
 SECTIONS = {"model": GPTConfig, "data": DataConfig, "trainer": TrainerConfig, "eval": EvalConfig}
@@ -171,6 +172,9 @@ def describe_options() -> str:
     lines = []
     for name, cls in SECTIONS.items():
         default = getattr(RunConfig(), name)
+        if name == "model":
+            lines += describe_scheme_options(name, default)
+            continue
         for f in dataclasses.fields(cls):
             if f.name != "extra":
                 lines.append(f"  {name}.{f.name} = {getattr(default, f.name)!r}")

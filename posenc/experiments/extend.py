@@ -101,7 +101,7 @@ def token_nll(model: Llama, ids: Tensor) -> Tensor:
 
 def frequency_key(model: Llama, length: int) -> tuple:
     """What RoPE computes for a forward of `length` tokens: equal keys give equal logits."""
-    rope = model.positions
+    rope = model.schemes.layer(0)
     inv_freq, scale = frequencies(rope.rot_dim, rope.rotary_base, rope.rope_scaling, rope.dims.max_seq_len, length)
     return tuple(inv_freq.tolist()), scale
 

@@ -18,11 +18,12 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from posenc.checks import number_in, positive_int
 from posenc.data.tasks import Task, get_task, make_batch, make_problems
 from posenc.errors import bad_value
 from posenc.experiments.tasks_contenders import contender_config
 from posenc.models import GPT, GPTConfig
-from posenc.models.checks import number_in, positive_int
+from posenc.registry import import_plugins, plugin_modules
 
 EVAL_SEED_OFFSET = 1_000_003  # test problems come from a stream other than the training one
 
@@ -144,8 +145,9 @@ def run_unit(cfg: GPTConfig, unit: Unit, budget: Budget) -> list[dict]:
             for n, acc in accuracy.items()]
 
 
-def _worker_init(threads: int) -> None:
+def _worker_init(threads: int, plugins: list[str]) -> None:
     torch.set_num_threads(threads)
+    import_plugins(plugins)  # a spawned process starts with the built-in registry: re-register user schemes
 
 
 def default_jobs() -> int:
@@ -192,7 +194,7 @@ def run_leaderboard(schemes: Sequence[str], tasks: Sequence[str], train_len: int
     else:
         threads = max(1, default_jobs() // jobs)
         with ProcessPoolExecutor(min(jobs, len(todo)), mp_context=multiprocessing.get_context("spawn"),
-                                 initializer=_worker_init, initargs=(threads,)) as pool:
+                                 initializer=_worker_init, initargs=(threads, plugin_modules())) as pool:
             futures = {pool.submit(run_unit, cfg, unit, budget): unit for cfg, unit in todo}
             try:
                 for future in as_completed(futures):

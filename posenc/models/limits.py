@@ -8,8 +8,7 @@ no bias runs SDPA's own kernel with O(T) extra memory. Activations add ~16 (T, D
 
 from __future__ import annotations
 
-import os
-
+from posenc.memory import available_bytes
 from posenc.scheme import Scheme, materialises_bias
 
 BIAS_COPIES = 3
@@ -19,17 +18,6 @@ SMALL_REQUEST = 1 << 26  # 64 MiB: always fits; skips reading /proc/meminfo on e
 
 class SequenceTooLong(ValueError):
     """The request would need more memory than this machine has."""
-
-
-def available_bytes() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
 def attention_bytes(batch: int, heads: int, tq: int, tk: int, scheme: Scheme) -> int:

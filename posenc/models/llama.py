@@ -3,27 +3,24 @@ pretrained weights). `Llama.from_gguf` loads a llama.cpp GGUF file, e.g. SmolLM2
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
 from posenc.errors import bad_value
-from posenc.models.checks import positive_int
-from posenc.models.config import PositionOptions
-from posenc.models.gpt import GPT
-from posenc.models.inputs import check_positions, check_token_ids
+from posenc.models.config import check_shapes
+from posenc.models.generation import CausalGeneration
+from posenc.models.positions import SchemeStack
+from posenc.models.scheme_config import SchemeConfig
 from posenc.nn.kv_cache import KVCache
 from posenc.nn.llama_block import LlamaBlock
-from posenc.registry import build, scheme_class
 from posenc.scheme import Dims
 
 
-@dataclass(frozen=True, kw_only=True)
-class LlamaConfig(PositionOptions):
+@dataclass(frozen=True, kw_only=True, init=False)
+class LlamaConfig(SchemeConfig):
     """Defaults are SmolLM2-135M's shapes; a GGUF file overrides every one."""
 
     vocab_size: int = 49152
@@ -38,32 +35,23 @@ class LlamaConfig(PositionOptions):
     position_embedding_type: str = "rope"
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "n_layer", "n_head", "n_kv_head", "d_model", "ffn_hidden_size", "max_seq_len"):
-            positive_int(name, getattr(self, name))
-        if self.d_model % self.n_head:
-            raise bad_value("n_head", self.n_head, f"a divisor of d_model={self.d_model}")
-        if self.n_head % self.n_kv_head:
-            raise bad_value("n_kv_head", self.n_kv_head, f"a divisor of n_head={self.n_head}")
-        self.check_position_options()
-        scheme = scheme_class(self.position_embedding_type)
-        if scheme.per_layer:  # Llama shares one scheme instance across layers (RoPE tables built once)
-            raise bad_value("position_embedding_type", self.position_embedding_type,
-                            "a scheme shared by all layers (per-layer schemes run in GPT)")
-        scheme.check_config(self.dims(), self)
+        check_shapes(self)
+        self.check_scheme("position_embedding_type", self.dims())
 
     def dims(self) -> Dims:
         return Dims(self.d_model, self.n_head, self.d_model // self.n_head, self.max_seq_len, True, self.n_kv_head)
 
-    def replace(self, **changes: Any) -> LlamaConfig:
-        return dataclasses.replace(self, **changes)
+    @property
+    def options(self) -> Any:
+        return self.scheme_options("position_embedding_type")
 
 
-class Llama(nn.Module):
+class Llama(CausalGeneration, nn.Module):
     def __init__(self, cfg: LlamaConfig) -> None:
         super().__init__()
         self.cfg = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.positions = build(cfg.position_embedding_type, cfg.dims(), cfg)  # one instance, all layers
+        self.schemes = SchemeStack(cfg.position_embedding_type, cfg.dims(), cfg.options, cfg.n_layer)
         self.blocks = nn.ModuleList(
             LlamaBlock(cfg.d_model, cfg.n_head, cfg.n_kv_head, cfg.ffn_hidden_size, i, cfg.rms_norm_eps)
             for i in range(cfg.n_layer)
@@ -93,7 +81,8 @@ class Llama(nn.Module):
     def set_rope_scaling(self, rope_scaling: dict[str, Any] | None) -> Llama:
         """Switch the context-extension scaling in place (weights untouched; validated first)."""
         self.cfg = self.cfg.replace(rope_scaling=rope_scaling)
-        self.positions = build(self.cfg.position_embedding_type, self.cfg.dims(), self.cfg)
+        self.schemes = SchemeStack(self.cfg.position_embedding_type, self.cfg.dims(), self.cfg.options,
+                                   self.cfg.n_layer)
         return self
 
     @property
@@ -111,17 +100,10 @@ class Llama(nn.Module):
                  cache: KVCache | None = None) -> Tensor:
         """input_ids (B,T) -> final-normed hidden states (B,T,D); the LM head is left to the caller
         so long-context evaluation can project in chunks instead of holding (T, vocab) logits."""
-        check_token_ids(input_ids, self.cfg.vocab_size)
-        b, t = input_ids.shape
-        start = cache.length if cache is not None else 0
-        if position_ids is None:
-            q_pos = torch.arange(start, start + t, device=input_ids.device).expand(b, t)
-        else:
-            q_pos = check_positions(position_ids.to(input_ids.device), input_ids)
-        k_pos = cache.add_positions(q_pos) if cache is not None else q_pos  # (B,Tk)
-        x = self.positions.embed(self.embed_tokens(input_ids), q_pos)  # (B,T,D)
-        for block in self.blocks:
-            x = block(x, self.positions, q_pos, k_pos, cache)
+        pos = self.schemes.prepare(input_ids, position_ids, cache, vocab_size=self.cfg.vocab_size)
+        x = self.schemes.embed(self.embed_tokens(input_ids), pos)  # (B,T,D)
+        for i, block in enumerate(self.blocks):
+            x = block(x, self.schemes.layer(i), pos.query, pos.key, cache)
         return self.norm(x)
 
     def forward(self, input_ids: Tensor, position_ids: Tensor | None = None,
@@ -131,6 +113,3 @@ class Llama(nn.Module):
 
     def new_cache(self) -> KVCache:
         return KVCache(self.cfg.n_layer)
-
-    # The same greedy/sampled decoding loop as GPT: it needs only self(...), new_cache and cfg.vocab_size.
-    generate = GPT.generate

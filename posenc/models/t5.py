@@ -14,37 +14,14 @@ import torch
 from torch import Tensor, nn
 
 from posenc.errors import bad_value
-from posenc.models.gpt import pick_token
-from posenc.models.inputs import check_positions, check_token_ids
+from posenc.models.generation import check_sampling, pick_token
+from posenc.models.positions import SchemeStack, init_weights
 from posenc.models.t5_config import T5Config
-from posenc.nn.blocks import DecoderBlock
+from posenc.nn.blocks import TransformerBlock
 from posenc.nn.kv_cache import KVCache
 from posenc.nn.seq2seq_blocks import CrossDecoderBlock
-from posenc.registry import build, scheme_class
-from posenc.scheme import Dims, Scheme
 
-
-def stack_schemes(name: str, dims: Dims, cfg: T5Config, n_layer: int) -> nn.ModuleList:
-    """One shared scheme for the stack (tables built once), or one per layer (Shaw, Transformer-XL)."""
-    copies = n_layer if scheme_class(name).per_layer else 1
-    return nn.ModuleList(build(name, dims, cfg) for _ in range(copies))
-
-
-def default_positions(ids: Tensor, start: int, position_ids: Tensor | None) -> Tensor:
-    """(B,T) positions: start + arange(T), or the given ones checked."""
-    b, t = ids.shape
-    if position_ids is None:
-        return torch.arange(start, start + t, device=ids.device).expand(b, t)
-    return check_positions(position_ids.to(ids.device), ids)
-
-
-def from_origin(scheme: Scheme, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
-    """Positions measured from each row's first key for schemes that ask (Scheme.needs_origin, xPos):
-    exact for a relative scheme. k_pos[:, :1] is the first cached position when a cache is in use."""
-    if not scheme.needs_origin:
-        return q_pos, k_pos
-    origin = k_pos[:, :1]  # (B,1)
-    return q_pos - origin, k_pos - origin
+ENCODER, DECODER = "encoder_position_embedding_type", "decoder_position_embedding_type"
 
 
 class T5(nn.Module):
@@ -53,43 +30,30 @@ class T5(nn.Module):
         self.cfg = cfg
         n_kv, hidden = cfg.n_kv_head or cfg.n_head, cfg.ffn_hidden_size or 4 * cfg.d_model
         self.shared = nn.Embedding(cfg.vocab_size, cfg.d_model)  # encoder and decoder inputs, as T5
-        self.encoder_positions = stack_schemes(cfg.encoder_position_embedding_type, cfg.encoder_dims(), cfg,
-                                               cfg.n_layer)
-        self.encoder_blocks = nn.ModuleList(  # an encoder block is the pre-norm block without a mask
-            DecoderBlock(cfg.d_model, cfg.n_head, n_kv, hidden, i, cfg.bias, cfg.dropout, False, cfg.norm_eps)
+        self.encoder_schemes = SchemeStack(getattr(cfg, ENCODER), cfg.encoder_dims(), cfg.scheme_options(ENCODER),
+                                           cfg.n_layer)
+        self.encoder_blocks = nn.ModuleList(  # the pre-norm block without a mask
+            TransformerBlock(cfg.d_model, cfg.n_head, n_kv, hidden, i, cfg.bias, cfg.dropout, False, cfg.norm_eps)
             for i in range(cfg.n_layer))
         self.encoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
-        self.decoder_positions = stack_schemes(cfg.decoder_position_embedding_type, cfg.decoder_dims(), cfg,
-                                               cfg.decoder_layers)
+        self.decoder_schemes = SchemeStack(getattr(cfg, DECODER), cfg.decoder_dims(), cfg.scheme_options(DECODER),
+                                           cfg.decoder_layers)
         self.decoder_blocks = nn.ModuleList(
             CrossDecoderBlock(cfg.d_model, cfg.n_head, n_kv, hidden, i, cfg.bias, cfg.dropout, cfg.norm_eps)
             for i in range(cfg.decoder_layers))
         self.decoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
         self.drop = nn.Dropout(cfg.dropout)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        self.apply(self._init_weights)
+        init_weights(self, cfg.init_std)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.shared.weight
 
-    def _init_weights(self, module: nn.Module) -> None:
-        if isinstance(module, (nn.Linear, nn.Embedding)) and not isinstance(module, Scheme):
-            nn.init.normal_(module.weight, std=self.cfg.init_std)
-            if getattr(module, "bias", None) is not None:
-                nn.init.zeros_(module.bias)
-
-    @staticmethod
-    def _scheme(positions: nn.ModuleList, layer: int) -> Scheme:
-        return positions[layer if len(positions) > 1 else 0]
-
     def encode(self, input_ids: Tensor, position_ids: Tensor | None = None) -> Tensor:
         """input_ids (B,Ts) -> encoder outputs (B,Ts,D)."""
-        check_token_ids(input_ids, self.cfg.vocab_size)
-        pos = default_positions(input_ids, 0, position_ids)  # (B,Ts)
-        pos, _ = from_origin(self._scheme(self.encoder_positions, 0), pos, pos)
-        scheme = self._scheme(self.encoder_positions, 0)
-        x = self.drop(scheme.embed(self.shared(input_ids), pos, input_ids=input_ids))  # (B,Ts,D)
+        pos = self.encoder_schemes.prepare(input_ids, position_ids, None, vocab_size=self.cfg.vocab_size)
+        x = self.drop(self.encoder_schemes.embed(self.shared(input_ids), pos))  # (B,Ts,D)
         for i, block in enumerate(self.encoder_blocks):
-            x = block(x, self._scheme(self.encoder_positions, i), pos, pos)
+            x = block(x, self.encoder_schemes.layer(i), pos.query, pos.key)
         return self.encoder_norm(x)
 
     def cross_memory(self, encoded: Tensor) -> list[tuple[Tensor, Tensor]]:
@@ -99,16 +63,11 @@ class T5(nn.Module):
     def decode(self, decoder_input_ids: Tensor, memory: list[tuple[Tensor, Tensor]],
                position_ids: Tensor | None = None, cache: KVCache | None = None) -> Tensor:
         """decoder_input_ids (B,T) -> logits (B,T,V); positions default to cache length + arange(T)."""
-        check_token_ids(decoder_input_ids, self.cfg.vocab_size, "decoder_input_ids")
-        q_pos = default_positions(decoder_input_ids, cache.length if cache is not None else 0, position_ids)
-        k_pos = cache.add_positions(q_pos) if cache is not None else q_pos  # (B,Tk)
-        q_pos, k_pos = from_origin(self._scheme(self.decoder_positions, 0), q_pos, k_pos)
-        history = cache.add_tokens(decoder_input_ids) if cache is not None else decoder_input_ids  # (B,Tk)
-        x = self._scheme(self.decoder_positions, 0).embed(self.shared(decoder_input_ids), q_pos,
-                                                          input_ids=history)  # (B,T,D)
-        x = self.drop(x)
+        pos = self.decoder_schemes.prepare(decoder_input_ids, position_ids, cache, vocab_size=self.cfg.vocab_size,
+                                           field="decoder_input_ids")
+        x = self.drop(self.decoder_schemes.embed(self.shared(decoder_input_ids), pos))  # (B,T,D)
         for i, block in enumerate(self.decoder_blocks):
-            x = block(x, self._scheme(self.decoder_positions, i), q_pos, k_pos, memory[i], cache)
+            x = block(x, self.decoder_schemes.layer(i), pos.query, pos.key, memory[i], cache)
         return self.lm_head(self.decoder_norm(x))  # (B,T,V)
 
     def forward(self, input_ids: Tensor, decoder_input_ids: Tensor, position_ids: Tensor | None = None,
@@ -128,10 +87,7 @@ class T5(nn.Module):
                  decoder_start_token_id: int = 0, temperature: float = 0.0, top_k: int | None = None,
                  generator: torch.Generator | None = None) -> Tensor:
         """Greedy (temperature 0) or sampled decoding -> (B, 1 + max_new_tokens), the start token first (as HF)."""
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-            raise bad_value("max_new_tokens", max_new_tokens, "a non-negative integer")
-        if temperature < 0:
-            raise bad_value("temperature", temperature, "a number >= 0 (0 = greedy)")
+        check_sampling(max_new_tokens, temperature, top_k)
         if not isinstance(decoder_start_token_id, int) or not 0 <= decoder_start_token_id < self.cfg.vocab_size:
             raise bad_value("decoder_start_token_id", decoder_start_token_id,
                             f"a token id in [0, vocab_size={self.cfg.vocab_size})")

@@ -7,11 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-
-def causal_mask(tq: int, tk: int, device: torch.device) -> Tensor:
-    """(Tq,Tk) bool, True where allowed. The Tq queries are the last Tq of the Tk keys."""
-    q_idx = torch.arange(tk - tq, tk, device=device)[:, None]
-    return torch.arange(tk, device=device)[None, :] <= q_idx
+from posenc.masks import causal_mask
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, causal: bool, dropout: float = 0.0) -> Tensor:

@@ -1,4 +1,5 @@
-"""Pre-norm transformer blocks (GPT-2 / Llama layout): x + attn(norm(x)), x + mlp(norm(x))."""
+"""The pre-norm transformer block (GPT-2 layout): x + attn(norm(x)), x + mlp(norm(x)). Causal in a
+decoder (GPT), bidirectional in an encoder (T5)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ class MLP(nn.Module):
         return self.dropout(self.down(F.gelu(self.up(x))))
 
 
-class DecoderBlock(nn.Module):
+class TransformerBlock(nn.Module):
     def __init__(self, d_model: int, n_head: int, n_kv_head: int, hidden: int, layer: int,
                  bias: bool = False, dropout: float = 0.0, causal: bool = True, eps: float = 1e-5) -> None:
         super().__init__()

@@ -1,6 +1,6 @@
 """Encoder-decoder blocks (T5 layout, pre-norm).
 
-The encoder block is blocks.DecoderBlock with causal=False: same layout, no mask.
+The encoder block is blocks.TransformerBlock with causal=False: same layout, no mask.
 The decoder block adds cross-attention between self-attention and the MLP:
   x + self_attn(norm(x)),  x + cross_attn(norm(x), encoder memory),  x + mlp(norm(x)).
 """

@@ -14,12 +14,15 @@ and the KV cache (which store positions as given) run it unchanged with grid pos
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 from torch import Tensor
 
 from posenc.errors import bad_value
 from posenc.rotary._core import apply_rotary, inv_frequencies
-from posenc.rotary.rope import rotary_dims
+from posenc.rotary.rope import RotaryOptions, rotary_dims
 from posenc.scheme import Dims, Scheme
 
 
@@ -46,15 +49,26 @@ def nd_angles(pos: Tensor, inv_freqs: list[Tensor]) -> Tensor:
     return torch.cat(parts, dim=-1)  # (B,T,R/2)
 
 
-class NdRoPE(Scheme):
-    relative = True
+@dataclass(frozen=True, kw_only=True)
+class NdRoPEOptions(RotaryOptions):
+    n_axes: int = 2  # grid axes: 2 for images, 3 for volumes; 1 is RoPE
 
-    def __init__(self, dims: Dims, n_axes: int = 2, rotary_base: float = 10000.0,
-                 rotary_percentage: float = 1.0, interleaved: bool = False) -> None:
-        super().__init__(dims)
-        self.rot_dim = rotary_dims(dims.head_dim, rotary_percentage)
-        self.n_axes, self.rotary_base, self.interleaved = n_axes, float(rotary_base), interleaved
-        for a, freq in enumerate(nd_inv_frequencies(self.rot_dim, self.rotary_base, n_axes)):
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.seq_len_interpolation_factor is not None or self.rope_scaling is not None:
+            raise bad_value("rope_scaling", self.rope_scaling, "None for N-d RoPE (scalings are 1-D)")
+
+
+class NdRoPE(Scheme):
+    Options = NdRoPEOptions
+    shift_invariant = True
+
+    def __init__(self, dims: Dims, options: NdRoPEOptions | None = None, **flat: Any) -> None:
+        super().__init__(dims, options, **flat)
+        o = self.options
+        self.rot_dim = rotary_dims(dims.head_dim, o.rotary_percentage)
+        self.n_axes, self.rotary_base, self.interleaved = o.n_axes, float(o.rotary_base), bool(o.rotary_interleaved)
+        for a, freq in enumerate(nd_inv_frequencies(self.rot_dim, self.rotary_base, self.n_axes)):
             self.register_buffer(f"inv_freq_{a}", freq, persistent=False)
 
     def inv_freqs(self) -> list[Tensor]:

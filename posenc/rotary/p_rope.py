@@ -10,14 +10,13 @@ first round(p * R/2) pairs keep their frequency and the rest get 0.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from posenc.errors import bad_value
-from posenc.rotary.rope import RoPE
-from posenc.scheme import Dims
+from posenc.rotary.rope import RoPE, RotaryOptions
 
 
 def kept_pairs(n_pairs: int, fraction: float) -> int:
@@ -34,22 +33,20 @@ def truncate_frequencies(inv_freq: Tensor, fraction: float) -> Tensor:
     return torch.where(mask, inv_freq, torch.zeros_like(inv_freq))
 
 
+@dataclass(frozen=True, kw_only=True)
+class PRoPEOptions(RotaryOptions):
+    p_rope_fraction: float = 0.75  # share of the highest frequencies kept (Barbero et al. 2024)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        kept_pairs(2, self.p_rope_fraction)
+
+
 class PRoPE(RoPE):
-    relative = True
-
-    def __init__(self, dims: Dims, p_rope_fraction: float = 0.75, **rope_kwargs: Any) -> None:
-        kept_pairs(2, p_rope_fraction)  # validate before any table is built
-        self.p_rope_fraction = float(p_rope_fraction)  # read by _frequencies during RoPE.__init__
-        super().__init__(dims, **rope_kwargs)
-
-    @classmethod
-    def from_config(cls, dims: Dims, cfg: Any) -> PRoPE:
-        return cls(dims, p_rope_fraction=cfg.p_rope_fraction, **RoPE.config_kwargs(cfg))
+    Options = PRoPEOptions
+    shift_invariant = True
 
     def _frequencies(self, seq_len: int | None) -> tuple[Tensor, float]:
         # Scalings act first (they are defined on the full spectrum), then the low end is cut.
         inv_freq, scale = super()._frequencies(seq_len)
-        return truncate_frequencies(inv_freq, self.p_rope_fraction), scale
-
-    def extra_repr(self) -> str:
-        return super().extra_repr() + f", p={self.p_rope_fraction:g}"
+        return truncate_frequencies(inv_freq, self.options.p_rope_fraction), scale

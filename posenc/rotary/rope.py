@@ -8,11 +8,13 @@ the other context-extension methods.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
+from posenc.checks import number_in, optional_number_at_least
 from posenc.errors import bad_value
 from posenc.rotary._core import apply_rotary, cos_sin
 from posenc.rotary.scaling import SEQ_LEN_DEPENDENT, frequencies, rope_type
@@ -32,10 +34,10 @@ def rotary_dims(head_dim: int, rotary_percentage: float) -> int:
     return int(rot)
 
 
-def scaling_from_config(cfg: Any) -> dict[str, Any] | None:
+def scaling_from_config(options: Any) -> dict[str, Any] | None:
     """NeMo's seq_len_interpolation_factor is HF's linear scaling; both at once is ambiguous."""
-    factor = getattr(cfg, "seq_len_interpolation_factor", None)
-    scaling = getattr(cfg, "rope_scaling", None)
+    factor = getattr(options, "seq_len_interpolation_factor", None)
+    scaling = getattr(options, "rope_scaling", None)
     if factor is not None and scaling is not None:
         raise bad_value("seq_len_interpolation_factor", factor, "None when rope_scaling is also set")
     if factor is not None:
@@ -43,47 +45,57 @@ def scaling_from_config(cfg: Any) -> dict[str, Any] | None:
     return dict(scaling) if scaling is not None else None
 
 
+@dataclass(frozen=True, kw_only=True)
+class RotaryOptions:
+    """NeMo's rotary options (and HF's rope_scaling), shared by every rotary scheme."""
+
+    rotary_percentage: float = 1.0  # NeMo: fraction of each head's dims that rotate
+    rotary_base: float = 10000.0
+    rotary_interleaved: bool | None = None  # None: the scheme's NeMo pairing (rope half-split, xpos adjacent)
+    seq_len_interpolation_factor: float | None = None  # PI: positions / factor
+    rope_scaling: dict[str, Any] | None = None  # HF format, e.g. {"rope_type": "yarn", "factor": 4.0}
+
+    def __post_init__(self) -> None:
+        number_in("rotary_percentage", self.rotary_percentage, 0.0, 1.0, low_open=True)
+        number_in("rotary_base", self.rotary_base, 1.0, float("inf"), low_open=True)
+        if self.rotary_interleaved is not None and not isinstance(self.rotary_interleaved, bool):
+            raise bad_value("rotary_interleaved", self.rotary_interleaved, "None, True or False")
+        optional_number_at_least("seq_len_interpolation_factor", self.seq_len_interpolation_factor, 1.0,
+                                 "None or a number >= 1 (positions are divided by it)")
+        rope_type(self.rope_scaling)  # a mapping with a known rope_type; its values are checked with the dims
+        if self.rope_scaling is not None:
+            object.__setattr__(self, "rope_scaling", dict(self.rope_scaling))
+        scaling_from_config(self)
+
+
 TABLE_CAP = 1 << 17  # positions with a cached cos/sin row (~32 MB at R=64); beyond: computed per call
 
 
 class RoPE(Scheme):
-    relative = True
+    Options = RotaryOptions
+    shift_invariant = True
     # Pairing when the config leaves rotary_interleaved unset: Megatron-core's and NeMo's RoPE
     # rotate half-split pairs (rotate_half), as GPT-NeoX and HF Llama do.
     default_interleaved: ClassVar[bool] = False
 
-    def __init__(
-        self,
-        dims: Dims,
-        rotary_percentage: float = 1.0,
-        rotary_base: float = 10000.0,
-        interleaved: bool | None = None,
-        rope_scaling: dict[str, Any] | None = None,
-    ) -> None:
-        super().__init__(dims)
-        self.rot_dim = rotary_dims(dims.head_dim, rotary_percentage)
-        self.rotary_base = float(rotary_base)
-        self.interleaved = self.default_interleaved if interleaved is None else bool(interleaved)
-        self.rope_scaling = rope_scaling
-        self._dynamic = rope_type(rope_scaling) in SEQ_LEN_DEPENDENT
+    def __init__(self, dims: Dims, options: RotaryOptions | None = None, **flat: Any) -> None:
+        super().__init__(dims, options, **flat)
+        o = self.options
+        self.rot_dim = rotary_dims(dims.head_dim, o.rotary_percentage)
+        self.rotary_base = float(o.rotary_base)
+        self.interleaved = self.default_interleaved if o.rotary_interleaved is None else o.rotary_interleaved
+        self.rope_scaling = scaling_from_config(o)
+        self._dynamic = rope_type(self.rope_scaling) in SEQ_LEN_DEPENDENT
         inv_freq, self.attention_scaling = self._frequencies(None)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self._memo: tuple | None = None  # (pos, version, cos, sin): one table per forward, shared by layers
         self._table: tuple[Tensor, Tensor] | None = None  # cos, sin per position 0..N-1, kept across forwards
 
-    @staticmethod
-    def config_kwargs(cfg: Any) -> dict[str, Any]:
-        """The constructor arguments every rotary scheme reads from a model config (NeMo names)."""
-        return {"rotary_percentage": cfg.rotary_percentage, "rotary_base": cfg.rotary_base,
-                "interleaved": cfg.rotary_interleaved, "rope_scaling": scaling_from_config(cfg)}
-
     @classmethod
-    def from_config(cls, dims: Dims, cfg: Any) -> RoPE:
-        return cls(dims, **RoPE.config_kwargs(cfg))
-
-    @classmethod
-    def check_config(cls, dims: Dims, cfg: Any) -> None:
-        cls.from_config(dims, cfg)  # every check lives in the constructor's pure helpers
+    def check_config(cls, dims: Dims, options: RotaryOptions) -> None:
+        rot_dim = rotary_dims(dims.head_dim, options.rotary_percentage)
+        # every rope_scaling value, checked against the rotated dims (e.g. LongRoPE's per-pair factors)
+        frequencies(rot_dim, float(options.rotary_base), scaling_from_config(options), dims.max_seq_len, None)
 
     def _frequencies(self, seq_len: int | None) -> tuple[Tensor, float]:
         return frequencies(

@@ -7,25 +7,26 @@ relative, but decaying with distance. NeMo's scale_base default is 2048; the pap
 Pairs are adjacent dims (x[2i], x[2i+1]) by default, as NeMo and the paper's code rotate them.
 
 A plain zeta**(n/scale_base) overflows float32 past n ~ 36k at scale_base 512. Two guards:
-the model hands this scheme positions measured from the sequence's first token (needs_origin;
-exact, since the score depends only on m - n), so an offset of 1e6 costs nothing; and the scale
-is computed in log space with its exponent clamped to +-XPOS_MAX_LOG, so nothing can overflow
-even within one very long sequence. The result is exact while position * |log zeta_0| /
+the `frame` hook measures positions from the sequence's first token (exact, since the score
+depends only on m - n), so an offset of 1e6 costs nothing; and the scale is computed in log
+space with its exponent clamped to +-XPOS_MAX_LOG, so nothing can overflow even within one very
+long sequence. The result is exact while position * |log zeta_0| /
 scale_base < XPOS_MAX_LOG, i.e. for sequences up to ~32 * scale_base tokens (16k at 512, 65k at
 2048); past that the clamp keeps every value finite but distant-pair factors are approximate.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from posenc.errors import bad_value
+from posenc.checks import number_in
 from posenc.rotary._core import angles, apply_rotary
-from posenc.rotary.rope import RoPE
-from posenc.scheme import Dims
+from posenc.rotary.rope import RoPE, RotaryOptions
+from posenc.scheme import Dims, from_first_key
 
 XPOS_MAX_LOG = 40.0  # e^40 ~ 2e17: q and k scales multiply to at most e^80 < float32 max e^88
 
@@ -51,9 +52,18 @@ def xpos_exact_span(rot_dim: int, scale_base: float) -> float:
     return XPOS_MAX_LOG * scale_base / float(-xpos_log_zeta(rot_dim)[0])
 
 
+@dataclass(frozen=True, kw_only=True)
+class XPosOptions(RotaryOptions):
+    xpos_scale_base: float = 2048.0  # NeMo's default; the paper used 512
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        number_in("xpos_scale_base", self.xpos_scale_base, 0.0, float("inf"), low_open=True)
+
+
 class XPos(RoPE):
-    relative = True  # up to the documented per-pair scale, which depends on m - n only
-    needs_origin = True
+    Options = XPosOptions
+    shift_invariant = True  # up to the documented per-pair scale, which depends on m - n only
     # In an encoder, future keys (m - n < 0) would be amplified by zeta^(m-n) > 1, not decayed.
     supports_bidirectional = False
     # NeMo's XPOSPositionEmbedding rotates adjacent pairs (x[2i], x[2i+1]) (rotate_every_two and
@@ -62,16 +72,13 @@ class XPos(RoPE):
     # the pairing they were trained with; rotary_interleaved=False selects half-split.
     default_interleaved = True
 
-    def __init__(self, dims: Dims, scale_base: float = 2048.0, **rope_kwargs: Any) -> None:
-        super().__init__(dims, **rope_kwargs)
-        if not scale_base > 0:
-            raise bad_value("xpos_scale_base", scale_base, "a positive number (NeMo 2048, paper 512)")
-        self.scale_base = float(scale_base)
+    def __init__(self, dims: Dims, options: XPosOptions | None = None, **flat: Any) -> None:
+        super().__init__(dims, options, **flat)
+        self.scale_base = float(self.options.xpos_scale_base)
         self.register_buffer("log_zeta", xpos_log_zeta(self.rot_dim), persistent=False)
 
-    @classmethod
-    def from_config(cls, dims: Dims, cfg: Any) -> XPos:
-        return cls(dims, scale_base=cfg.xpos_scale_base, **RoPE.config_kwargs(cfg))
+    def frame(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+        return from_first_key(q_pos, k_pos)  # keeps zeta^(n/scale_base) in range at any offset
 
     def _tables(self, pos: Tensor, sign: float) -> tuple[Tensor, Tensor]:
         """Per-forward memo, one entry per side (+1 queries, -1 keys), shared by all layers."""

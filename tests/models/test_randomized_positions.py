@@ -27,7 +27,7 @@ def test_length_above_the_range_is_a_clear_error():
 
 def spy_positions(model) -> list[torch.Tensor]:
     """Record the positions GPT hands its scheme (every scheme's embed hook sees them)."""
-    seen, scheme = [], model.positions[0]
+    seen, scheme = [], model.schemes[0]
     original = scheme.embed
     scheme.embed = lambda x, pos, input_ids=None: (seen.append(pos), original(x, pos, input_ids))[1]
     return seen

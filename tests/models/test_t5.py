@@ -56,7 +56,7 @@ def test_encoder_is_bidirectional(encoder):
 
 @pytest.mark.parametrize("encoder", ["alibi", "kerple"])
 def test_distance_biases_are_symmetric_in_the_encoder(encoder):
-    scheme = tiny_t5(encoder).encoder_positions[0]
+    scheme = tiny_t5(encoder).encoder_schemes[0]
     pos = torch.arange(12)[None]
     bias = scheme.bias(pos, pos)  # (1,H,T,T)
     torch.testing.assert_close(bias, bias.transpose(-1, -2))
@@ -66,7 +66,7 @@ def test_distance_biases_are_symmetric_in_the_encoder(encoder):
 def test_t5_buckets_distinguish_past_and_future_in_the_encoder_only():
     model = tiny_t5("relative", "relative")
     pos = torch.arange(5)[None]
-    encoder, decoder = model.encoder_positions[0], model.decoder_positions[0]
+    encoder, decoder = model.encoder_schemes[0], model.decoder_schemes[0]
     assert encoder.bidirectional and not decoder.bidirectional
     enc, dec = encoder.buckets(pos, pos)[0], decoder.buckets(pos, pos)[0]
     assert enc[0, 3] != enc[3, 0]  # key 3 ahead vs 3 behind: different buckets

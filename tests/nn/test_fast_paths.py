@@ -8,13 +8,13 @@ import pytest
 import torch
 
 import posenc
+from posenc.contract.models import perturb_scheme_parameters
 from posenc.nn import bias_paths
 from posenc.nn.attention_core import attend
 from posenc.registry import SCHEMES
 from posenc.rotary import _fast
 from posenc.rotary._core import apply_rotary_reference, cos_sin, inv_frequencies
 from posenc.scheme import Dims, materialises_bias
-from tests.conftest import perturb_scheme_parameters
 
 BIASED = [n for n in posenc.available() if materialises_bias(SCHEMES[n]) and not SCHEMES[n].needs_weights]
 
@@ -25,10 +25,8 @@ def build(name: str, causal: bool = True):
     cfg = GPTConfig(vocab_size=32, n_layer=1, n_head=4, d_model=64, max_seq_len=512, position_embedding_type=name)
     dims = Dims(64, 4, 16, 512, causal, 4)
     torch.manual_seed(0)
-    scheme = SCHEMES[name].from_config(dims, cfg)
-    holder = torch.nn.Module()
-    holder.positions = torch.nn.ModuleList([scheme])
-    perturb_scheme_parameters(holder)
+    scheme = SCHEMES[name](dims, cfg.options)
+    perturb_scheme_parameters(scheme)
     return scheme
 
 

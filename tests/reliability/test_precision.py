@@ -51,7 +51,7 @@ def test_float32_angles_lose_precision_at_a_million_positions_and_ours_do_not():
 
 
 def test_xpos_scale_never_overflows_in_bf16():
-    xpos = XPos(DIMS, scale_base=512.0)
+    xpos = XPos(DIMS, xpos_scale_base=512.0)
     x = torch.randn(1, 8, 4, 64).to(torch.bfloat16)
     for far in (10_000, 100_000, 1_000_000, 10_000_000):
         pos = torch.arange(far, far + 4)[None]
@@ -63,7 +63,7 @@ def test_xpos_scale_never_overflows_in_bf16():
 def test_biases_at_65k_tokens_stay_finite():
     q_pos = torch.tensor([[65_535]])
     k_pos = torch.arange(65_536)[None]
-    for scheme in (ALiBi(DIMS), KERPLE(DIMS, "log"), KERPLE(DIMS, "power"), Sandwich(DIMS)):
+    for scheme in (ALiBi(DIMS), KERPLE(DIMS, kerple_kernel="log"), KERPLE(DIMS, kerple_kernel="power"), Sandwich(DIMS)):
         bias = scheme.bias(q_pos, k_pos).detach()
         assert bias.shape == (1, 8, 1, 65_536)
         assert torch.isfinite(bias).all(), type(scheme).__name__

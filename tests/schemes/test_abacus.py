@@ -46,7 +46,7 @@ def test_digit_indices_match_a_plain_loop(text):
 
 
 def test_offset_only_in_training_and_one_per_sequence():
-    scheme = Abacus(Dims(16, 2, 8, 64), max_offset=100)
+    scheme = Abacus(Dims(16, 2, 8, 64), abacus_max_offset=100)
     batch = torch.cat([ids("12+345=678"), ids("9+87=1234.")])  # (2,10)
     plain = digit_run_index(batch, DIGITS)
     assert torch.equal(scheme.eval().digit_index(batch), plain)
@@ -71,15 +71,16 @@ def test_a_number_continues_across_the_cache_boundary():
     parts = [model(text[:, :4], cache=cache)] + [model(text[:, t : t + 1], cache=cache) for t in range(4, 9)]
     torch.testing.assert_close(torch.cat(parts, dim=1), model(text), rtol=1e-4, atol=1e-4)
     # Without the history the new digits would restart at index 1: the embedding would differ.
-    scheme = model.positions[0]
+    scheme = model.schemes[0]
     x = torch.zeros(2, 1, model.cfg.d_model)
     assert not torch.equal(scheme.embed(x, None, input_ids=text[:, :5]), scheme.embed(x, None, input_ids=text[:, 4:5]))
 
 
 def test_cached_generation_equals_uncached_on_digit_strings():
-    model = tiny_gpt("abacus", vocab_size=64)
-    with torch.no_grad():  # make digits likely outputs, so generation continues numbers
-        model.lm_head.weight[48:58] += 0.3
+    model = tiny_gpt("abacus", vocab_size=64, tie_word_embeddings=False)
+    with torch.no_grad():  # only digits get non-zero logits, so generation continues numbers
+        model.lm_head.weight.zero_()
+        model.lm_head.weight[48:58] = torch.randn(10, model.cfg.d_model, generator=torch.Generator().manual_seed(0))
     prompt = torch.cat([ids("123+4567="), ids("98765+43=")])
     cached = model.generate(prompt, 10, use_cache=True)
     assert torch.isin(cached[:, 9:], DIGITS).any()

@@ -24,7 +24,7 @@ def test_sinusoidal_table_follows_vaswani_formula():
 
 
 def test_sinusoidal_embed_adds_the_table_at_the_token_embedding_scale():
-    scheme = Sinusoidal(Dims(16, 2, 8, 32), init_std=0.02)
+    scheme = Sinusoidal(Dims(16, 2, 8, 32, init_std=0.02))
     x = torch.zeros(1, 3, 16)
     pos = torch.tensor([[4, 5, 6]])
     added = scheme.embed(x, pos)

@@ -51,7 +51,7 @@ def test_alibi_partial_heads_leaves_the_rest_unbiased():
 
 @pytest.mark.parametrize("kernel", ["log", "power"])
 def test_kerple_matches_formula_and_starts_from_alibi_slopes(kernel):
-    kerple = KERPLE(dims(), kernel=kernel)
+    kerple = KERPLE(dims(), kerple_kernel=kernel)
     torch.testing.assert_close(kerple.b, alibi_slopes(8), rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(kerple.a, torch.ones(8), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(kerple.p, torch.ones(8), rtol=1e-5, atol=1e-6)
@@ -70,7 +70,7 @@ def test_kerple_matches_formula_and_starts_from_alibi_slopes(kernel):
 
 @pytest.mark.parametrize("kernel", ["log", "power"])
 def test_kerple_gradients_flow_and_parameters_stay_in_their_domain(kernel):
-    kerple = KERPLE(dims(), kernel=kernel)
+    kerple = KERPLE(dims(), kerple_kernel=kernel)
     opt = torch.optim.SGD([p for p in kerple.parameters() if p.requires_grad], lr=50.0)
     pos = torch.arange(16)[None]
     for step in range(20):  # push every bias up hard: b (and a) are driven towards zero
@@ -85,19 +85,19 @@ def test_kerple_gradients_flow_and_parameters_stay_in_their_domain(kernel):
 
 
 def test_kerple_with_fixed_p_is_the_papers_two_parameter_log_kernel():
-    kerple = KERPLE(dims(), kernel="log", learn_p=False)
+    kerple = KERPLE(dims(), kerple_kernel="log", kerple_learn_p=False)
     assert not kerple.p_raw.requires_grad
     pos = torch.arange(8)[None]
     kerple.bias(pos, pos).sum().backward()
     assert kerple.p_raw.grad is None
     torch.testing.assert_close(kerple.p, torch.ones(8))
     with pytest.raises(ValueError, match="kerple_learn_p"):
-        KERPLE(dims(), kernel="power", learn_p=False)
+        KERPLE(dims(), kerple_kernel="power", kerple_learn_p=False)
 
 
 def test_kerple_rejects_unknown_kernel():
     with pytest.raises(ValueError, match=r"kerple_kernel='cubic'.*log, power"):
-        KERPLE(dims(), kernel="cubic")
+        KERPLE(dims(), kerple_kernel="cubic")
 
 
 def test_sandwich_equals_inner_product_of_sinusoids_compressed_per_head():

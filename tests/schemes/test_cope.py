@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
+from posenc.content.cope import CoPE, contextual_positions
 from posenc.models import GPTConfig
-from posenc.relative.cope import CoPE, contextual_positions
 from posenc.scheme import Dims
 from tests.conftest import tiny_gpt
 
@@ -44,7 +44,7 @@ def _qk(b=2, h=4, hkv=2, tq=5, tk=7, dh=8, seed=0):
 @pytest.mark.parametrize("npos", [3, 64])  # 3: positions clip at npos - 1
 def test_bias_equals_the_formula_pair_by_pair(npos):
     q, k = _qk()
-    scheme = CoPE(Dims(32, 4, 8, 64, n_kv_head=2), npos_max=npos)
+    scheme = CoPE(Dims(32, 4, 8, 64, n_kv_head=2), cope_npos_max=npos)
     with torch.no_grad():
         scheme.table.copy_(torch.randn(npos, 8, generator=torch.Generator().manual_seed(1)))
     got = scheme.bias(torch.zeros(2, 5), torch.zeros(2, 7), q, k)  # positions are ignored
@@ -79,10 +79,10 @@ def test_cached_logits_equal_uncached(tokens):
 
 def test_each_layer_owns_a_table_and_the_table_matters(tokens):
     model = tiny_gpt("cope")
-    assert len(model.positions) == model.cfg.n_layer
+    assert len(model.schemes) == model.cfg.n_layer
     before = model(tokens)
     with torch.no_grad():
-        model.positions[1].table.add_(torch.randn(model.positions[1].table.shape))  # a constant would cancel
+        model.schemes[1].table.add_(torch.randn(model.schemes[1].table.shape))  # a constant would cancel
     assert not torch.allclose(before, model(tokens), atol=1e-3)
 
 

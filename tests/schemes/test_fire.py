@@ -30,7 +30,7 @@ def direct_fire(scheme: FIRE, i: int, j: int) -> list[float]:
 @pytest.mark.parametrize("threshold", [512.0, 3.0])  # 3: queries past L are normalised by psi(i)
 def test_bias_equals_direct_evaluation(threshold):
     torch.manual_seed(0)
-    scheme = FIRE(DIMS, init_c=0.7, init_threshold=threshold)
+    scheme = FIRE(DIMS, fire_init_c=0.7, fire_init_threshold=threshold)
     q_pos = torch.tensor([[4, 5, 6, 7, 8, 9], [0, 2, 3, 5, 8, 13]])  # distinct rows: no sharing
     k_pos = q_pos
     got = scheme.bias(q_pos, k_pos)  # (2,H,6,6)
@@ -42,7 +42,7 @@ def test_bias_equals_direct_evaluation(threshold):
 
 
 def test_identical_rows_share_one_evaluation():
-    scheme = FIRE(DIMS, init_threshold=2.0)
+    scheme = FIRE(DIMS, fire_init_threshold=2.0)
     pos = torch.arange(10).expand(3, 10)
     shared = scheme.bias(pos, pos)
     assert shared.shape == (1, 4, 10, 10)
@@ -61,7 +61,7 @@ def test_inputs_lie_in_unit_interval_for_causal_pairs():
 
 
 def test_c_and_threshold_stay_positive_under_gradient_steps():
-    scheme = FIRE(DIMS, init_c=0.1, init_threshold=4.0)
+    scheme = FIRE(DIMS, fire_init_c=0.1, fire_init_threshold=4.0)
     opt = torch.optim.SGD([scheme.log_c, scheme.log_threshold], lr=50.0)
     pos = torch.arange(16)[None]
     for _ in range(20):  # steps far larger than c and L: a plain parameter would go negative at once
@@ -76,13 +76,13 @@ def test_c_and_threshold_stay_positive_under_gradient_steps():
 def test_bias_depends_on_query_position_not_only_distance():
     """Past L, the same distance i - j gives a different bias at a later query (unlike ALiBi)."""
     torch.manual_seed(0)
-    scheme = FIRE(DIMS, init_threshold=2.0)
+    scheme = FIRE(DIMS, fire_init_threshold=2.0)
     bias = scheme.bias(torch.arange(30)[None], torch.arange(30)[None])[0]  # (H,30,30)
     assert (bias[:, 10, 5] - bias[:, 25, 20]).abs().max() > 1e-4
 
 
 def test_positions_count_from_the_sequence_start(tokens):
-    """needs_origin: position ids 1000.. give the logits of 0.., also through the cache."""
+    """frame(): position ids 1000.. give the logits of 0.., also through the cache."""
     model = tiny_gpt("fire", fire_init_threshold=4.0)
     pos = torch.arange(tokens.shape[1]).expand_as(tokens)
     torch.testing.assert_close(model(tokens, position_ids=pos + 1000), model(tokens, position_ids=pos))
@@ -94,8 +94,8 @@ def test_positions_count_from_the_sequence_start(tokens):
 
 def test_one_module_serves_all_layers():
     model = tiny_gpt("fire")
-    assert len(model.positions) == 1
-    assert sum(p.numel() for p in model.positions.parameters()) == (32 + 32) + (32 * 4 + 4) + 2
+    assert len(model.schemes) == 1
+    assert sum(p.numel() for p in model.schemes.parameters()) == (32 + 32) + (32 * 4 + 4) + 2
 
 
 @pytest.mark.parametrize("field, value", [("fire_mlp_width", 0), ("fire_init_c", 0.0), ("fire_init_threshold", -1.0)])

@@ -36,7 +36,7 @@ coord = st.integers(0, 2000)
 @settings(max_examples=30, deadline=None)
 @given(y=coord, x=coord, y2=coord, x2=coord, dy=st.integers(-500, 5000), dx=st.integers(-500, 5000))
 def test_2d_score_depends_only_on_the_offset(interleaved, y, x, y2, x2, dy, dx):
-    scheme = NdRoPE(DIMS, n_axes=2, interleaved=interleaved)
+    scheme = NdRoPE(DIMS, n_axes=2, rotary_interleaved=interleaved)
     q, k = vectors()
     shifted = score(scheme, q, k, (y + dy + 500, x + dx + 500), (y2 + dy + 500, x2 + dx + 500))
     torch.testing.assert_close(score(scheme, q, k, (y, x), (y2, x2)), shifted, rtol=1e-4, atol=1e-4)
@@ -62,9 +62,9 @@ def test_one_axis_is_rope(interleaved):
     g = torch.Generator().manual_seed(0)
     q, k = torch.randn(2, 2, 9, 32, generator=g), torch.randn(2, 2, 9, 32, generator=g)
     pos = torch.randint(0, 9000, (2, 9), generator=g)
-    rope = RoPE(DIMS, interleaved=interleaved).rotate(q, k, pos, pos)
+    rope = RoPE(DIMS, rotary_interleaved=interleaved).rotate(q, k, pos, pos)
     for positions in (pos, pos[..., None]):
-        nd = NdRoPE(DIMS, n_axes=1, interleaved=interleaved).rotate(q, k, positions, positions)
+        nd = NdRoPE(DIMS, n_axes=1, rotary_interleaved=interleaved).rotate(q, k, positions, positions)
         for a, b in zip(nd, rope, strict=True):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
 

@@ -24,8 +24,8 @@ def qk_and_positions(seed: int = 0):
 @pytest.mark.parametrize("interleaved", [False, True])
 def test_p_one_rotates_exactly_like_rope(interleaved):
     q, k, pos = qk_and_positions()
-    ours = PRoPE(DIMS, p_rope_fraction=1.0, interleaved=interleaved).rotate(q, k, pos, pos)
-    rope = RoPE(DIMS, interleaved=interleaved).rotate(q, k, pos, pos)
+    ours = PRoPE(DIMS, p_rope_fraction=1.0, rotary_interleaved=interleaved).rotate(q, k, pos, pos)
+    rope = RoPE(DIMS, rotary_interleaved=interleaved).rotate(q, k, pos, pos)
     for a, b in zip(ours, rope, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
@@ -33,7 +33,7 @@ def test_p_one_rotates_exactly_like_rope(interleaved):
 @pytest.mark.parametrize("interleaved", [False, True])
 def test_p_zero_leaves_q_and_k_unrotated(interleaved):
     q, k, pos = qk_and_positions()
-    qr, kr = PRoPE(DIMS, p_rope_fraction=0.0, interleaved=interleaved).rotate(q, k, pos, pos)
+    qr, kr = PRoPE(DIMS, p_rope_fraction=0.0, rotary_interleaved=interleaved).rotate(q, k, pos, pos)
     torch.testing.assert_close(qr, q, rtol=0, atol=0)
     torch.testing.assert_close(kr, k, rtol=0, atol=0)
 

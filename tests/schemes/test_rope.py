@@ -34,7 +34,7 @@ def unit_vectors(seed: int = 0):
 @settings(max_examples=25, deadline=None)
 @given(m=st.integers(0, 5000), n=st.integers(0, 5000), shift=st.integers(0, 100_000))
 def test_rope_score_depends_only_on_offset(interleaved, percentage, m, n, shift):
-    rope = RoPE(DIMS, rotary_percentage=percentage, interleaved=interleaved)
+    rope = RoPE(DIMS, rotary_percentage=percentage, rotary_interleaved=interleaved)
     q, k = unit_vectors()
     torch.testing.assert_close(rotated_dot(rope, q, k, m, n), rotated_dot(rope, q, k, m + shift, n + shift),
                                rtol=1e-4, atol=1e-4)
@@ -43,7 +43,7 @@ def test_rope_score_depends_only_on_offset(interleaved, percentage, m, n, shift)
 @pytest.mark.parametrize("interleaved", [False, True])
 def test_rope_matches_complex_reference_both_pairings(interleaved):
     """Independent form: pairs as complex numbers multiplied by e^{i m theta} in float64."""
-    rope = RoPE(DIMS, interleaved=interleaved, rotary_percentage=0.75 if interleaved else 1.0)
+    rope = RoPE(DIMS, rotary_interleaved=interleaved, rotary_percentage=0.75 if interleaved else 1.0)
     x = torch.randn(2, 2, 9, 32)
     pos = torch.randint(0, 10_000, (2, 9))
     ours, _ = rope.rotate(x, x, pos, pos)
@@ -66,7 +66,7 @@ def test_rotation_preserves_norm_and_matches_gradient_path():
 
 @pytest.mark.parametrize("interleaved", [False, True])
 def test_rotary_percentage_half_leaves_second_half_untouched(interleaved):
-    rope = RoPE(DIMS, rotary_percentage=0.5, interleaved=interleaved)
+    rope = RoPE(DIMS, rotary_percentage=0.5, rotary_interleaved=interleaved)
     x = torch.randn(1, 2, 6, 32)
     pos = torch.arange(100, 106)[None]
     out, _ = rope.rotate(x, x, pos, pos)
@@ -105,7 +105,7 @@ def test_angles_stay_precise_at_a_million_positions():
 @pytest.mark.parametrize("m,n", [(10, 3), (600, 0), (2000, 1999), (12_000, 11_000)])
 def test_xpos_pair_score_is_zeta_to_the_offset_times_cosine(interleaved, scale_base, m, n):
     """Sun et al. eq. 9-10: for q = k = e_pair(i), q_m.k_n = zeta_i^((m-n)/scale_base) cos((m-n) theta_i)."""
-    xpos = XPos(DIMS, scale_base=scale_base, interleaved=interleaved)
+    xpos = XPos(DIMS, xpos_scale_base=scale_base, rotary_interleaved=interleaved)
     log_zeta = xpos_log_zeta(32)
     for i in (0, 7, 15):
         e = torch.zeros(1, 1, 1, 32)
@@ -125,7 +125,7 @@ def test_xpos_zeta_values_from_the_paper():
 
 
 def test_xpos_score_depends_only_on_offset_within_its_exact_span_and_is_always_finite():
-    xpos = XPos(DIMS, scale_base=512.0)
+    xpos = XPos(DIMS, xpos_scale_base=512.0)
     span = xpos_exact_span(32, 512.0)
     assert 16_000 < span < 17_000  # ~32 * scale_base, as documented
     q, k = unit_vectors(3)

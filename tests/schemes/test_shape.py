@@ -21,7 +21,7 @@ def added(scheme: SHAPE, pos: torch.Tensor) -> torch.Tensor:
 
 
 def test_eval_is_scaled_sinusoidal_of_the_given_positions():
-    scheme = SHAPE(Dims(D, 2, 8, 64), max_shift=100, init_std=0.02).eval()
+    scheme = SHAPE(Dims(D, 2, 8, 64, init_std=0.02), shape_max_shift=100).eval()
     pos = torch.arange(5, 17).expand(3, -1)
     expected = math.sqrt(2) * 0.02 * sinusoidal_table(pos, D)
     torch.testing.assert_close(added(scheme, pos), expected)
@@ -30,7 +30,7 @@ def test_eval_is_scaled_sinusoidal_of_the_given_positions():
 
 def test_training_shifts_each_sequence_by_one_k_in_range():
     torch.manual_seed(0)
-    scheme = SHAPE(Dims(D, 2, 8, 64), max_shift=3).train()
+    scheme = SHAPE(Dims(D, 2, 8, 64), shape_max_shift=3).train()
     pos = torch.arange(12).expand(4, -1)
     candidates = torch.stack([added(scheme.eval(), pos + k) for k in range(4)])  # (4 shifts,B,T,D)
     seen = set()
@@ -44,7 +44,7 @@ def test_training_shifts_each_sequence_by_one_k_in_range():
 
 
 def test_zero_max_shift_is_plain_sinusoidal_in_training():
-    scheme = SHAPE(Dims(D, 2, 8, 64), max_shift=0).train()
+    scheme = SHAPE(Dims(D, 2, 8, 64), shape_max_shift=0).train()
     pos = torch.arange(9)[None]
     torch.testing.assert_close(added(scheme, pos), added(scheme.eval(), pos))
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from posenc.content.shaw import Shaw
 from posenc.models import GPT, GPTConfig
 from posenc.nn.attention import SelfAttention
-from posenc.relative.shaw import Shaw
 from posenc.scheme import Dims
 
 
@@ -27,7 +27,8 @@ def naive_shaw_attention(q, k, v, q_pos, k_pos, scheme: Shaw, causal: bool):
 
 def random_shaw(head_dim: int = 8, clip: int = 3, seed: int = 0) -> Shaw:
     torch.manual_seed(seed)
-    scheme = Shaw(Dims(d_model=4 * head_dim, n_head=4, head_dim=head_dim, max_seq_len=64), clip)
+    dims = Dims(d_model=4 * head_dim, n_head=4, head_dim=head_dim, max_seq_len=64)
+    scheme = Shaw(dims, shaw_max_relative_position=clip)
     with torch.no_grad():  # unit-scale tables so the positional terms dominate any rounding
         scheme.key_table.normal_()
         scheme.value_table.normal_()
@@ -94,7 +95,7 @@ def test_no_tensor_grows_as_t_times_t_times_head_dim():
     largest, where = max(recorder.numels)
     assert largest < t * t * head_dim, where
 
-    scheme, pos, q = model.positions[0], torch.arange(t)[None], torch.randn(1, 4, t, head_dim)
+    scheme, pos, q = model.schemes[0], torch.arange(t)[None], torch.randn(1, 4, t, head_dim)
     with torch.no_grad(), ShapeRecorder() as naive:
         naive_shaw_attention(q, q, q, pos, pos, scheme, causal=True)
     assert max(naive.numels)[0] >= t * t * head_dim

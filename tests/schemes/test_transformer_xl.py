@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
+from posenc.content.transformer_xl import TransformerXL
 from posenc.models import T5Config
 from posenc.nn.attention import attend_eager
-from posenc.relative.transformer_xl import TransformerXL
 from posenc.scheme import Dims
 
 

@@ -1,6 +1,6 @@
 """Content-relative family: schemes whose positional term needs q (and k or the weights)."""
 
-from posenc.relative.shaw import Shaw
-from posenc.relative.transformer_xl import TransformerXL
+from posenc.content.shaw import Shaw
+from posenc.content.transformer_xl import TransformerXL
 
 __all__ = ["Shaw", "TransformerXL"]

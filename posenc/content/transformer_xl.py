@@ -21,6 +21,8 @@ Causal only (supports_bidirectional=False): TXL is a decoder, and its segment re
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
@@ -29,12 +31,12 @@ from posenc.scheme import Dims, Scheme
 
 
 class TransformerXL(Scheme):
-    relative = True
+    shift_invariant = True
     per_layer = True
     supports_bidirectional = False
 
-    def __init__(self, dims: Dims) -> None:
-        super().__init__(dims)
+    def __init__(self, dims: Dims, options: Any = None, **flat: Any) -> None:
+        super().__init__(dims, options, **flat)
         h, dh = dims.n_head, dims.head_dim
         self.w_r = nn.Linear(dims.d_model, h * dh, bias=False)  # W_{k,R}
         nn.init.normal_(self.w_r.weight, std=0.02)

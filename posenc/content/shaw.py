@@ -13,6 +13,7 @@ Both depend only on n - m, so cached decoding works from the stored key position
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -34,27 +35,27 @@ def clipped_index(q_pos: Tensor, k_pos: Tensor, max_relative_position: int) -> T
     return (distance.clamp(-k, k) + k).unsqueeze(1)  # (B,1,Tq,Tk)
 
 
+@dataclass(frozen=True, kw_only=True)
+class ShawOptions:
+    shaw_max_relative_position: int = 16  # the clipping k (Shaw et al. 2018 found k >= 2 enough)
+
+    def __post_init__(self) -> None:
+        check_max_relative_position(self.shaw_max_relative_position)
+
+
 class Shaw(Scheme):
-    relative = True
+    Options = ShawOptions
+    shift_invariant = True
     per_layer = True
     needs_weights = True
 
-    def __init__(self, dims: Dims, max_relative_position: int = 16) -> None:
-        super().__init__(dims)
-        check_max_relative_position(max_relative_position)
-        self.max_relative_position = max_relative_position
-        rows = 2 * max_relative_position + 1
+    def __init__(self, dims: Dims, options: ShawOptions | None = None, **flat: Any) -> None:
+        super().__init__(dims, options, **flat)
+        self.max_relative_position = self.options.shaw_max_relative_position
+        rows = 2 * self.max_relative_position + 1
         # Small random tables (the paper does not give an init); 0.02 as the model's linears.
         self.key_table = nn.Parameter(torch.randn(rows, dims.head_dim) * 0.02)  # P_K (2k+1,Dh)
         self.value_table = nn.Parameter(torch.randn(rows, dims.head_dim) * 0.02)  # P_V (2k+1,Dh)
-
-    @classmethod
-    def from_config(cls, dims: Dims, cfg: Any) -> Shaw:
-        return cls(dims, cfg.shaw_max_relative_position)
-
-    @classmethod
-    def check_config(cls, dims: Dims, cfg: Any) -> None:
-        check_max_relative_position(cfg.shaw_max_relative_position)
 
     def bias(self, q_pos: Tensor, k_pos: Tensor, q: Tensor | None = None, k: Tensor | None = None) -> Tensor:
         """Key term of eq. 4: q_m . a^K_mn / sqrt(Dh), (B,H,Tq,Tk)."""

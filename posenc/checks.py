@@ -39,8 +39,10 @@ def optional_number_at_least(field: str, value: Any, low: float, allowed: str) -
 
 
 def from_dict(cls: type[T], data: Mapping[str, Any], section: str = "") -> T:
-    """Build a config dataclass from a dict; an unknown key names the nearest valid one."""
-    names = {f.name for f in dataclasses.fields(cls)}
+    """Build a config dataclass from a dict; an unknown key names the nearest valid one. A model config
+    also takes its schemes' options flat (`accepted_keys`)."""
+    accepted = getattr(cls, "accepted_keys", None)
+    names = accepted() if accepted is not None else {f.name for f in dataclasses.fields(cls)}
     for key in data:
         if key not in names:
             raise unknown_key(section, key, names)

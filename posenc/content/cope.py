@@ -19,12 +19,14 @@ ids are never read: relative=True. Causal only (p sums from j up to i).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from posenc.nn.attention import causal_mask
+from posenc.checks import positive_int
+from posenc.masks import causal_mask
 from posenc.scheme import Dims, Scheme
 
 
@@ -51,18 +53,23 @@ def interpolated_logits(q: Tensor, table: Tensor, positions: Tensor) -> Tensor:
     return weight * high + (1.0 - weight) * low
 
 
+@dataclass(frozen=True, kw_only=True)
+class CoPEOptions:
+    cope_npos_max: int = 64  # rows of the position table; contextual positions clip at npos_max - 1
+
+    def __post_init__(self) -> None:
+        positive_int("cope_npos_max", self.cope_npos_max)
+
+
 class CoPE(Scheme):
-    relative = True  # reads no position ids at all
+    Options = CoPEOptions
+    shift_invariant = True  # reads no position ids at all
     per_layer = True  # each layer learns its own table (reference code: one CoPE per attention)
     supports_bidirectional = False
 
-    def __init__(self, dims: Dims, npos_max: int = 64) -> None:
-        super().__init__(dims)
-        self.table = nn.Parameter(torch.zeros(npos_max, dims.head_dim))  # e[0..npos_max-1] (npos,Dh)
-
-    @classmethod
-    def from_config(cls, dims: Dims, cfg: Any) -> CoPE:
-        return cls(dims, cfg.cope_npos_max)
+    def __init__(self, dims: Dims, options: CoPEOptions | None = None, **flat: Any) -> None:
+        super().__init__(dims, options, **flat)
+        self.table = nn.Parameter(torch.zeros(self.options.cope_npos_max, dims.head_dim))  # e[0..npos-1] (npos,Dh)
 
     def bias(self, q_pos: Tensor, k_pos: Tensor, q: Tensor | None = None, k: Tensor | None = None) -> Tensor:
         """q_i . e[p_ij] (B,H,Tq,Tk); attention adds it to the scaled q . k logits."""

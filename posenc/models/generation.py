@@ -1,0 +1,57 @@
+"""Greedy or sampled decoding through the KV cache, shared by the causal language models."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from posenc.errors import bad_value
+from posenc.models.inputs import check_positions, check_token_ids
+
+
+def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None) -> None:
+    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
+        raise bad_value("max_new_tokens", max_new_tokens, "a non-negative integer")
+    if not isinstance(temperature, (int, float)) or not temperature >= 0:
+        raise bad_value("temperature", temperature, "a number >= 0 (0 = greedy)")
+    if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1):
+        raise bad_value("top_k", top_k, "None or a positive integer")
+
+
+def pick_token(logits: Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None) -> Tensor:
+    """logits (B,V) -> (B,1): argmax at temperature 0, else a sample from the top_k softmax."""
+    if temperature == 0:
+        return logits.argmax(-1, keepdim=True)
+    logits = logits.float() / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(torch.softmax(logits, -1), 1, generator=generator)
+
+
+class CausalGeneration:
+    """generate() for a model with forward(input_ids, position_ids, cache), new_cache() and cfg.vocab_size."""
+
+    @torch.no_grad()
+    def generate(self, input_ids: Tensor, max_new_tokens: int, use_cache: bool = True,
+                 temperature: float = 0.0, top_k: int | None = None, position_ids: Tensor | None = None,
+                 generator: torch.Generator | None = None) -> Tensor:
+        """Greedy (temperature 0) or sampled continuation; returns (B, T + max_new_tokens)."""
+        check_sampling(max_new_tokens, temperature, top_k)
+        check_token_ids(input_ids, self.cfg.vocab_size)
+        b, t = input_ids.shape
+        pos = (torch.arange(t, device=input_ids.device).expand(b, t) if position_ids is None
+               else check_positions(position_ids.to(input_ids.device), input_ids))
+        ids, cache = input_ids, (self.new_cache() if use_cache else None)
+        logits = self(ids, pos, cache)[:, -1]
+        for step in range(max_new_tokens):
+            nxt = pick_token(logits, temperature, top_k, generator)  # (B,1)
+            ids = torch.cat((ids, nxt), dim=1)
+            if step == max_new_tokens - 1:
+                break
+            pos = torch.cat((pos, pos[:, -1:] + 1), dim=1)
+            logits = self(nxt, pos[:, -1:], cache)[:, -1] if cache is not None else self(ids, pos)[:, -1]
+        return ids
+
+
+__all__ = ["CausalGeneration", "check_sampling", "pick_token"]
