@@ -17,7 +17,7 @@ from posenc.contract.models import VOCAB, ModelKind, View
 from posenc.registry import scheme_class
 
 ATOL = 2e-4  # float32 round-off of a 2-layer, d_model 32 model; a real violation is orders larger
-SHIFTS = (1, 37, 300)
+SHIFTS = (1, 37, 300, 5000)
 LONG_OFFSETS = (10**6, 10**9)
 
 

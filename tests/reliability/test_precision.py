@@ -8,10 +8,10 @@ import torch
 from posenc.bias.alibi import ALiBi
 from posenc.bias.kerple import KERPLE
 from posenc.bias.sandwich import Sandwich
-from posenc.rotary._core import apply_rotary_reference
 from posenc.rotary.rope import RoPE
 from posenc.rotary.xpos import XPos
 from posenc.scheme import Dims
+from tests.rotary_reference import numpy_rotate
 
 DIMS = Dims(d_model=512, n_head=8, head_dim=64, max_seq_len=128)
 # bf16 keeps 8 significant bits; rotating in float32 and rounding once leaves each rotated component
@@ -30,8 +30,8 @@ def test_bf16_rotated_scores_at_a_million_positions_match_float64_reference():
     _, kr = rope.rotate(k, k, k_pos, k_pos)
     assert qr.dtype == torch.bfloat16
     ours = qr.double() @ kr.double().transpose(-1, -2)
-    exact = apply_rotary_reference(q, q_pos, rope.inv_freq, False) @ \
-        apply_rotary_reference(k, k_pos, rope.inv_freq, False).transpose(-1, -2)
+    exact = numpy_rotate(q, q_pos, rope.inv_freq, False) @ \
+        numpy_rotate(k, k_pos, rope.inv_freq, False).transpose(-1, -2)
     norms = q.double().norm(dim=-1)[..., :, None] * k.double().norm(dim=-1)[..., None, :]
     worst = ((ours - exact).abs() / norms).max().item()
     assert worst < BF16_RELATIVE_BOUND, worst

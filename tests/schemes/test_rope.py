@@ -13,6 +13,7 @@ from posenc.rotary._core import apply_rotary_reference, inv_frequencies
 from posenc.rotary.rope import RoPE
 from posenc.rotary.xpos import XPos, xpos_exact_span, xpos_log_zeta
 from posenc.scheme import Dims
+from tests.rotary_reference import numpy_rotate
 
 DIMS = Dims(d_model=64, n_head=2, head_dim=32, max_seq_len=128)
 
@@ -90,14 +91,15 @@ def test_inverse_frequencies_follow_the_paper():
     torch.testing.assert_close(inv_frequencies(32, 10000.0), expected)
 
 
-def test_angles_stay_precise_at_a_million_positions():
-    """float64 angles: the rotation at m = 1e6 equals the exact complex rotation."""
-    rope = RoPE(DIMS)
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_angles_stay_precise_at_a_million_positions(interleaved):
+    """The rotation at m ~ 1e6 equals an independent numpy float64 rotation to float32 rounding; with
+    float32 angles (m * theta rounded to 24 bits) it would be off by up to ~0.03 here."""
+    rope = RoPE(DIMS, rotary_interleaved=interleaved)
     x = torch.randn(1, 2, 3, 32)
     pos = torch.tensor([[999_998, 999_999, 1_000_000]])
     ours, _ = rope.rotate(x, x, pos, pos)
-    torch.testing.assert_close(ours.double(), apply_rotary_reference(x, pos, rope.inv_freq, False),
-                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ours.double(), numpy_rotate(x, pos, rope.inv_freq, interleaved), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("interleaved", [True, False])
