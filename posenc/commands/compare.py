@@ -25,7 +25,7 @@ def main(args: argparse.Namespace) -> int:
     corpus = check(cfg)  # every scheme's model sized against memory and the text before any training
     run_dir = new_run_dir(cfg.out_dir, "compare")
     started = time.perf_counter()
-    with removed_if_unused(run_dir, lambda folder: (folder / "results.json").exists()):
+    with removed_if_unused(run_dir, manifest.holds_results):  # kept once anything (a checkpoint) is in it
         manifest.write(run_dir, "compare", cfg.to_dict(), corpus)
         rows = compare(cfg, run_dir, on_row=lambda rows: write_json(run_dir / "results.json", rows))
     wall = time.perf_counter() - started

@@ -56,7 +56,7 @@ def main(args: argparse.Namespace) -> int:
     manifest.check_corpus(stored.get("corpus"), {"name": cfg.data.corpus, "sha256": corpus.sha256})
     _, val = split(byte_tokens(corpus.text), cfg.data.val_fraction)
     L, e = cfg.data.seq_len, options.eval
-    preflight.check_text_lengths(len(val) + L + 2, len(val), L, [m * L for m in e.length_multipliers])
+    preflight.check_text_lengths(L, len(val), eval_lengths=[m * L for m in e.length_multipliers])
     model = GPT(cfg.model)
     preflight.check_sequences_fit(model, 1, max(e.length_multipliers) * L, "eval.length_multipliers",
                                   list(e.length_multipliers))

@@ -47,8 +47,7 @@ def main(args: argparse.Namespace) -> int:
         rows.extend(new)
         write_json(out / "results.json", results(False))
 
-    finished = lambda folder: (folder / "results.json").exists()
-    with removed_if_unused(out, finished) if created else contextlib.nullcontext():
+    with removed_if_unused(out, manifest.holds_results) if created else contextlib.nullcontext():
         if manifest.read(out) is None:
             manifest.write(out, "tasks", config, None)
         run_leaderboard(b.schemes, b.tasks, b.train_len, b.test_lengths, b.seeds, cfg.trainer, base=cfg.model,

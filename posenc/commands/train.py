@@ -25,8 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from posenc.experiments.ddp import distributed
+    from posenc.experiments.manifest import holds_results
     from posenc.experiments.rundir import removed_if_unused
-    from posenc.experiments.train import has_results, train
+    from posenc.experiments.train import train
 
     cfg = load_config(args.config, args.overrides)
     if args.fork and not args.run_dir:
@@ -39,7 +40,7 @@ def main(args: argparse.Namespace) -> int:
             result = train(cfg, run_dir := Path(args.run_dir))
         else:
             run_dir = _shared_run_dir(cfg.out_dir, rank)
-            with removed_if_unused(run_dir, has_results):  # bad input found in train(): no empty folder
+            with removed_if_unused(run_dir, holds_results):  # bad input found in train(): no empty folder
                 result = train(cfg, run_dir, fork_from=fork_from)
         if rank == 0:
             last = result.history[-1]

@@ -88,7 +88,7 @@ def check(cfg: CompareConfig) -> dict[str, str]:
     corpus = load_corpus(cfg.data.corpus)
     train_tokens, val_tokens = split(byte_tokens(corpus.text), cfg.data.val_fraction)
     L = cfg.data.seq_len
-    preflight.check_text_lengths(len(train_tokens), len(val_tokens), L, [m * L for m in cfg.eval.length_multipliers])
+    preflight.check_text_lengths(L, len(val_tokens), len(train_tokens), [m * L for m in cfg.eval.length_multipliers])
     for scheme in cfg.compare.schemes:
         meta = preflight.check_model_fits(cfg.run_config(scheme).model, training=True)
         preflight.check_sequences_fit(meta, cfg.trainer.batch_size // cfg.trainer.grad_accum, L, "data.seq_len", L)

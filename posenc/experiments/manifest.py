@@ -35,6 +35,11 @@ def write(run_dir: Path, command: str, config: dict[str, Any], corpus: dict[str,
     return write_json(Path(run_dir) / MANIFEST, {"command": command, "config": config, "corpus": corpus, **extra})
 
 
+def holds_results(folder: Path) -> bool:
+    """Anything besides run.json: a run that failed before writing any is removed with its folder."""
+    return any(p.name != MANIFEST for p in folder.iterdir())
+
+
 def is_empty(folder: Path) -> bool:
     return not folder.exists() or (folder.is_dir() and not any(folder.iterdir()))
 

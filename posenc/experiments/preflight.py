@@ -46,11 +46,11 @@ def check_sequences_fit(model: GPT, batch: int, seq_len: int, field: str, value:
         raise bad_value(field, value, f"a length that fits in memory ({err})") from None
 
 
-def check_text_lengths(n_train: int, n_val: int, seq_len: int, eval_lengths: Sequence[int] = ()) -> None:
+def check_text_lengths(seq_len: int, n_val: int, n_train: int | None = None, eval_lengths: Sequence[int] = ()) -> None:
     """Training and validation draw windows of seq_len + 1 tokens; evaluation needs more tokens
     than its longest window."""
     for split, n in (("training", n_train), ("validation", n_val)):
-        if n <= seq_len + 1:
+        if n is not None and n <= seq_len + 1:
             raise bad_value("data.seq_len", seq_len, f"shorter than the {split} split ({n} tokens): use a longer "
                                                      "corpus or a shorter data.seq_len")
     too_long = [length for length in eval_lengths if length >= n_val]

@@ -10,7 +10,7 @@ from typing import Any
 
 from posenc.errors import bad_value
 from posenc.experiments import checkpoint, manifest
-from posenc.experiments.config import NOT_RESULT_KEYS, RunConfig
+from posenc.experiments.config import NOT_RESULT_KEYS, RunConfig, from_plain
 from posenc.experiments.rundir import check_writable
 
 FORK_HINT = "add --fork to continue it with these settings as a new run under out_dir"
@@ -52,6 +52,8 @@ def start_point(run_dir: Path, cfg: RunConfig, corpus: dict[str, str], fork_from
         if write:
             manifest.write(run_dir, "train", config, corpus)
         return None, None
+    # Through the schema: keys added since the run was made compare at their defaults.
+    stored = stored | {"config": from_plain(stored["config"]).to_dict()}
     manifest.check_same_run(run_dir, stored, "train", config, NOT_RESULT_KEYS, FORK_HINT)
     manifest.check_corpus(stored.get("corpus"), corpus)
     if write and manifest.read(run_dir) is None:  # a folder from before run.json: record it now

@@ -83,8 +83,14 @@ def write_new(path: str | Path, text: str) -> Path:
     """Write `text` to `path`, or to `stem-2.suffix`, `stem-3.suffix`, ... if it exists: never over
     earlier results. os.link refuses an existing name, so two writers cannot pick the same one."""
     path = Path(path)
-    tmp = write_text(path.with_name(f".{path.name}.new"), text)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".new", dir=path.parent)
+    tmp = Path(name)
     try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
         for n in range(1, 10_000):
             candidate = path if n == 1 else path.with_name(f"{path.stem}-{n}{path.suffix}")
             try:

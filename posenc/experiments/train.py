@@ -90,7 +90,7 @@ def prepare(cfg: RunConfig) -> Prepared:
         preflight.check_sequences_fit(meta, micro // world_size, cfg.data.seq_len, "data.seq_len", cfg.data.seq_len)
     model, tokens = build_model(cfg, corpus)
     train_tokens, val_tokens = split(tokens, cfg.data.val_fraction)
-    preflight.check_text_lengths(len(train_tokens), len(val_tokens), cfg.data.seq_len)
+    preflight.check_text_lengths(cfg.data.seq_len, len(val_tokens), len(train_tokens))
     return Prepared(model, make_optimizer(model, t), train_tokens, val_tokens, corpus_record(cfg, corpus))
 
 
@@ -133,13 +133,9 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = True, fork_from: s
     write, Interrupted after saving a checkpoint on Ctrl-C. A folder this call creates is removed
     again if the run fails before writing anything but run.json."""
     run_dir = Path(run_dir)
-    guard = removed_if_unused(run_dir, has_results) if not run_dir.exists() else contextlib.nullcontext()
+    guard = removed_if_unused(run_dir, manifest.holds_results) if not run_dir.exists() else contextlib.nullcontext()
     with guard:
         return _train(cfg, run_dir, resume, fork_from)
-
-
-def has_results(run_dir: Path) -> bool:
-    return any(p.name != manifest.MANIFEST for p in run_dir.iterdir())
 
 
 def _train(cfg: RunConfig, run_dir: Path, resume: bool, fork_from: str | Path | None) -> TrainResult:
@@ -198,16 +194,17 @@ def _run(cfg: RunConfig, run_dir: Path, p: Prepared, start_ckpt: Path | None, fo
         if rank == 0 and err.step is not None and err.step > start:
             checkpoint.save(run_dir, err.step, model, opt, meta(), t.keep_checkpoints)
         _record(run_dir, rank, meta() | {"status": "interrupted"})
-        raise Interrupted(f"interrupted at step {err.step}: {_last(run_dir)}; run the same command with "
-                          f"--run-dir {run_dir} to resume", err.step) from None
+        raise Interrupted(f"interrupted at step {err.step}: {_last(run_dir)}; resume with `posenc train "
+                          f"--run-dir {run_dir}` and the same settings (its run.json)", err.step) from None
     except OSError as err:  # a full disk or a folder that turned read-only mid-run
         raise RunFailed(f"could not write {err.filename or run_dir}: {err.strerror or err}; {_last(run_dir)} "
-                        f"is intact: free space, then run the same command with --run-dir {run_dir}") from None
+                        f"is intact: free space, then resume with `posenc train --run-dir {run_dir}`") from None
     finally:
         bar.close()
     elapsed = time.perf_counter() - clock
     result = TrainResult(model.eval(), history, seen[0] / elapsed if seen[0] else 0.0, run_dir)
-    _record(run_dir, rank, meta() | {"status": "complete", "tokens_per_second": result.tokens_per_second})
+    if seen[0] or not (run_dir / "train.json").exists():  # a finished run resumed keeps its record (tok/s)
+        _record(run_dir, rank, meta() | {"status": "complete", "tokens_per_second": result.tokens_per_second})
     return result
 
 

@@ -222,10 +222,10 @@ def _sections(command: str) -> st.SearchStrategy[dict]:
 @pytest.mark.slow
 @settings(SETTINGS, max_examples=20)
 @given(data=st.data())
-def test_yaml_presets(capsys, data):
-    command = data.draw(st.sampled_from(["train", "compare", "tasks"]))
+def test_yaml_presets(capsys, trained_run, data):
+    command = data.draw(st.sampled_from(["train", "compare", "tasks", "eval"]))
     preset = data.draw(_sections(command))
-    _run(capsys, command, [], preset=preset)
+    _run(capsys, command, [], prefix=[str(trained_run)] if command == "eval" else [], preset=preset)
 
 
 EXTEND_FLAGS = {
