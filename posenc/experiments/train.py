@@ -188,8 +188,8 @@ def _run(cfg: RunConfig, run_dir: Path, p: Prepared, start_ckpt: Path | None, fo
             catch_interrupt=world_size == 1)
     except Diverged as err:
         _record(run_dir, rank, meta() | {"status": "diverged", "diverged_at_step": err.step, "loss": err.loss})
-        raise RunFailed(f"{err}; weights of that step were not applied or saved ({_last(run_dir)}); train.json "
-                        f"in {run_dir} records it; a smaller trainer.lr or model.init_std may help") from None
+        raise RunFailed(f"{err}; the diverged weights were not saved ({_last(run_dir)}); train.json in {run_dir} "
+                        f"records it; a smaller trainer.lr or model.init_std may help") from None
     except Interrupted as err:
         if rank == 0 and err.step is not None and err.step > start:
             checkpoint.save(run_dir, err.step, model, opt, meta(), t.keep_checkpoints)
