@@ -5,8 +5,11 @@ so `posenc list` does not pay for matplotlib or transformers)."""
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import sys
+
+from posenc.errors import Interrupted, RunFailed
 
 # subcommand -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -22,8 +25,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's errors as one line (`--help` shows the usage), like every other posenc error."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="posenc", description="Positional encodings for transformers.")
+    top = OneLineParser(prog="posenc", description="Positional encodings for transformers.")
     sub = top.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
@@ -34,16 +44,41 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
+# OSErrors that are the machine's state, not a bug: one line, like any other failed run.
+ENVIRONMENT_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO, errno.EFBIG}
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    top = parser()
+    args, extra = top.parse_known_args(argv)
+    # `posenc train a=1 --run-dir D b=2`: argparse stops the overrides at the option; take the rest too.
+    if extra and hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
+        args.overrides = [*args.overrides, *extra]
+    elif extra:
+        top.error(f"unrecognized arguments: {' '.join(extra)}")
+    name = f"posenc {args.command}"
     try:
         from posenc.registry import import_plugins
 
         import_plugins(args.plugins)
         return int(importlib.import_module(args._module).main(args) or 0)
-    except ValueError as err:  # bad input: one line, no traceback
-        print(f"posenc {args.command}: error: {err}", file=sys.stderr)
-        return 2
+    except ValueError as err:  # bad input: one line, no traceback, found before any work
+        return _fail(f"{name}: error: {err}", 2)
+    except Interrupted as err:  # Ctrl-C inside a training loop: the step in flight was finished and saved
+        return _fail(f"{name}: {err}", 130)
+    except KeyboardInterrupt:
+        return _fail(f"{name}: interrupted (Ctrl-C); files already written are complete", 130)
+    except RunFailed as err:  # diverged, or could not write: what was saved before stays valid
+        return _fail(f"{name}: failed: {err}", 1)
+    except OSError as err:
+        if err.errno not in ENVIRONMENT_ERRORS:
+            raise
+        return _fail(f"{name}: failed: {err.strerror}: {err.filename or ''}".rstrip(": "), 1)
+
+
+def _fail(message: str, code: int) -> int:
+    print(" ".join(message.split()), file=sys.stderr)  # one line, whatever the message held
+    return code
 
 
 if __name__ == "__main__":

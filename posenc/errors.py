@@ -27,3 +27,16 @@ def unknown_key(section: str, key: str, valid: Iterable[str]) -> ConfigError:
     where = f"{section}." if section else ""
     hint = f" (did you mean '{where}{near[0]}'?)" if near else ""
     return ConfigError(f"unknown key '{where}{key}'{hint}; valid keys: {', '.join(valid)}")
+
+
+class RunFailed(RuntimeError):
+    """A run stopped for a reason that is not bad input (divergence, a full disk): the command
+    prints the message as one line and exits 1; what was saved before it stays valid."""
+
+
+class Interrupted(RunFailed):
+    """Ctrl-C: the command saved what it could and exits 130, the shell's code for SIGINT."""
+
+    def __init__(self, message: str, step: int | None = None) -> None:
+        super().__init__(message)
+        self.step = step  # the last completed step, when a training loop was interrupted

@@ -24,5 +24,5 @@ def check_table_fits(field: str, value: int, rows: int, width: int) -> None:
     need = 4 * 4 * rows * width
     have = available_bytes()
     if need > have:
-        raise bad_value(field, value, f"a table of {rows:,} x {width} needs ~{need / 2**30:,.1f} GiB to train, "
-                                      f"but {have / 2**30:.1f} GiB are available")
+        raise bad_value(field, value, f"a table of {rows:,} x {width} needs ~{need / 2**30:,.1f} GiB of memory "
+                                      f"to train, but {have / 2**30:.1f} GiB are available")

@@ -12,6 +12,7 @@ import random
 from collections import Counter
 
 from posenc.data.tasks import TASKS, decode, get_task, make_problems
+from posenc.experiments.tasks_config import TaskOptim
 from posenc.experiments.tasks_contenders import contender_config
 from posenc.experiments.tasks_run import longest_sequence, train_on_task
 from posenc.models import GPTConfig
@@ -33,8 +34,8 @@ def main() -> None:
     longest = max(longest_sequence(t, 4 * args.train_len) for t in TASKS.values())
     base = GPTConfig(n_layer=2, n_head=4, d_model=128, max_seq_len=longest, position_embedding_type="none",
                      abacus_max_offset=4 * args.train_len)
-    model = train_on_task(contender_config(base, args.scheme, field="--scheme"), task, args.train_len, args.steps,
-                          64, 1e-3, args.seed)
+    model = train_on_task(contender_config(base, args.scheme, field="--scheme"), task, args.train_len,
+                          TaskOptim(max_steps=args.steps), args.seed)
     prompts, answers = make_problems(task, args.size, args.problems, random.Random(args.seed + 1))  # (B,P), (B,A)
     out = model.generate(prompts, answers.shape[1], use_cache=True)[:, prompts.shape[1]:]  # (B,A)
     wrong = out != answers

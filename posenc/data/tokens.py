@@ -12,14 +12,25 @@ from posenc.data.corpus import SOURCES, Corpus, load_builtin
 from posenc.errors import bad_value
 
 
-def load_corpus(name_or_path: str) -> Corpus:
-    """A built-in corpus name or a path to a UTF-8 text file."""
+def load_corpus(name_or_path: str, field: str = "data.corpus") -> Corpus:
+    """A built-in corpus name or a path to a non-empty UTF-8 text file. Bytes that are not UTF-8
+    are an error, not U+FFFD: a model trained on replaced bytes learns another text."""
     if name_or_path in SOURCES:
         return load_builtin(name_or_path)
+    allowed = f"a built-in corpus ({', '.join(SOURCES)}) or a non-empty UTF-8 text file"
     path = Path(name_or_path)
     if not path.is_file():
-        raise bad_value("data.corpus", name_or_path, f"a built-in corpus ({', '.join(SOURCES)}) or a text file")
-    return Corpus(path.name, path.read_text(encoding="utf-8", errors="replace"))
+        raise bad_value(field, name_or_path, allowed)
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except OSError as err:
+        raise bad_value(field, name_or_path, f"{allowed} ({err.strerror})") from None
+    except UnicodeDecodeError as err:
+        raise bad_value(field, name_or_path, f"{allowed}: byte 0x{err.object[err.start]:02x} at offset "
+                                             f"{err.start} is not UTF-8") from None
+    if not text:
+        raise bad_value(field, name_or_path, f"{allowed}: the file is empty")
+    return Corpus(path.name, text)
 
 
 def byte_tokens(text: str) -> Tensor:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -15,7 +16,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, load_model, save_file, save_model
 
-from posenc.experiments.rundir import write_text
+from posenc.experiments.rundir import to_json, write_text
 
 
 class CheckpointError(ValueError):
@@ -47,30 +48,72 @@ def save(run_dir: Path, step: int, model: torch.nn.Module, opt: torch.optim.Opti
          meta: dict[str, Any], keep: int = 2) -> Path:
     ckpt_root = Path(run_dir) / "checkpoints"
     ckpt_root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=ckpt_root))
     final = ckpt_root / f"step-{step:08d}"
+    if final not in _step_dirs(ckpt_root):  # a complete checkpoint of this step holds the same numbers
+        _write(ckpt_root, final, step, model, opt, meta)
+    write_text(ckpt_root / "latest", final.name)
+    # Only checkpoints older than this one are pruned: never a later one of an earlier attempt.
+    older = [p for p in _step_dirs(ckpt_root) if step_of(p) < step]
+    for old in older[: max(0, len(older) - (keep - 1))]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _write(ckpt_root: Path, final: Path, step: int, model: torch.nn.Module, opt: torch.optim.Optimizer,
+           meta: dict[str, Any]) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=ckpt_root))
     try:
         save_model(model, str(tmp / "model.safetensors"))
         opt_tensors, opt_plain = _flatten_optimizer(opt)
         save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
-        (tmp / "state.json").write_text(json.dumps({**meta, "step": step, "optimizer": opt_plain}, default=str))
-        if final.exists():
+        (tmp / "state.json").write_text(to_json({**meta, "step": step, "optimizer": opt_plain}))
+        if final.exists():  # an incomplete folder under the final name (only by hand): replace it
             shutil.rmtree(final)
         os.replace(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    write_text(ckpt_root / "latest", final.name)
-    for old in sorted(p for p in ckpt_root.glob("step-*") if p != final)[:-max(keep - 1, 0) or None]:
-        shutil.rmtree(old, ignore_errors=True)
-    return final
+
+
+STEP_NAME = re.compile(r"step-\d{8}")
+FILES = ("state.json", "model.safetensors", "optimizer.safetensors")
+
+
+def step_of(path: Path) -> int:
+    return int(path.name.removeprefix("step-"))
+
+
+def _step_dirs(ckpt_root: Path) -> list[Path]:
+    """Complete checkpoints, oldest first: a folder only gets its step-* name once fully written."""
+    found = [p for p in ckpt_root.glob("step-*") if STEP_NAME.fullmatch(p.name) and p.is_dir()
+             and not p.is_symlink() and all((p / f).is_file() for f in FILES)]
+    return sorted(found, key=step_of)
 
 
 def latest(run_dir: Path) -> Path | None:
-    pointer = Path(run_dir) / "checkpoints" / "latest"
-    if not pointer.is_file():
-        return None
-    return Path(run_dir) / "checkpoints" / pointer.read_text().strip()
+    """The newest checkpoint of the run, or None if it has none. The `latest` pointer must name a
+    step folder inside this run's checkpoints/; without a pointer (lost, or a kill between the
+    rename and the pointer swap) the newest complete step folder is the latest."""
+    ckpt_root = Path(run_dir) / "checkpoints"
+    pointer = ckpt_root / "latest"
+    if not pointer.exists():
+        found = _step_dirs(ckpt_root) if ckpt_root.is_dir() else []
+        return found[-1] if found else None
+    try:
+        name = pointer.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"checkpoint pointer {pointer} is unreadable: {err}") from None
+    target = ckpt_root / name
+    if not STEP_NAME.fullmatch(name) or target.is_symlink() or not target.is_dir():
+        raise CheckpointError(f"checkpoint pointer {pointer} holds {name[:80]!r}: allowed is the name of a "
+                              f"step-NNNNNNNN folder in {ckpt_root} (remove the pointer to use the newest one)")
+    return target
+
+
+def sweep_temp(run_dir: Path) -> None:
+    """Remove .tmp-* folders left by a checkpoint write that was killed (only one writer per run)."""
+    for tmp in (Path(run_dir) / "checkpoints").glob(".tmp-*"):
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def load(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer | None = None) -> dict[str, Any]:

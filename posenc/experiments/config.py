@@ -1,8 +1,7 @@
-"""The run config: YAML presets plus NeMo-style dotted overrides, checked against typed dataclasses.
-
-OmegaConf parses YAML and `section.key=value` overrides (typed values, interpolation); the
-dataclasses below are the schema: an unknown key is a one-line error naming the nearest valid
-key, a bad value is a ValueError from the dataclass that owns it.
+"""The run config of `train`, `eval` and `compare`: YAML presets plus NeMo-style dotted overrides
+(posenc.experiments.config_loader), checked against the typed dataclasses below. An unknown key is
+a one-line error naming the nearest valid key; a bad value is a ValueError from the dataclass that
+owns it, raised before any work starts.
 """
 
 from __future__ import annotations
@@ -12,35 +11,93 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
-
-from posenc.checks import from_dict, number_in, positive_int
-from posenc.errors import bad_value, unknown_key, unknown_name
+from posenc.checks import number_in, positive_int
+from posenc.errors import bad_value, unknown_name
+from posenc.experiments import config_loader
 from posenc.models.config import GPTConfig
-from posenc.models.scheme_config import describe_options as describe_scheme_options
+
+
+def int_list(name: str, value: Any, low: int) -> tuple[int, ...]:
+    """A YAML list of ints >= low, as a tuple (so configs compare equal after a JSON round trip)."""
+    ok = isinstance(value, (list, tuple)) and len(value) > 0 and all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= low for v in value)
+    if not ok:
+        raise bad_value(name, value, f"a non-empty list of integers >= {low}, e.g. [{low}, {max(low, 1) * 2}]")
+    return tuple(value)
+
+
+def name_list(name: str, value: Any) -> tuple[str, ...]:
+    if not isinstance(value, (list, tuple)) or not value or not all(isinstance(v, str) and v for v in value):
+        raise bad_value(name, value, "a non-empty list of names, e.g. [rope, alibi]")
+    return tuple(value)
+
+
+def boolean(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise bad_value(name, value, "true or false")
+
+
+def path_text(name: str, value: Any, allowed: str) -> None:
+    if not isinstance(value, str) or not value.strip():
+        raise bad_value(name, value, allowed)
+
+
+def set_field(obj: Any, name: str, value: Any) -> None:
+    object.__setattr__(obj, name, value)  # frozen dataclass: normalise in __post_init__
 
 
 @dataclass(frozen=True, kw_only=True)
 class DataConfig:
-    corpus: str = "python_docs"  # built-in offline text (posenc.data.corpus) or a path to a text file
+    corpus: str = "python_docs"  # built-in offline text (python_docs, python_source) or a UTF-8 text file
     seq_len: int = 64  # the training length L; evaluation goes to multiples of it
     val_fraction: float = 0.1  # the last 10% of the bytes: deterministic, never trained on
 
     def __post_init__(self) -> None:
+        path_text("data.corpus", self.corpus, "a built-in corpus (python_docs, python_source) or a text file path")
         positive_int("data.seq_len", self.seq_len)
         number_in("data.val_fraction", self.val_fraction, 0.0, 0.5, low_open=True)
 
 
 @dataclass(frozen=True, kw_only=True)
-class TrainerConfig:
+class OptimConfig:
+    """AdamW with linear warm-up and cosine decay: the optimiser of every training loop."""
+
     max_steps: int = 300
     batch_size: int = 32  # global batch, split over DDP ranks
-    grad_accum: int = 1
     lr: float = 3e-3
-    min_lr: float = 3e-4  # cosine floor
-    warmup_steps: int = 30
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0
+    min_lr: float | None = 3e-4  # cosine floor; null: lr / 10
+    warmup_steps: int | None = 30  # null: 5% of max_steps
+    weight_decay: float = 0.1  # on Linear/Embedding weights outside positional schemes only
+    beta2: float = 0.95  # AdamW's second-moment decay
+    grad_clip: float = 1.0  # max global grad norm; 0 turns clipping off
+    section = "trainer"
+
+    def __post_init__(self) -> None:
+        s = self.section
+        positive_int(f"{s}.max_steps", self.max_steps)
+        positive_int(f"{s}.batch_size", self.batch_size)
+        number_in(f"{s}.lr", self.lr, 0.0, 10.0, low_open=True)
+        if self.min_lr is not None:
+            number_in(f"{s}.min_lr", self.min_lr, 0.0, self.lr)
+        if self.warmup_steps is not None and (not isinstance(self.warmup_steps, int) or self.warmup_steps < 0
+                                              or isinstance(self.warmup_steps, bool)):
+            raise bad_value(f"{s}.warmup_steps", self.warmup_steps, "an int >= 0, or null for 5% of max_steps")
+        number_in(f"{s}.weight_decay", self.weight_decay, 0.0, 10.0)
+        number_in(f"{s}.beta2", self.beta2, 0.0, 1.0, high_open=True)
+        number_in(f"{s}.grad_clip", self.grad_clip, 0.0, 1e9)
+
+    @property
+    def floor_lr(self) -> float:
+        return self.lr / 10 if self.min_lr is None else self.min_lr
+
+    @property
+    def warmup(self) -> int:
+        return max(1, self.max_steps // 20) if self.warmup_steps is None else self.warmup_steps
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainerConfig(OptimConfig):
+    grad_accum: int = 1
     precision: str = "fp32"  # fp32 | bf16 (autocast)
     seed: int = 0
     eval_interval: int = 100
@@ -52,18 +109,19 @@ class TrainerConfig:
     init_from: str | None = None  # a posenc run folder, or gguf:smollm2 / gguf:PATH (fine-tuning)
 
     def __post_init__(self) -> None:
-        for name in ("max_steps", "batch_size", "grad_accum", "eval_interval", "eval_batches",
-                     "checkpoint_interval", "keep_checkpoints"):
+        super().__post_init__()
+        for name in ("grad_accum", "eval_interval", "eval_batches", "checkpoint_interval", "keep_checkpoints"):
             positive_int(f"trainer.{name}", getattr(self, name))
         if self.batch_size % self.grad_accum:
             raise bad_value("trainer.grad_accum", self.grad_accum, f"a divisor of batch_size={self.batch_size}")
-        number_in("trainer.lr", self.lr, 0.0, 10.0, low_open=True)
-        number_in("trainer.min_lr", self.min_lr, 0.0, self.lr)
-        number_in("trainer.grad_clip", self.grad_clip, 0.0, float("inf"))
-        if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
-            raise bad_value("trainer.warmup_steps", self.warmup_steps, "an int >= 0")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed < 2**31:
+            raise bad_value("trainer.seed", self.seed, "an integer in [0, 2**31)")
         if self.precision not in PRECISIONS:
             raise unknown_name("trainer.precision", self.precision, PRECISIONS)
+        boolean("trainer.tensorboard", self.tensorboard)
+        boolean("trainer.progress", self.progress)
+        if self.init_from is not None:
+            path_text("trainer.init_from", self.init_from, "null, a posenc run folder, or gguf:smollm2 / gguf:PATH")
 
 
 PRECISIONS = ("fp32", "bf16")
@@ -73,13 +131,13 @@ PRECISIONS = ("fp32", "bf16")
 class EvalConfig:
     length_multipliers: tuple[int, ...] = (1, 2, 4, 8)  # evaluate at L, 2L, 4L, 8L
     mode: str = "nonoverlapping"  # nonoverlapping | sliding (ALiBi paper, Fig. 1)
-    stride: int | None = None  # sliding: tokens scored per window (default L)
+    stride: int | None = None  # sliding: tokens scored per window (default L / 2)
     max_windows: int = 16  # per length, so long lengths cost the same tokens as short ones
-    shift_offsets: tuple[int, ...] = (0, 10, 100, 1000)
+    shift_offsets: tuple[int, ...] = (0, 10, 100, 1000)  # shift test: every position moved by k
 
     def __post_init__(self) -> None:
-        if not self.length_multipliers or any(not isinstance(m, int) or m < 1 for m in self.length_multipliers):
-            raise bad_value("eval.length_multipliers", self.length_multipliers, "a list of positive ints")
+        set_field(self, "length_multipliers", int_list("eval.length_multipliers", self.length_multipliers, 1))
+        set_field(self, "shift_offsets", int_list("eval.shift_offsets", self.shift_offsets, 0))
         if self.mode not in EVAL_MODES:
             raise unknown_name("eval.mode", self.mode, EVAL_MODES)
         positive_int("eval.max_windows", self.max_windows)
@@ -96,87 +154,31 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
-    out_dir: str = "runs"
+    out_dir: str = "runs"  # parent of new run folders
+
+    def __post_init__(self) -> None:
+        path_text("out_dir", self.out_dir, "a folder path (new runs go in out_dir/<command>-<time>)")
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self) | {"model": self.model.to_dict()}  # scheme options flat, as NeMo
+        return {f.name: config_loader.plain(v) if config_loader.is_section(v := getattr(self, f.name)) else v
+                for f in dataclasses.fields(self)}
 
 
-SECTIONS = {"model": GPTConfig, "data": DataConfig, "trainer": TrainerConfig, "eval": EvalConfig}
-_TUPLES = {"length_multipliers", "shift_offsets"}
-
-
-def _section(name: str, cls: type, values: Any) -> Any:
-    if not isinstance(values, dict):
-        raise bad_value(name, values, "a mapping of options")
-    values = {k: tuple(v) if k in _TUPLES and isinstance(v, list) else v for k, v in values.items()}
-    return from_dict(cls, values, section=name)
-
-
-def from_plain(data: dict[str, Any]) -> RunConfig:
-    valid = set(SECTIONS) | {"out_dir"}
-    for key in data:
-        if key not in valid:
-            raise unknown_key("", key, valid)
-    parts = {name: _section(name, cls, data[name]) for name, cls in SECTIONS.items() if name in data}
-    return RunConfig(**parts, **({"out_dir": str(data["out_dir"])} if "out_dir" in data else {}))
+# Keys that can differ between a run and its resume without changing a single number it computes.
+NOT_RESULT_KEYS = ("trainer.progress", "trainer.tensorboard", "trainer.checkpoint_interval",
+                   "trainer.keep_checkpoints", "trainer.eval_interval", "eval", "out_dir")
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
     """Defaults <- YAML file <- dotted overrides (`model.position_embedding_type=alibi`)."""
-    base = OmegaConf.create(RunConfig().to_dict())
-    layers = [base]
-    if path is not None:
-        if not Path(path).is_file():
-            raise bad_value("config", str(path), "an existing YAML file")
-        try:
-            layers.append(OmegaConf.load(path))
-        except Exception as err:
-            raise bad_value("config", str(path), f"valid YAML ({str(err).splitlines()[0]})") from None
-    for item in overrides:
-        if "=" not in item:
-            raise bad_value("override", item, "section.key=value, e.g. trainer.max_steps=2000")
-        key = item.split("=", 1)[0]
-        if "." not in key and key != "out_dir":
-            raise bad_value("override", item, "section.key=value with a section: " + ", ".join(SECTIONS))
-    for item in overrides:
-        try:  # one at a time, so a YAML error names the override that caused it
-            layers.append(OmegaConf.from_dotlist([item]))
-        except Exception as err:
-            message = str(err).splitlines()[0]
-            raise bad_value("override", item, f"key=value with a YAML value ({message})") from None
-    # Merge as plain dicts: OmegaConf's struct mode would reject unknown keys with a traceback;
-    # from_plain rejects them with the nearest valid key instead.
-    merged: dict[str, Any] = {}
-    for layer in layers:
-        try:
-            plain = OmegaConf.to_container(layer, resolve=True)
-        except Exception as err:
-            raise bad_value("config", "interpolation", f"resolvable values ({str(err).splitlines()[0]})") from None
-        if not isinstance(plain, dict):
-            raise bad_value("config", plain, "a mapping of sections")
-        _deep_update(merged, plain)
-    return from_plain(merged)
+    return config_loader.load(RunConfig, path, overrides)
 
 
-def _deep_update(into: dict[str, Any], new: dict[str, Any]) -> None:
-    for key, value in new.items():
-        if isinstance(value, dict) and isinstance(into.get(key), dict) and key != "rope_scaling":
-            _deep_update(into[key], value)
-        else:
-            into[key] = value
+def from_plain(data: dict[str, Any]) -> RunConfig:
+    """A RunConfig from its saved to_dict() form (checkpoints, run.json)."""
+    return config_loader.build(RunConfig, data)
 
 
 def describe_options() -> str:
     """Every option with its default, for --help."""
-    lines = []
-    for name, cls in SECTIONS.items():
-        default = getattr(RunConfig(), name)
-        if name == "model":
-            lines += describe_scheme_options(name, default)
-            continue
-        for f in dataclasses.fields(cls):
-            if f.name != "extra":
-                lines.append(f"  {name}.{f.name} = {getattr(default, f.name)!r}")
-    lines.append(f"  out_dir = {RunConfig().out_dir!r}")
-    return "\n".join(lines)
+    return config_loader.describe(RunConfig)

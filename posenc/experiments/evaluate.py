@@ -18,6 +18,12 @@ from posenc.absolute.learned import PositionTooLarge
 from posenc.errors import bad_value
 from posenc.experiments.config import EVAL_MODES, EvalConfig
 
+# Results that are not numbers carry a label saying why, so a report never shows one for the other.
+BEYOND_TABLE = "longer than the model's table"  # learned_absolute past max_seq_len: it cannot run there
+NOT_FINITE = "not finite"  # the loss overflowed at this length
+
+Score = float | str  # a number, or one of the labels above
+
 
 def _window_starts(n_tokens: int, length: int, step: int, max_windows: int) -> list[int]:
     starts = list(range(0, n_tokens - length, step))
@@ -47,11 +53,12 @@ def perplexity(model: torch.nn.Module, tokens: Tensor, length: int, mode: str = 
         score_from = 0 if (mode == "nonoverlapping" or i == 0) else length - stride
         nll, n = window_nll(model, tokens, start, length, score_from, position_offset)
         total, count = total + nll, count + n
-    return math.exp(total / count)
+    mean = total / count
+    return math.exp(mean) if mean < 709.0 else math.inf  # exp overflows a double past ~709.78
 
 
 def perplexity_by_length(model: torch.nn.Module, tokens: Tensor, train_len: int, cfg: EvalConfig,
-                         progress=None) -> dict[int, float]:
+                         progress=None) -> dict[int, Score]:
     out = {}
     for m in cfg.length_multipliers:
         length = m * train_len
@@ -63,16 +70,24 @@ def perplexity_by_length(model: torch.nn.Module, tokens: Tensor, train_len: int,
 
 
 def shift_test(model: torch.nn.Module, tokens: Tensor, length: int, offsets: tuple[int, ...],
-               max_windows: int = 8) -> dict[int, float]:
+               max_windows: int = 8) -> dict[int, Score]:
     """Loss (nats/token) with every position moved by k; relative schemes must not change."""
     return {k: _guarded(lambda k=k: math.log(perplexity(model, tokens, length, max_windows=max_windows,
                                                         position_offset=k))) for k in offsets}
 
 
-def _guarded(fn) -> float:
-    """A scheme that cannot run at a length (learned_absolute past its table) scores NaN, not a crash."""
+def loss_change(shifts: dict[int, Score]) -> dict[int, Score]:
+    """Shift-test loss at each offset minus the loss at the smallest (0 by default); labels pass through."""
+    base = shifts[min(shifts)]
+    return {k: v - base if isinstance(v, float) and isinstance(base, float) else (v if isinstance(v, str) else base)
+            for k, v in shifts.items()}
+
+
+def _guarded(fn) -> Score:
+    """A scheme that cannot run at a length (learned_absolute past its table) gets a label, not a crash."""
     try:
-        return fn()
+        value = fn()
     except PositionTooLarge:
-        return float("nan")
+        return BEYOND_TABLE
+    return value if math.isfinite(value) else NOT_FINITE
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from posenc.data.corpus import Corpus
 from posenc.data.tokens import byte_tokens, load_corpus
 from posenc.errors import bad_value
 from posenc.experiments import checkpoint
@@ -28,10 +29,15 @@ def _gguf_path(spec: str) -> Path:
     return path
 
 
-def build_model(cfg: RunConfig) -> tuple[nn.Module, Tensor]:
+def corpus_record(cfg: RunConfig, corpus: Corpus) -> dict[str, str]:
+    """What run.json keeps of the text: the name the user gave and a fingerprint of the bytes."""
+    return {"name": cfg.data.corpus, "sha256": corpus.sha256}
+
+
+def build_model(cfg: RunConfig, corpus: Corpus | None = None) -> tuple[nn.Module, Tensor]:
     """(model, token stream of the whole corpus) for this run, before any optimizer exists."""
     source = cfg.trainer.init_from
-    text = load_corpus(cfg.data.corpus).text
+    text = (corpus or load_corpus(cfg.data.corpus)).text
     if source is not None and source.startswith("gguf:"):
         from posenc.models import Llama
 

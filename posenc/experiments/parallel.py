@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any, TypeVar
 
@@ -16,7 +16,7 @@ import torch
 from posenc.checks import positive_int
 from posenc.registry import import_plugins, plugin_modules
 
-U = TypeVar("U", bound=Hashable)
+U = TypeVar("U")
 
 
 def default_workers() -> int:
@@ -30,26 +30,26 @@ def _worker_init(threads: int, plugins: list[str]) -> None:
 
 
 def run_units(function: Callable[[U], Any], units: Sequence[U], workers: int,
-              on_done: Callable[[U, Any], None] | None = None) -> dict[U, Any]:
-    """function(unit) for every unit, on `workers` processes (1: in this process, in order). on_done(unit,
-    result) runs in this process as each finishes (e.g. to save partial results). A failure or Ctrl-C
-    cancels the units not started yet and re-raises."""
+              on_done: Callable[[U, Any], None] | None = None) -> list[Any]:
+    """[function(unit) for unit in units], on `workers` processes (1: in this process, in order).
+    on_done(unit, result) runs in this process as each finishes (e.g. to save partial results). A
+    failure or Ctrl-C cancels the units not started yet and re-raises."""
     positive_int("workers", workers)
-    results: dict[U, Any] = {}
+    results: list[Any] = [None] * len(units)
 
-    def done(unit: U, result: Any) -> None:
-        results[unit] = result
+    def done(index: int, result: Any) -> None:
+        results[index] = result
         if on_done is not None:
-            on_done(unit, result)
+            on_done(units[index], result)
 
     if workers == 1 or len(units) <= 1:
-        for unit in units:
-            done(unit, function(unit))
+        for index, unit in enumerate(units):
+            done(index, function(unit))
         return results
     threads = max(1, default_workers() // workers)
     with ProcessPoolExecutor(min(workers, len(units)), mp_context=multiprocessing.get_context("spawn"),
                              initializer=_worker_init, initargs=(threads, plugin_modules())) as pool:
-        futures = {pool.submit(function, unit): unit for unit in units}
+        futures = {pool.submit(function, unit): index for index, unit in enumerate(units)}
         try:
             for future in as_completed(futures):
                 done(futures[future], future.result())

@@ -1,4 +1,5 @@
-"""Resume a task leaderboard from its results.json: keep finished runs whose settings still match."""
+"""Resume a task leaderboard from its folder: keep finished runs when the settings that shape
+their numbers are the same (only which schemes, tasks and seeds run may change)."""
 
 from __future__ import annotations
 
@@ -6,28 +7,33 @@ import json
 from pathlib import Path
 
 from posenc.errors import bad_value
+from posenc.experiments import manifest
+from posenc.experiments.tasks_config import NOT_RESULT_KEYS
 from posenc.experiments.tasks_run import Unit
 
-# Lists that only choose which runs exist; changing them adds or drops runs, it does not void old ones.
-RUN_LISTS = ("schemes", "tasks", "seeds")
+HINT = "only leaderboard.schemes, .tasks, .seeds, .jobs and .progress may change; use a new folder for the rest"
 
 
-def comparable(settings: dict) -> dict:
-    model = {k: v for k, v in settings["model"].items() if k != "position_embedding_type"}
-    kept = {**{k: v for k, v in settings.items() if k not in RUN_LISTS}, "model": model}
-    return json.loads(json.dumps(kept, default=str))  # as stored: tuples read back as lists
-
-
-def previous_rows(path: Path, settings: dict) -> list[dict]:
-    """Rows of earlier runs in `path` that this leaderboard asks for; [] when there is no file."""
-    if not path.exists():
+def previous_rows(run_dir: Path, config: dict) -> list[dict]:
+    """Rows of earlier runs in run_dir that this leaderboard asks for; [] for a new or empty folder."""
+    stored = manifest.read(run_dir)
+    if stored is None:
+        if not manifest.is_empty(run_dir):
+            names = ", ".join(sorted(p.name for p in run_dir.iterdir())[:5])
+            raise bad_value("run_dir", str(run_dir), f"a new or empty folder, or a posenc tasks run (this one holds "
+                                                     f"files posenc did not write: {names})")
         return []
-    stored = json.loads(path.read_text(encoding="utf-8"))
-    if comparable(stored["settings"]) != comparable(settings):
-        raise bad_value("--out", str(path.parent), "a new folder, or one whose results.json has the same "
-                        "settings apart from --schemes/--tasks/--seeds")
-    wanted = {(s, t, seed) for s in settings["schemes"] for t in settings["tasks"] for seed in settings["seeds"]}
-    return [row for row in stored["rows"] if (row["scheme"], row["task"], row["seed"]) in wanted]
+    manifest.check_same_run(run_dir, stored, "tasks", config, NOT_RESULT_KEYS, HINT)
+    results = run_dir / "results.json"
+    if not results.is_file():
+        return []
+    try:
+        rows = json.loads(results.read_text(encoding="utf-8"))["rows"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise bad_value("run_dir", str(run_dir), f"a tasks run with readable results.json ({err})") from None
+    b = config["leaderboard"]
+    wanted = {(s, t, seed) for s in b["schemes"] for t in b["tasks"] for seed in b["seeds"]}
+    return [row for row in rows if (row["scheme"], row["task"], row["seed"]) in wanted]
 
 
 def units_in(rows: list[dict]) -> set[Unit]:

@@ -6,34 +6,25 @@ to L only; accuracy at sizes past L measures how far its positional scheme gener
 
 from __future__ import annotations
 
-import math
-import multiprocessing
-import os
 import random
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from posenc.checks import number_in, positive_int
+from posenc.checks import positive_int
 from posenc.data.tasks import Task, get_task, make_batch, make_problems
-from posenc.errors import bad_value
+from posenc.errors import RunFailed, bad_value
+from posenc.experiments.config import OptimConfig
+from posenc.experiments.loop import Diverged, fit, make_optimizer
+from posenc.experiments.parallel import run_units
+from posenc.experiments.tasks_config import TaskOptim
 from posenc.experiments.tasks_contenders import contender_config
 from posenc.models import GPT, GPTConfig
-from posenc.registry import import_plugins, plugin_modules
 
 EVAL_SEED_OFFSET = 1_000_003  # test problems come from a stream other than the training one
-
-
-def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
-    """Linear warm-up over `warmup` steps, then cosine down to lr / 10 at `steps`."""
-    if step < warmup:
-        return lr * (step + 1) / warmup
-    progress = (step - warmup) / max(1, steps - warmup)
-    return lr * (0.1 + 0.45 * (1 + math.cos(math.pi * min(progress, 1.0))))
 
 
 def answer_loss(model: GPT, input_ids: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
@@ -43,37 +34,30 @@ def answer_loss(model: GPT, input_ids: torch.Tensor, loss_mask: torch.Tensor) ->
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
 
 
-def check_training(max_len: int, steps: int, batch_size: int, lr: float) -> None:
-    for name, value in (("max_len", max_len), ("steps", steps), ("batch_size", batch_size)):
-        positive_int(name, value)
-    number_in("lr", lr, 0.0, 10.0, low_open=True)
-
-
-def train_on_task(cfg: GPTConfig, task: Task | str, max_len: int, steps: int, batch_size: int = 64,
-                  lr: float = 3e-3, seed: int = 0) -> GPT:
-    """AdamW, 5% warm-up + cosine, grad clip 1.0; each batch has one size drawn uniformly in 1..max_len.
+def train_on_task(cfg: GPTConfig, task: Task | str, max_len: int, optim: OptimConfig | None = None,
+                  seed: int = 0) -> GPT:
+    """The shared training loop (posenc.experiments.loop) on one task: each batch has one size drawn
+    uniformly in 1..max_len, and the loss covers answer tokens only.
 
     Everything random (init, problems, Abacus offsets, randomized positions, dropout) follows `seed`
     and nothing else: the global RNG is forked, so a run gives the same model in any process.
     """
     task = get_task(task) if isinstance(task, str) else task
-    check_training(max_len, steps, batch_size, lr)
+    optim = optim or TaskOptim()
+    positive_int("max_len", max_len)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = GPT(cfg)
         rng = random.Random(seed)
-        opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
-        warmup = max(1, steps // 20)
-        model.train()
-        for step in range(steps):
-            for group in opt.param_groups:
-                group["lr"] = lr_at(step, steps, lr, warmup)
-            input_ids, loss_mask = make_batch(task, rng.randint(1, max_len), batch_size, rng)
+
+        def backward(step: int) -> float:
+            input_ids, loss_mask = make_batch(task, rng.randint(1, max_len), optim.batch_size, rng)
             loss = answer_loss(model, input_ids, loss_mask)
-            opt.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
+            return loss.item()
+
+        # Ctrl-C is not deferred: a unit is saved whole or not at all, so there is nothing to save mid-way.
+        fit(model, make_optimizer(model, optim), optim, 0, seed, backward, catch_interrupt=False)
     return model.eval()
 
 
@@ -130,34 +114,29 @@ class Budget:
 
     train_len: int
     test_lengths: tuple[int, ...]
-    steps: int
-    batch_size: int
-    lr: float
+    optim: TaskOptim
     n_samples: int
 
 
 def run_unit(cfg: GPTConfig, unit: Unit, budget: Budget) -> list[dict]:
     """Train one (scheme, task, seed) and test it: rows {scheme, task, seed, length, accuracy}."""
     b = budget
-    model = train_on_task(cfg, unit.task, b.train_len, b.steps, b.batch_size, b.lr, unit.seed)
+    try:
+        model = train_on_task(cfg, unit.task, b.train_len, b.optim, unit.seed)
+    except Diverged as err:  # a plain RunFailed: it crosses process boundaries (pickles by message)
+        raise RunFailed(f"{unit.scheme} on {unit.task}, seed {unit.seed}: {err}; the finished runs are saved") from None
     accuracy = accuracy_by_length(model, unit.task, b.test_lengths, b.n_samples, unit.seed)
     return [{"scheme": unit.scheme, "task": unit.task, "seed": unit.seed, "length": n, "accuracy": acc}
             for n, acc in accuracy.items()]
 
 
-def _worker_init(threads: int, plugins: list[str]) -> None:
-    torch.set_num_threads(threads)
-    import_plugins(plugins)  # a spawned process starts with the built-in registry: re-register user schemes
-
-
-def default_jobs() -> int:
-    """One process per core: the models are too small for intra-op threads to pay off."""
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+def _run(job: tuple[GPTConfig, Unit, Budget]) -> list[dict]:
+    return run_unit(*job)
 
 
 def run_leaderboard(schemes: Sequence[str], tasks: Sequence[str], train_len: int, test_lengths: Sequence[int],
-                    seeds: Sequence[int], steps: int, base: GPTConfig | None = None, batch_size: int = 64,
-                    lr: float = 3e-3, n_samples: int = 64, skip: Iterable[Unit] = (),
+                    seeds: Sequence[int], optim: TaskOptim, base: GPTConfig | None = None,
+                    n_samples: int = 64, skip: Iterable[Unit] = (),
                     on_unit: Callable[[Unit, list[dict]], None] | None = None,
                     progress: bool = True, jobs: int = 1) -> list[dict]:
     """Train each (scheme, task, seed) and test it at every length.
@@ -170,10 +149,9 @@ def run_leaderboard(schemes: Sequence[str], tasks: Sequence[str], train_len: int
     """
     base = base or GPTConfig(n_layer=2, n_head=4, d_model=64)
     configs = check_leaderboard(base, schemes, tasks, train_len, test_lengths, seeds)
-    check_training(train_len, steps, batch_size, lr)
     positive_int("n_samples", n_samples)
     positive_int("jobs", jobs)
-    budget = Budget(train_len, tuple(test_lengths), steps, batch_size, lr, n_samples)
+    budget = Budget(train_len, tuple(test_lengths), optim, n_samples)
     done = set(skip)
     units = [(cfg, Unit(label, task, seed))
              for label, cfg in zip(schemes, configs, strict=True) for task in tasks for seed in seeds]
@@ -188,19 +166,6 @@ def run_leaderboard(schemes: Sequence[str], tasks: Sequence[str], train_len: int
         bar.set_postfix_str(f"{unit.scheme}/{unit.task}/seed{unit.seed}")
         bar.update()
 
-    if jobs == 1 or len(todo) <= 1:
-        for cfg, unit in todo:
-            finished(unit, run_unit(cfg, unit, budget))
-    else:
-        threads = max(1, default_jobs() // jobs)
-        with ProcessPoolExecutor(min(jobs, len(todo)), mp_context=multiprocessing.get_context("spawn"),
-                                 initializer=_worker_init, initargs=(threads, plugin_modules())) as pool:
-            futures = {pool.submit(run_unit, cfg, unit, budget): unit for cfg, unit in todo}
-            try:
-                for future in as_completed(futures):
-                    finished(futures[future], future.result())
-            except BaseException:  # a failed unit or Ctrl-C: do not start the queued ones
-                pool.shutdown(wait=False, cancel_futures=True)
-                raise
+    run_units(_run, [(cfg, unit, budget) for cfg, unit in todo], jobs, lambda job, new: finished(job[1], new))
     bar.close()
     return rows

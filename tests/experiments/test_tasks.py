@@ -14,25 +14,24 @@ import torch
 import posenc.experiments.tasks_run as tasks_run
 from posenc.cli import main as cli_main
 from posenc.data.tasks import TASKS, make_batch
+from posenc.experiments.loop import lr_at
+from posenc.experiments.tasks_config import TaskOptim
 from posenc.experiments.tasks_contenders import contender_config
-from posenc.experiments.tasks_plot import curves
-from posenc.experiments.tasks_report import bucket, summarize
-from posenc.experiments.tasks_run import (
-    accuracy_by_length,
-    answer_loss,
-    lr_at,
-    run_leaderboard,
-    train_on_task,
-)
+from posenc.experiments.tasks_run import accuracy_by_length, answer_loss, run_leaderboard, train_on_task
+from posenc.experiments.tasks_summary import bucket, curves, summarize
 from posenc.models import GPTConfig
 
 TINY = GPTConfig(n_layer=2, n_head=4, d_model=64, max_seq_len=64, position_embedding_type="rope")
 
 
+def _optim(steps: int, batch_size: int = 4, lr: float = 3e-3) -> TaskOptim:
+    return TaskOptim(max_steps=steps, batch_size=batch_size, lr=lr)
+
+
 def test_tiny_model_learns_copy_in_distribution():
     """250 steps on sizes 1..4: exact match far above chance (26**-n, under 4% even at size 1).
     Seeds 0-3 all reach a mean of 0.53-0.55 here, so 0.3 leaves room for harmless changes."""
-    model = train_on_task(TINY, "copy", max_len=4, steps=250, batch_size=32, lr=3e-3, seed=0)
+    model = train_on_task(TINY, "copy", max_len=4, optim=_optim(250, batch_size=32, lr=3e-3), seed=0)
     accuracy = accuracy_by_length(model, "copy", range(1, 5), n_samples=32, seed=0)
     assert set(accuracy) == {1, 2, 3, 4}
     assert accuracy[1] >= 0.9
@@ -44,10 +43,10 @@ def test_training_is_deterministic_from_seed_and_leaves_global_rng_alone():
     torch.manual_seed(7)
     before = torch.rand(1)
     torch.manual_seed(7)
-    a = train_on_task(cfg, "reverse", max_len=3, steps=3, batch_size=4, seed=1)
+    a = train_on_task(cfg, "reverse", max_len=3, optim=_optim(3), seed=1)
     assert torch.rand(1) == before  # the model's init drew from a forked RNG
-    b = train_on_task(cfg, TASKS["reverse"], max_len=3, steps=3, batch_size=4, seed=1)
-    c = train_on_task(cfg, "reverse", max_len=3, steps=3, batch_size=4, seed=2)
+    b = train_on_task(cfg, TASKS["reverse"], max_len=3, optim=_optim(3), seed=1)
+    c = train_on_task(cfg, "reverse", max_len=3, optim=_optim(3), seed=2)
     assert all(torch.equal(pa, pb) for pa, pb in zip(a.parameters(), b.parameters(), strict=True))
     assert any(not torch.equal(pa, pc) for pa, pc in zip(a.parameters(), c.parameters(), strict=True))
 
@@ -57,9 +56,9 @@ def test_training_randomness_follows_the_seed_only(label):
     """Abacus offsets and randomized positions draw from torch's RNG: seeded per run, not global."""
     cfg = contender_config(TINY.replace(d_model=16, n_layer=1), label)
     torch.manual_seed(1)
-    a = train_on_task(cfg, "addition", max_len=3, steps=3, batch_size=4, seed=1)
+    a = train_on_task(cfg, "addition", max_len=3, optim=_optim(3), seed=1)
     torch.manual_seed(2)
-    b = train_on_task(cfg, "addition", max_len=3, steps=3, batch_size=4, seed=1)
+    b = train_on_task(cfg, "addition", max_len=3, optim=_optim(3), seed=1)
     assert all(torch.equal(pa, pb) for pa, pb in zip(a.parameters(), b.parameters(), strict=True))
 
 
@@ -82,7 +81,7 @@ def test_bad_entries_name_what_is_wrong(label, message):
 def test_parallel_jobs_give_the_rows_of_one_process():
     """Units run in spawned single-thread processes; each depends on its seed only."""
     kwargs = {"schemes": ["rope", "abacus"], "tasks": ["addition"], "train_len": 2, "test_lengths": [1, 3],
-              "seeds": [0], "steps": 4, "base": TINY.replace(d_model=16, n_layer=1), "batch_size": 8,
+              "seeds": [0], "optim": _optim(4, batch_size=8), "base": TINY.replace(d_model=16, n_layer=1),
               "n_samples": 8, "progress": False}
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the workers' setting, so float sums agree to the bit
@@ -109,7 +108,7 @@ def test_loss_reaches_only_answer_tokens():
 
 def test_accuracy_counts_exact_matches_of_the_cached_greedy_answer():
     """Against a slow reference: uncached generation, one problem at a time, compared as text."""
-    model = train_on_task(TINY.replace(d_model=32), "copy", max_len=2, steps=20, batch_size=16, seed=0)
+    model = train_on_task(TINY.replace(d_model=32), "copy", max_len=2, optim=_optim(20, batch_size=16), seed=0)
     fast = accuracy_by_length(model, "copy", [1, 2, 5], n_samples=8, seed=3)
     for length, acc in fast.items():
         rng = random.Random(3 * tasks_run.EVAL_SEED_OFFSET + length + tasks_run.EVAL_SEED_OFFSET)
@@ -122,11 +121,12 @@ def test_accuracy_counts_exact_matches_of_the_cached_greedy_answer():
 
 
 def test_lr_schedule_warms_up_then_decays_to_a_tenth():
-    lrs = [lr_at(step, 100, 1e-3, 5) for step in range(100)]
+    optim = TaskOptim(max_steps=100, lr=1e-3)  # the task defaults: 5% warm-up, floor lr / 10
+    lrs = [lr_at(step, optim) for step in range(100)]
     assert lrs[4] == pytest.approx(1e-3)
     assert all(a < b for a, b in itertools.pairwise(lrs[:5]))
     assert all(a >= b for a, b in itertools.pairwise(lrs[4:]))
-    assert lr_at(100, 100, 1e-3, 5) == pytest.approx(1e-4)
+    assert lr_at(100, optim) == pytest.approx(1e-4)
 
 
 @pytest.mark.parametrize(("changes", "field"), [
@@ -135,12 +135,11 @@ def test_lr_schedule_warms_up_then_decays_to_a_tenth():
     ({"seeds": []}, "seeds"),
     ({"train_len": 0}, "train_len"),
     ({"test_lengths": [1, 40]}, "max_seq_len"),  # addition at 40 digits: 125 tokens > 64
-    ({"steps": 0}, "steps"),
 ])
 def test_leaderboard_rejects_bad_input_before_training(monkeypatch, changes, field):
     monkeypatch.setattr(tasks_run, "train_on_task", lambda *a, **k: pytest.fail("trained before checking"))
     kwargs = {"schemes": ["rope"], "tasks": ["copy", "addition"], "train_len": 2, "test_lengths": [1, 2],
-              "seeds": [0], "steps": 1, "base": TINY, "progress": False, **changes}
+              "seeds": [0], "optim": _optim(1), "base": TINY, "progress": False, **changes}
     with pytest.raises(ValueError, match=field):
         run_leaderboard(**kwargs)
 
@@ -161,17 +160,18 @@ def test_summary_is_mean_and_std_over_seeds_of_bucket_means():
     assert lengths == [1, 2, 3] and mean == [1.0, 0.75, 0.0] and low == [1.0, 0.5, 0.0] and high == [1.0, 1.0, 0.0]
 
 
-MICRO = ["tasks", "--schemes", "rope", "--tasks", "copy", "--train-len", "2", "--steps", "5", "--samples", "4",
-         "--n-layer", "1", "--d-model", "16", "--no-progress"]
+MICRO = ["tasks", "leaderboard.schemes=[rope]", "leaderboard.tasks=[copy]", "leaderboard.train_len=2",
+         "trainer.max_steps=5", "leaderboard.samples=4", "model.n_layer=1", "model.d_model=16",
+         "leaderboard.progress=false"]
 
 
 def test_command_writes_json_csv_png_and_prints_the_folder(tmp_path, capsys):
     out = tmp_path / "run"
-    assert cli_main([*MICRO, "--seeds", "0", "--out", str(out)]) == 0
+    assert cli_main([*MICRO, "leaderboard.seeds=[0]", "--run-dir", str(out)]) == 0
     printed = capsys.readouterr().out
     assert str(out) in printed and "in-dist" in printed
     result = json.loads((out / "results.json").read_text())
-    assert result["complete"] and result["settings"]["test_lengths"] == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert result["complete"] and result["test_lengths"] == [1, 2, 3, 4, 5, 6, 7, 8]
     assert {(r["scheme"], r["task"], r["seed"]) for r in result["rows"]} == {("rope", "copy", 0)}
     with open(out / "results.csv", newline="") as f:
         table = list(csv.DictReader(f))
@@ -180,35 +180,39 @@ def test_command_writes_json_csv_png_and_prints_the_folder(tmp_path, capsys):
     assert (out / "accuracy_copy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     board = (out / "leaderboard.md").read_text()
     assert "| copy | rope | " in board and "seeds 0." in board and "(accuracy_copy.png)" in board
+    assert "data:image/png;base64," in (out / "report.html").read_text()
     assert not list(out.glob("*.tmp"))  # atomic writes leave no temp files behind
 
 
 def test_command_resumes_finished_runs(tmp_path, monkeypatch, capsys):
     out = tmp_path / "run"
-    assert cli_main([*MICRO, "--seeds", "0", "--out", str(out)]) == 0
+    assert cli_main([*MICRO, "leaderboard.seeds=[0]", "--run-dir", str(out)]) == 0
     first = json.loads((out / "results.json").read_text())["rows"]
     calls = []
     real = tasks_run.train_on_task
     monkeypatch.setattr(tasks_run, "train_on_task", lambda *a, **k: calls.append(a) or real(*a, **k))
-    assert cli_main([*MICRO, "--seeds", "0,1", "--out", str(out)]) == 0
+    assert cli_main([*MICRO, "leaderboard.seeds=[0,1]", "--run-dir", str(out)]) == 0
     rows = json.loads((out / "results.json").read_text())["rows"]
     assert len(calls) == 1 and calls[0][-1] == 1  # only seed 1 was trained
     assert [r for r in rows if r["seed"] == 0] == first and len(rows) == 16
-    assert cli_main([*MICRO, "--seeds", "0", "--steps", "6", "--out", str(out)]) == 2  # other settings: refused
-    assert "same settings" in capsys.readouterr().err
+    capsys.readouterr()
+    assert cli_main([*MICRO, "leaderboard.seeds=[0]", "trainer.max_steps=6", "--run-dir", str(out)]) == 2
+    assert "trainer.max_steps: 5 -> 6" in capsys.readouterr().err  # other settings: refused, naming them
 
 
-@pytest.mark.parametrize(("flag", "value", "message"), [
-    ("--tasks", "copy,revrse", "did you mean 'reverse'"),
-    ("--schemes", "alibbi", "did you mean 'alibi'"),
-    ("--train-len", "0", "--train-len=0"),
-    ("--seeds", "0,x", "--seeds"),
-    ("--steps", "0", "--steps=0"),
-    ("--lr", "-1", "--lr=-1.0"),
+@pytest.mark.parametrize(("override", "message"), [
+    ("leaderboard.tasks=[copy,revrse]", "did you mean 'reverse'"),
+    ("leaderboard.schemes=[alibbi]", "did you mean 'alibi'"),
+    ("leaderboard.train_len=0", "leaderboard.train_len=0"),
+    ("leaderboard.seeds=[0,x]", "leaderboard.seeds"),
+    ("trainer.max_steps=0", "trainer.max_steps=0"),
+    ("trainer.lr=-1", "trainer.lr=-1"),
+    ("model.max_seq_len=99", "model.max_seq_len=99 is not allowed: not set here"),
+    ("model.n_layr=1", "did you mean 'model.n_layer'"),
 ])
-def test_command_reports_bad_input_in_one_line_and_writes_nothing(tmp_path, capsys, flag, value, message):
+def test_command_reports_bad_input_in_one_line_and_writes_nothing(tmp_path, capsys, override, message):
     out = tmp_path / "run"
-    assert cli_main([*MICRO, "--out", str(out), flag, value]) == 2
+    assert cli_main([*MICRO, "--run-dir", str(out), override]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
     assert not out.exists()

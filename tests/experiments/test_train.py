@@ -57,7 +57,7 @@ def test_corrupt_checkpoint_is_a_clear_error_naming_the_file(tmp_path):
     data = (last / "model.safetensors").read_bytes()
     (last / "model.safetensors").write_bytes(data[: len(data) // 2])
     with pytest.raises(ValueError, match=f"checkpoint {last}"):
-        train(load_config(None, [*TINY, "trainer.max_steps=4"]), tmp_path)
+        train(load_config(None, [*TINY, "trainer.max_steps=2", "trainer.checkpoint_interval=2"]), tmp_path)
 
 
 @pytest.mark.slow

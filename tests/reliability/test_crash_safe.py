@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from posenc.errors import RunFailed
 from posenc.experiments import checkpoint
 from posenc.experiments.config import load_config
 from posenc.experiments.train import train
@@ -57,7 +59,7 @@ def test_pickled_payload_in_a_checkpoint_is_refused_not_executed(tmp_path, monke
     last = checkpoint.latest(tmp_path / "run")
     (last / "model.safetensors").write_bytes(pickle.dumps(_Payload()))
     with pytest.raises(checkpoint.CheckpointError, match=str(last)):
-        train(load_config(None, [*TINY, "trainer.max_steps=4"]), tmp_path / "run")
+        train(load_config(None, [*TINY, "trainer.max_steps=2", "trainer.checkpoint_interval=2"]), tmp_path / "run")
     assert not (tmp_path / "pwned").exists()
 
 
@@ -70,14 +72,17 @@ def test_no_module_unpickles_weights():
 
 
 def test_a_new_checkpoint_never_replaces_the_last_good_one_until_complete(tmp_path, monkeypatch):
-    train(load_config(None, [*TINY, "trainer.max_steps=2", "trainer.checkpoint_interval=2"]), tmp_path)
+    cfg = load_config(None, [*TINY, "trainer.max_steps=4", "trainer.checkpoint_interval=2"])
+    train(cfg, tmp_path)
+    shutil.rmtree(tmp_path / "checkpoints" / "step-00000004")  # as if killed before the step-4 checkpoint
+    (tmp_path / "checkpoints" / "latest").write_text("step-00000002")
     good = checkpoint.latest(tmp_path)
 
     def boom(*args, **kwargs):
         raise OSError("disk full")
 
     monkeypatch.setattr(checkpoint, "save_file", boom)
-    with pytest.raises(OSError, match="disk full"):
-        train(load_config(None, [*TINY, "trainer.max_steps=4", "trainer.checkpoint_interval=2"]), tmp_path)
+    with pytest.raises(RunFailed, match="disk full"):
+        train(cfg, tmp_path)
     assert checkpoint.latest(tmp_path) == good and (good / "model.safetensors").is_file()
     assert not [p for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith(".tmp")]

@@ -1,0 +1,169 @@
+"""Runs that fail leave nothing misleading behind: divergence stops with a clear message, Ctrl-C
+saves and resumes, a kill's temp folder is swept, unwritable folders and full disks are one-line
+errors before (or without losing) any work (issue 14, cases 5, 6 and 11)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import math
+import signal
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from posenc.experiments import checkpoint
+from tests.experiments.cli_helpers import TINY, cli, one_line, read_only
+
+RUN = [*TINY, "model.position_embedding_type=alibi", "trainer.max_steps=2", "trainer.checkpoint_interval=2"]
+
+
+def _strict_json(path):
+    """json.loads that refuses NaN/Infinity, as every JSON reader outside Python does."""
+    return json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(f"{path}: bare {c}"))
+
+
+def _count_optimizer_steps(monkeypatch) -> list[int]:
+    calls: list[int] = []
+    real = torch.optim.AdamW.step
+    monkeypatch.setattr(torch.optim.AdamW, "step", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    return calls
+
+
+def test_divergence_stops_with_a_message_and_saves_no_nan_weights(tmp_path, capsys):
+    code, _, err = cli(capsys, "train", "--run-dir", tmp_path / "run", *RUN, "model.init_std=1e30")
+    assert code == 1 and "diverged" in one_line(err)
+    record = _strict_json(tmp_path / "run" / "train.json")
+    assert record["status"] == "diverged" and record["diverged_at_step"] == 1
+    for state in (tmp_path / "run").rglob("*.safetensors"):
+        assert all(torch.isfinite(t).all() for t in load_file(str(state)).values()), state
+
+
+def test_compare_labels_diverged_and_longer_than_the_table_apart(tmp_path, capsys):
+    common = ["compare", *TINY, "trainer.max_steps=2", "model.max_seq_len=16", "task.name=none",
+              f"out_dir={tmp_path}"]
+    assert cli(capsys, *common, "compare.schemes=[learned_absolute]", "eval.length_multipliers=[1,2]")[0] == 0
+    code, out, err = cli(capsys, *common, "compare.schemes=[alibi]", "model.init_std=1e30")
+    assert code == 1 and "alibi" in one_line(err) and "diverged" in one_line(err)
+    ok, bad = sorted(tmp_path.iterdir())
+    table = _strict_json(ok / "results.json")[0]
+    assert table["ppl@1x"] > 1 and table["ppl@2x"] == "longer than the model's table"
+    diverged = _strict_json(bad / "results.json")[0]
+    assert diverged["status"] == "diverged" and diverged["ppl@1x"] == "diverged"
+    assert "diverged" in out and "diverged" in (bad / "report.html").read_text()
+
+
+def test_write_json_is_always_valid_json(tmp_path):
+    from posenc.experiments.rundir import write_json
+
+    path = write_json(tmp_path / "x.json", {"a": float("nan"), "b": [float("inf"), -float("inf"), 1.5]})
+    assert _strict_json(path) == {"a": None, "b": [None, None, 1.5]}
+
+
+def test_ctrl_c_saves_a_checkpoint_and_the_run_resumes_exactly(tmp_path, capsys, monkeypatch):
+    args = [*TINY, "model.position_embedding_type=alibi", "trainer.max_steps=6", "trainer.checkpoint_interval=6"]
+    assert cli(capsys, "train", "--run-dir", tmp_path / "clean", *args)[0] == 0
+    calls: list[int] = []
+    real = torch.optim.AdamW.step
+
+    def interrupt_third(self, *a, **k):
+        if len(calls) == 2:
+            signal.raise_signal(signal.SIGINT)  # as if the user pressed Ctrl-C inside step 3
+        calls.append(1)
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", interrupt_third)
+    code, _, err = cli(capsys, "train", "--run-dir", tmp_path / "run", *args)
+    assert code == 130 and "interrupted" in one_line(err) and "step 3" in one_line(err)
+    assert checkpoint.latest(tmp_path / "run").name == "step-00000003"
+    monkeypatch.setattr(torch.optim.AdamW, "step", real)
+    assert cli(capsys, "train", "--run-dir", tmp_path / "run", *args)[0] == 0
+    resumed = json.loads((tmp_path / "run" / "train.json").read_text())["history"]
+    clean = json.loads((tmp_path / "clean" / "train.json").read_text())["history"]
+    assert [h["loss"] for h in resumed] == pytest.approx([h["loss"] for h in clean], abs=1e-6)
+
+
+def test_a_killed_checkpoint_write_leaves_no_temp_folder_after_resume(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert cli(capsys, "train", "--run-dir", run, *RUN)[0] == 0
+    stale = run / "checkpoints" / ".tmp-killed"
+    stale.mkdir()
+    (stale / "model.safetensors").write_bytes(b"half")
+    assert cli(capsys, "train", "--run-dir", run, *RUN)[0] == 0
+    assert not stale.exists()
+
+
+@pytest.mark.parametrize("bad", ["data.corpus=/no/such/file.txt", "data.seq_len=200"])
+def test_a_failed_run_leaves_no_empty_folder(tmp_path, capsys, bad):
+    corpus = tmp_path / "small.txt"
+    corpus.write_text("x" * 1000)  # the last 100 bytes validate: too few for windows of 200
+    code, _, err = cli(capsys, "train", *RUN, f"data.corpus={corpus}", bad, f"out_dir={tmp_path / 'runs'}")
+    assert code == 2 and "data." in one_line(err)
+    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").iterdir())
+
+
+def test_unwritable_run_folder_fails_before_training(tmp_path, capsys, monkeypatch):
+    steps = _count_optimizer_steps(monkeypatch)
+    with read_only(tmp_path / "ro"):
+        code, _, err = cli(capsys, "train", "--run-dir", tmp_path / "ro" / "run", *RUN)
+        assert code == 2 and "run_dir" in one_line(err)
+        code, _, err = cli(capsys, "train", *RUN, f"out_dir={tmp_path / 'ro'}")
+        assert code == 2 and "out_dir" in one_line(err)
+    assert steps == []
+
+
+def test_resuming_a_read_only_run_fails_before_training(tmp_path, capsys, monkeypatch):
+    run = tmp_path / "run"
+    args = [*RUN[:-2], "trainer.max_steps=4", "trainer.checkpoint_interval=2"]
+    assert cli(capsys, "train", "--run-dir", run, *args)[0] == 0
+    (run / "checkpoints" / "latest").write_text("step-00000002")  # as if killed after step 2
+    steps = _count_optimizer_steps(monkeypatch)
+    with read_only(run):
+        code, _, err = cli(capsys, "train", "--run-dir", run, *args)
+    assert code == 2 and "run_dir" in one_line(err)
+    assert steps == []
+
+
+def test_eval_into_a_read_only_run_fails_before_evaluating(tmp_path, capsys, monkeypatch):
+    import posenc.experiments.evaluate as evaluate
+
+    run = tmp_path / "run"
+    assert cli(capsys, "train", "--run-dir", run, *RUN)[0] == 0
+    monkeypatch.setattr(evaluate, "window_nll", lambda *a, **k: pytest.fail("evaluated before checking"))
+    with read_only(run):
+        code, _, err = cli(capsys, "eval", run)
+    assert code == 2 and "run_dir" in one_line(err)
+
+
+def test_compare_and_tasks_refuse_an_unwritable_out_dir_before_work(tmp_path, capsys, monkeypatch):
+    steps = _count_optimizer_steps(monkeypatch)
+    with read_only(tmp_path / "ro"):
+        code, _, err = cli(capsys, "compare", *TINY, "trainer.max_steps=1", "compare.schemes=[alibi]",
+                           f"out_dir={tmp_path / 'ro'}")
+        assert code == 2 and "out_dir" in one_line(err)
+        code, _, err = cli(capsys, "tasks", "leaderboard.schemes=[rope]", "leaderboard.tasks=[copy]",
+                           "trainer.max_steps=1", f"out_dir={tmp_path / 'ro'}")
+        assert code == 2 and "out_dir" in one_line(err)
+    assert steps == []
+
+
+def test_a_full_disk_is_one_line_and_keeps_the_last_checkpoint(tmp_path, capsys, monkeypatch):
+    run = tmp_path / "run"
+    args = [*TINY, "model.position_embedding_type=alibi", "trainer.max_steps=4", "trainer.checkpoint_interval=2"]
+    real = checkpoint.save_file
+    saves = []
+
+    def full_on_second(tensors, path, *a, **k):
+        saves.append(path)
+        if len(saves) > 1:  # the optimizer state of step 2 fits; that of step 4 does not
+            raise OSError(errno.ENOSPC, "No space left on device", path)
+        return real(tensors, path, *a, **k)
+
+    monkeypatch.setattr(checkpoint, "save_file", full_on_second)
+    code, _, err = cli(capsys, "train", "--run-dir", run, *args)
+    line = one_line(err)
+    assert code == 1 and "No space left" in line and "step-00000002" in line
+    good = checkpoint.latest(run)
+    assert good.name == "step-00000002" and math.isfinite(json.loads((good / "state.json").read_text())["step"])
+    assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".tmp")]
