@@ -8,7 +8,7 @@ import time
 from posenc.errors import RunFailed
 from posenc.experiments import config_loader, manifest, report
 from posenc.experiments.compare import DIVERGED, CompareConfig, check, compare
-from posenc.experiments.compare import report as compare_report
+from posenc.experiments.compare_report import report as compare_report
 from posenc.experiments.rundir import new_run_dir, removed_if_unused, write_json
 
 
@@ -27,13 +27,13 @@ def main(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     with removed_if_unused(run_dir, manifest.holds_results):  # kept once anything (a checkpoint) is in it
         manifest.write(run_dir, "compare", cfg.to_dict(), corpus)
-        rows = compare(cfg, run_dir, on_row=lambda rows: write_json(run_dir / "results.json", rows))
+        units = compare(cfg, run_dir, on_unit=lambda done: write_json(run_dir / "results.json", {"units": done}))
     wall = time.perf_counter() - started
     manifest.write(run_dir, "compare", cfg.to_dict(), corpus, wall_seconds=wall)  # `posenc report` shows it
-    files = report.write(run_dir, compare_report(rows, cfg, cfg.task, wall))
+    files = report.write(run_dir, compare_report(units, cfg, wall))
     print(f"run folder: {run_dir}\nreport:     {files[-1]}")
-    failed = [r["scheme"] for r in rows if DIVERGED in (r["status"], r.get("task_status"))]
+    failed = [f"{u['scheme']} seed {u['seed']}" for u in units if DIVERGED in (u["status"], u.get("task_status"))]
     if failed:
         raise RunFailed(f"{', '.join(failed)} diverged (reported as '{DIVERGED}', with no numbers); "
-                        f"the other schemes' results are in {run_dir}")
+                        f"the other models' results are in {run_dir}")
     return 0

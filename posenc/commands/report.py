@@ -18,7 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from posenc.experiments import config_loader, manifest, report
     from posenc.experiments.compare import CompareConfig
-    from posenc.experiments.compare import report as compare_report
+    from posenc.experiments.compare_report import report as compare_report
     from posenc.experiments.rundir import check_writable
     from posenc.experiments.tasks_summary import leaderboard_report, summarize
 
@@ -34,11 +34,12 @@ def main(args: argparse.Namespace) -> int:
         path = report.write(run_dir, leaderboard_report(data["rows"], summary, stored["config"], data),
                             markdown="leaderboard.md")[-1]
     else:
-        for row in data:  # JSON keys are strings; the report wants the lengths back as ints
-            for key in ("ppl_by_length", "shift_loss_change", "task_accuracy"):
-                if key in row:
-                    row[key] = {int(k): v for k, v in row[key].items()}
+        units = data["units"]
+        for unit in units:  # JSON keys are strings; the report wants multipliers, offsets and sizes as ints
+            for key in ("ppl", "shift_loss_change", "task_accuracy"):
+                if key in unit:
+                    unit[key] = {int(k): v for k, v in unit[key].items()}
         cfg = config_loader.build(CompareConfig, stored["config"])
-        path = report.write(run_dir, compare_report(data, cfg, cfg.task, float(stored.get("wall_seconds", 0.0))))[-1]
+        path = report.write(run_dir, compare_report(units, cfg, float(stored.get("wall_seconds", 0.0))))[-1]
     print(f"report: {path}")
     return 0

@@ -85,3 +85,10 @@ def test_spread_and_tied_ranks():
                         "d": Spread((math.nan,))})
     assert ranks == {"a": "1=", "b": "1=", "c": "3"}
     assert ratios([2.0, 3.0], [1.0, 2.0]).values == (2.0, 1.5)
+
+
+def test_nope_lagging_is_a_failed_claim_not_an_inconclusive_one():
+    far = runs(none=[(7.0, 1.5)], rope=[(5.0, 1.5)])
+    converged, _ = converged_schemes(far)
+    assert "none" not in converged
+    assert judge(spec("without positions"), far, MULTIPLIERS, converged).verdict == "failed"

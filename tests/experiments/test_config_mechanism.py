@@ -50,7 +50,8 @@ def test_compare_trains_the_task_model_it_is_told_to(tmp_path, capsys, monkeypat
     seen = []
     real = tasks_run.train_on_task
     monkeypatch.setattr(tasks_run, "train_on_task", lambda cfg, *a, **k: seen.append(cfg) or real(cfg, *a, **k))
-    code, _, err = cli(capsys, "compare", *TINY, "trainer.max_steps=1", "compare.schemes=[alibi]", "task.n_layer=1",
+    code, _, err = cli(capsys, "compare", *TINY, "trainer.max_steps=1", "compare.schemes=[alibi]", "compare.seeds=[0]",
+                       "compare.jobs=1", "task.name=copy", "task.n_layer=1",
                        "task.d_model=32", "task.n_head=2", "task.max_steps=1", "task.train_len=2", "task.samples=2",
                        f"out_dir={tmp_path}")
     assert code == 0, err

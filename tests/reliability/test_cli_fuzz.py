@@ -49,6 +49,7 @@ COMPARE = {
     "compare.schemes": ["[alibi]", "[learned_absolute]", "[alibbi]", "alibi"], "task.name": ["null", "copy", "copyy"],
     "task.max_steps": ["1", "0"], "task.train_len": ["2", "0"], "task.samples": ["2", "0"],
     "task.n_layer": ["1", "0"], "task.d_model": ["16", "15"], "task.n_head": ["2", "3"],
+    "compare.seeds": ["[0]", "[0,0]", "[-1]"], "compare.jobs": ["1", "0"],
 }
 LEADERBOARD = {
     "leaderboard.schemes": ["[rope]", "[rope+randomized]", "[rope+bogus]", "[]"],
@@ -65,7 +66,8 @@ KEYS = {
 }
 BASE = {
     "train": [*TINY, "trainer.max_steps=2"],
-    "compare": [*TINY, "trainer.max_steps=1", "compare.schemes=[alibi]", "task.name=null", "task.max_steps=1",
+    "compare": [*TINY, "trainer.max_steps=1", "compare.schemes=[alibi]", "compare.seeds=[0]", "compare.jobs=1",
+                "compare.progress=false", "task.name=null", "task.max_steps=1",
                 "task.samples=2", "task.train_len=2", "task.d_model=16", "task.n_layer=1"],
     "tasks": ["leaderboard.schemes=[rope]", "leaderboard.tasks=[copy]", "leaderboard.seeds=[0]",
               "leaderboard.train_len=2", "leaderboard.samples=2", "leaderboard.jobs=1", "leaderboard.progress=false",
