@@ -12,17 +12,17 @@ from posenc.experiments.rundir import atomic_write
 
 
 def _figure(width: float, height: float) -> Any:
-    # Figure + Agg canvas, not pyplot: no global backend state.
+    # Figure + Agg canvas, not pyplot: no global backend state; constrained layout keeps titles,
+    # labels and the colour bar inside the image.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(width, height), dpi=110)
+    fig = Figure(figsize=(width, height), dpi=110, layout="constrained")
     FigureCanvasAgg(fig)
     return fig
 
 
 def _save(fig: Any, path: Path) -> Path:
-    fig.tight_layout()
     return atomic_write(path, lambda tmp: fig.savefig(tmp, format="png"))
 
 
@@ -71,7 +71,7 @@ def heatmaps(path: Path, by_depth: Sequence[dict[str, Any]], scalings: Sequence[
     depths = sorted({r["depth"] for r in by_depth})
     cols = min(4, len(names))
     rows_n = math.ceil(len(names) / cols)
-    fig = _figure(3.2 * cols + 0.8, 2.4 * rows_n + 0.6)
+    fig = _figure(max(6.0, 3.2 * cols + 0.8), 2.4 * rows_n + 0.8)
     cell = {(r["scaling"], r["length"], r["depth"]): r for r in by_depth}
     image = None
     for i, name in enumerate(names):
@@ -90,6 +90,6 @@ def heatmaps(path: Path, by_depth: Sequence[dict[str, Any]], scalings: Sequence[
         ax.set_ylabel("depth", fontsize=8)
     if image is not None:
         fig.colorbar(image, ax=fig.axes, shrink=0.8, label="accuracy")
-    fig.suptitle(f"{meta['model']}: passkey accuracy by depth and length (trained {meta['context_length']})",
-                 fontsize=10)
-    return atomic_write(path, lambda tmp: fig.savefig(tmp, format="png"))
+    fig.suptitle(f"{meta['model']}: passkey accuracy by needle depth and prompt length\n"
+                 f"(trained context {meta['context_length']}; text: correct/prompts)", fontsize=9)
+    return _save(fig, path)

@@ -3,6 +3,7 @@ one self-contained HTML page, all in the run folder, each file written atomicall
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -30,11 +31,14 @@ def passkey_summary(records: list[dict[str, Any]], by_depth: bool = False) -> li
 
 
 def _ppl_cell(stat: dict[str, float]) -> str:
-    return f"{report.fmt(stat['ppl'])} [{report.fmt(stat['lo'])}-{report.fmt(stat['hi'])}]"
+    # Parentheses, not brackets: rich reads [..] as markup and would drop the interval.
+    if math.isnan(stat["lo"]):  # too little text to resample
+        return report.fmt(stat["ppl"])
+    return f"{report.fmt(stat['ppl'])} ({report.fmt(stat['lo'])}-{report.fmt(stat['hi'])})"
 
 
 def _acc_cell(row: dict[str, Any]) -> str:
-    return f"{row['correct']}/{row['total']} [{row['lo']:.2f}-{row['hi']:.2f}]"
+    return f"{row['correct']}/{row['total']} ({row['lo']:.2f}-{row['hi']:.2f})"
 
 
 def wide_tables(state: RunState, cfg: ExtendConfig) -> dict[str, tuple[list[dict], list[str]]]:
@@ -44,18 +48,30 @@ def wide_tables(state: RunState, cfg: ExtendConfig) -> dict[str, tuple[list[dict
         cols = ["scaling", *map(str, cfg.ppl_lengths)]
         rows = [{"scaling": name, **{str(n): _ppl_cell(r["ppl_by_length"][n]) for n in cfg.ppl_lengths}}
                 for name in cfg.scalings if (r := state.ppl.get(name))]
-        out["perplexity [95% block bootstrap]"] = (rows, cols)
+        out["perplexity (95% block-bootstrap interval)"] = (rows, cols)
     if state.passkey:
         cols = ["scaling", *map(str, cfg.key_lengths)]
         table: dict[str, dict[str, str]] = {}
         for row in passkey_summary(list(state.passkey.values())):
             table.setdefault(row["scaling"], {"scaling": row["scaling"]})[str(row["length"])] = _acc_cell(row)
-        out["passkey accuracy, correct/prompts [95% Wilson]"] = ([table[s] for s in cfg.scalings if s in table], cols)
+        rows = [table[name] for name in cfg.scalings if name in table]
+        out["passkey retrieval: correct/prompts (95% Wilson interval)"] = (rows, cols)
     return out
 
 
-def markdown(tables: dict[str, tuple[list[dict], list[str]]]) -> str:
-    parts = []
+def run_summary(meta: dict[str, Any]) -> str:
+    """One paragraph: model, precision, factor, wall time and the longest forward's time and memory."""
+    text = (f"{meta['model']} (trained context {meta['context_length']}), {meta['dtype']}, factor {meta['factor']:g}, "
+            f"prefill chunk {meta['prefill_chunk']}, {meta['threads']} threads: {meta['wall_s'] / 60:.1f} min in all.")
+    if meta.get("longest_forward_tokens"):
+        text += (f" Longest forward: {meta['longest_forward_tokens']} tokens in {meta['longest_forward_s']:.0f} s "
+                 f"({meta['longest_forward_cpu_s']:.0f} CPU s), "
+                 f"peak RSS {meta['longest_forward_peak_rss_gib']:.2f} GiB.")
+    return text
+
+
+def markdown(tables: dict[str, tuple[list[dict], list[str]]], meta: dict[str, Any] | None = None) -> str:
+    parts = [run_summary(meta), ""] if meta else []
     for title, (rows, cols) in tables.items():
         parts.append(f"**{title}**\n\n| {' | '.join(cols)} |\n|{'---|' + '---:|' * (len(cols) - 1)}")
         parts.extend("| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows)
@@ -84,9 +100,9 @@ def write_results(state: RunState, cfg: ExtendConfig, meta: dict[str, Any]) -> l
         files.append(report.write_csv(run_dir / "passkey_summary.csv", summary, list(summary[0])))
         files.append(accuracy_plot(run_dir / "passkey_vs_length.png", summary, meta))
         files.append(heatmaps(run_dir / "passkey_heatmap.png", by_depth, cfg.scalings, meta))
-    files.append(write_text(run_dir / "tables.md", markdown(tables)))
+    files.append(write_text(run_dir / "tables.md", markdown(tables, meta)))
     sections = [(title, report.html_table(rows, cols)) for title, (rows, cols) in tables.items()]
-    sections.append(("run", report.html_table([{k: str(v) for k, v in meta.items()}], list(meta))))
+    sections.append(("run", f"<p>{run_summary(meta)}</p>"))
     files.append(report.html_report(run_dir / "report.html", f"{meta['model']}: context extension", sections,
                                     [f for f in files if f.suffix == ".png"], files))
     return files
