@@ -7,11 +7,12 @@ method defines and the library computes from the dict: YaRN's sqrt(1/t) = 0.1 ln
 (Peng et al. 2023, eq. 22) and LongRoPE's sqrt(1 + ln(s) / ln(L_train)) (Ding et al. 2024);
 linear, NTK, dynamic NTK and Llama 3 define none.
 
-Held frequencies. `dynamic` and `longrope` pick their frequencies from the current length, and
-Hugging Face recomputes them on every call from the highest position in that call, while keys
-already in the cache keep the rotation of an older length (the mismatch YaRN's paper warns about
-for dynamic scaling, section 3.3). A chunked prefill would then rotate each chunk differently
-from a one-call forward. posenc instead holds one table per sequence: `held(scaling, L)` is the
+Held frequencies. `dynamic` and `longrope` pick their frequencies from the current length.
+Hugging Face derives them from the highest position of each call (dynamic: only when it exceeds
+the longest length seen so far, resetting below the trained length, so results depend on what
+ran before; longrope: per call), while keys already in the cache keep the rotation of an older
+length (the mismatch YaRN's paper warns about for dynamic scaling, section 3.3). A chunked
+prefill would then rotate each chunk differently from a one-call forward. posenc instead holds one table per sequence: `held(scaling, L)` is the
 static dict whose frequencies equal the length-dependent ones at L for every position, so a
 prompt of L tokens prefilled in any number of chunks and then decoded through the cache sees
 exactly what one HF forward of those L tokens sees.
