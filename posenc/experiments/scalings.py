@@ -12,10 +12,11 @@ Hugging Face derives them from the highest position of each call (dynamic: only 
 the longest length seen so far, resetting below the trained length, so results depend on what
 ran before; longrope: per call), while keys already in the cache keep the rotation of an older
 length (the mismatch YaRN's paper warns about for dynamic scaling, section 3.3). A chunked
-prefill would then rotate each chunk differently from a one-call forward. posenc instead holds one table per sequence: `held(scaling, L)` is the
-static dict whose frequencies equal the length-dependent ones at L for every position, so a
-prompt of L tokens prefilled in any number of chunks and then decoded through the cache sees
-exactly what one HF forward of those L tokens sees.
+prefill would then rotate each chunk differently from a one-call forward. posenc instead holds
+one table per sequence: `held(scaling, L)` is the static dict whose frequencies equal the
+length-dependent ones at L for every position, so a prompt of L tokens prefilled in any number
+of chunks and then decoded through the cache sees exactly what one HF forward of those L tokens
+sees.
 """
 
 from __future__ import annotations
