@@ -19,14 +19,15 @@ def wilson(correct: int, total: int, z: float = 1.96) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def block_bootstrap_ppl(nll: list[Tensor], block: int = 256, samples: int = 1000,
-                        seed: int = 0) -> tuple[float, float]:
+def block_bootstrap_ppl(nll: list[Tensor], block: int = 128, samples: int = 1000, seed: int = 0,
+                        min_blocks: int = 8) -> tuple[float, float]:
     """95% interval of exp(mean NLL) when the text is resampled in `block`-token blocks (blocks of
     every window pooled): the spread due to which text was read. Blocks, not tokens, because
-    neighbouring tokens' losses are correlated."""
+    neighbouring tokens' losses are correlated; NaN with fewer than `min_blocks` blocks, where a
+    bootstrap says little."""
     parts = [t[: t.shape[0] // block * block].view(-1, block).mean(1) for t in nll if t.shape[0] >= block]
     blocks = torch.cat(parts) if parts else torch.empty(0)
-    if blocks.numel() < 2:  # too little text to resample
+    if blocks.numel() < min_blocks:
         return math.nan, math.nan
     g = torch.Generator().manual_seed(seed)
     picks = torch.randint(0, blocks.numel(), (samples, blocks.numel()), generator=g)
