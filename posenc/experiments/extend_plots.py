@@ -26,41 +26,58 @@ def _save(fig: Any, path: Path) -> Path:
     return atomic_write(path, lambda tmp: fig.savefig(tmp, format="png"))
 
 
-def _length_axis(ax: Any, meta: dict[str, Any]) -> None:
+def _length_axis(ax: Any, meta: dict[str, Any], lengths: list[int]) -> None:
     ax.axvline(meta["context_length"], color="grey", linestyle="--", linewidth=1, label="trained context")
     ax.set_xscale("log", base=2)
+    ax.set_xticks(lengths, [_short(n) for n in lengths])
+    ax.minorticks_off()
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, ncol=2)
+
+
+def _short(n: int) -> str:
+    return f"{n / 1024:g}k" if n >= 1024 else str(n)
+
+
+def _errorbars(ax: Any, series: dict[str, list[tuple[int, float, float, float]]]) -> list[int]:
+    """One line per name with 95% error bars; names are nudged apart along the (log) length axis
+    so overlapping intervals stay readable. series: name -> [(length, value, lo, hi)]."""
+    lengths: set[int] = set()
+    for i, (name, points) in enumerate(series.items()):
+        nudge = 2 ** (0.035 * (i - (len(series) - 1) / 2))
+        xs = [n * nudge for n, *_ in points]
+        ys = [y for _, y, _, _ in points]
+        below = [0.0 if math.isnan(lo) else y - lo for _, y, lo, _ in points]
+        above = [0.0 if math.isnan(hi) else hi - y for _, y, _, hi in points]
+        ax.errorbar(xs, ys, yerr=[below, above], marker="o", markersize=3, capsize=2, linewidth=1.2,
+                    elinewidth=0.8, label=name)
+        lengths.update(n for n, *_ in points)
+    return sorted(lengths)
 
 
 def ppl_plot(path: Path, rows: dict[str, dict[str, Any]], meta: dict[str, Any]) -> Path:
     fig = _figure(7, 4.5)
     ax = fig.add_subplot()
-    for name, row in rows.items():
-        points = sorted(row["ppl_by_length"].items())
-        xs = [n for n, _ in points]
-        (line,) = ax.plot(xs, [s["ppl"] for _, s in points], marker="o", markersize=3, label=name)
-        if not any(math.isnan(s["lo"]) for _, s in points):
-            ax.fill_between(xs, [s["lo"] for _, s in points], [s["hi"] for _, s in points],
-                            color=line.get_color(), alpha=0.15, linewidth=0)
+    series = {name: [(n, s["ppl"], s["lo"], s["hi"]) for n, s in sorted(row["ppl_by_length"].items())]
+              for name, row in rows.items()}
+    lengths = _errorbars(ax, series)
     ax.set_yscale("log")
-    ax.set(xlabel="evaluation length (tokens)", ylabel="perplexity", title=f"{meta['model']}: perplexity")
-    _length_axis(ax, meta)
+    ax.set(xlabel="evaluation length (tokens)", ylabel="perplexity",
+           title=f"{meta['model']}: perplexity (95% block-bootstrap bars)")
+    _length_axis(ax, meta, lengths)
     return _save(fig, path)
 
 
 def accuracy_plot(path: Path, summary: Sequence[dict[str, Any]], meta: dict[str, Any]) -> Path:
     fig = _figure(7, 4.5)
     ax = fig.add_subplot()
-    for name in dict.fromkeys(r["scaling"] for r in summary):
-        rows = sorted((r for r in summary if r["scaling"] == name), key=lambda r: r["length"])
-        xs = [r["length"] for r in rows]
-        (line,) = ax.plot(xs, [r["accuracy"] for r in rows], marker="o", markersize=3, label=name)
-        ax.fill_between(xs, [r["lo"] for r in rows], [r["hi"] for r in rows], color=line.get_color(), alpha=0.12,
-                        linewidth=0)
-    ax.set(xlabel="prompt length (tokens)", ylabel="passkey accuracy", ylim=(-0.02, 1.02),
-           title=f"{meta['model']}: passkey retrieval (95% Wilson bands)")
-    _length_axis(ax, meta)
+    series = {name: [(r["length"], r["accuracy"], r["lo"], r["hi"])
+                     for r in sorted((r for r in summary if r["scaling"] == name), key=lambda r: r["length"])]
+              for name in dict.fromkeys(r["scaling"] for r in summary)}
+    lengths = _errorbars(ax, series)
+    ax.set(xlabel="prompt length (tokens)", ylabel="passkey accuracy", ylim=(-0.04, 1.04),
+           title=f"{meta['model']}: passkey retrieval (95% Wilson bars)")
+    _length_axis(ax, meta, lengths)
     return _save(fig, path)
 
 
@@ -83,7 +100,7 @@ def heatmaps(path: Path, by_depth: Sequence[dict[str, Any]], scalings: Sequence[
                 if (name, n, d) in cell:
                     r = cell[(name, n, d)]
                     ax.text(x, y, f"{r['correct']}/{r['total']}", ha="center", va="center", fontsize=7)
-        ax.set_xticks(range(len(lengths)), [f"{n // 1024}k" if n >= 1024 else str(n) for n in lengths], fontsize=7)
+        ax.set_xticks(range(len(lengths)), [_short(n) for n in lengths], fontsize=7)
         ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths], fontsize=7)
         ax.set_title(name, fontsize=9)
         ax.set_xlabel("length", fontsize=8)

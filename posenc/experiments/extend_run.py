@@ -4,7 +4,6 @@ perplexity and/or passkey (resumable), write the results."""
 from __future__ import annotations
 
 import platform
-import time
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +62,7 @@ def run(cfg: ExtendConfig, run_dir: Path | None, started: float) -> int:
         run_dir = new_run_dir(cfg.out_dir, "extend")
         write_json(run_dir / CONFIG_FILE, cfg.to_dict())
     state = RunState.load(run_dir)
+    state.session_started = started  # count the model load too
     print(f"run folder: {run_dir}\nplan: about {estimate_minutes(cfg, model):.0f} min on 2 idle cores "
           f"({cfg.dtype}, prefill chunk {cfg.prefill_chunk}); progress is saved after every step")
     total = planned_tokens(model, cfg) + planned_passkey_tokens(cfg, model)
@@ -80,7 +80,7 @@ def run(cfg: ExtendConfig, run_dir: Path | None, started: float) -> int:
             "longest_forward_s": longest.get("seconds"), "longest_forward_cpu_s": longest.get("cpu_seconds"),
             "longest_forward_peak_rss_gib": longest.get("peak_rss_gib"),
             "torch": torch.__version__, "threads": torch.get_num_threads(), "cpu": platform.processor(),
-            "wall_s": time.perf_counter() - started}
+            "wall_s": state.wall_s}  # every session of a resumed run
     for path in write_results(state, cfg, meta):
         print(f"wrote {path}")
     if longest:

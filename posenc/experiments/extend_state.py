@@ -4,6 +4,7 @@ resumes where it stopped: `posenc extend --resume RUN_DIR`."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,8 @@ class RunState:
         self.ppl: dict[str, dict[str, Any]] = {}  # scaling -> row
         self.passkey: dict[str, dict[str, Any]] = {}  # cell_id -> record
         self.forwards: list[dict[str, Any]] = []  # time and peak memory of every forward
+        self.earlier_wall_s = 0.0  # wall time of the sessions before this one (a resumed run)
+        self.session_started = time.perf_counter()
 
     @classmethod
     def load(cls, run_dir: Path) -> RunState:
@@ -33,10 +36,17 @@ class RunState:
             saved = json.loads(path.read_text())
             state.ppl = {name: _int_keys(row) for name, row in saved["ppl"].items()}
             state.passkey, state.forwards = saved["passkey"], saved["forwards"]
+            state.earlier_wall_s = saved.get("wall_s", 0.0)
         return state
 
+    @property
+    def wall_s(self) -> float:
+        """Wall time of every session of this run so far."""
+        return self.earlier_wall_s + time.perf_counter() - self.session_started
+
     def save(self) -> None:
-        write_json(self.run_dir / STATE_FILE, {"ppl": self.ppl, "passkey": self.passkey, "forwards": self.forwards})
+        write_json(self.run_dir / STATE_FILE, {"ppl": self.ppl, "passkey": self.passkey, "forwards": self.forwards,
+                                               "wall_s": self.wall_s})
 
     def ppl_done(self, row: dict[str, Any]) -> None:
         self.ppl[row["scaling"]] = row
