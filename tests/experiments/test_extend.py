@@ -79,6 +79,7 @@ def test_passkey_sweep_resumes_without_redoing_prompts(tmp_path):
     assert counter.n == 2 * sum(n for n, _, _ in cells(cfg))
     resumed = RunState.load(tmp_path)
     assert resumed.passkey == json.loads(json.dumps(state.passkey))
+    assert 0 < resumed.earlier_wall_s <= resumed.wall_s  # a resumed run counts its earlier sessions
     again = Counter()
     with torch.no_grad():
         run_passkey(cfg, model, builder, resumed, again)
