@@ -63,8 +63,9 @@ def run(cfg: ExtendConfig, run_dir: Path | None, started: float) -> int:
         write_json(run_dir / CONFIG_FILE, cfg.to_dict())
     state = RunState.load(run_dir)
     state.session_started = started  # count the model load too
-    print(f"run folder: {run_dir}\nplan: about {estimate_minutes(cfg, model):.0f} min on 2 idle cores "
-          f"({cfg.dtype}, prefill chunk {cfg.prefill_chunk}); progress is saved after every step")
+    done = f"; done before: {len(state.ppl)} perplexity rows, {len(state.passkey)} prompts" if state.forwards else ""
+    print(f"run folder: {run_dir}\nplan: about {estimate_minutes(cfg, model):.0f} min on 2 idle cores for the whole "
+          f"run ({cfg.dtype}, prefill chunk {cfg.prefill_chunk}){done}; progress is saved after every step")
     total = planned_tokens(model, cfg) + planned_passkey_tokens(cfg, model)
     with inference(cfg.dtype), tqdm(total=total, unit="tok", dynamic_ncols=True) as bar:
         if windows is not None:
