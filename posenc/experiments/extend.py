@@ -89,6 +89,9 @@ class ExtendConfig:
             raise bad_value("depths", self.depths, "one or more fractions in [0, 1]")
         if self.factor is not None and not self.factor >= 1.0:
             raise bad_value("factor", self.factor, "None or a number >= 1")
+        for name in ("prefill_chunk", "seed"):
+            if not isinstance(getattr(self, name), int) or isinstance(getattr(self, name), bool):
+                raise bad_value(name, getattr(self, name), "an integer")
         if self.dtype not in DTYPES:
             raise unknown_name("dtype", self.dtype, DTYPES)
         if self.model is not None and not Path(self.model).exists():

@@ -135,6 +135,8 @@ def test_default_runs_every_scaling_and_presets_parse():
     (["--model", "/nonexistent/model.gguf"], "model"),
     (["--factor", "0.5"], "factor"),
     (["--resume", "/nonexistent/run"], "resume"),
+    (["--prefill-chunk", "4k"], "prefill_chunk"),
+    (["--trial-tokens", "0"], "trial_tokens"),
 ])
 def test_bad_options_fail_in_one_line_before_the_model_loads(argv, named, capsys):
     assert cli_main(["extend", *argv]) == 2
