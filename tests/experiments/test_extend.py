@@ -1,5 +1,6 @@
-"""`posenc extend`: the prefix trick is exact, frequency groups are shared, bad options fail
-early, and the quick run on the real SmolLM2 GGUF writes its files with finite perplexities."""
+"""`posenc extend`: the prefix trick is exact, frequency groups and passkey answers are shared where
+tables are equal, a run resumes without redoing work, every scaling name and preset is accepted,
+bad options fail early in one line, and the quick run on the real SmolLM2 GGUF writes its files."""
 
 from __future__ import annotations
 
@@ -10,7 +11,13 @@ import pytest
 import torch
 
 from posenc.cli import main as cli_main
-from posenc.experiments.extend import ExtendConfig, NllMemo, perplexities, planned_tokens, token_nll
+from posenc.cli import parser
+from posenc.commands.extend import config_from_args
+from posenc.experiments.extend import RUN_PRESETS, ExtendConfig, NllMemo, perplexities, planned_tokens, token_nll
+from posenc.experiments.extend_passkey import cells, run_passkey
+from posenc.experiments.extend_state import RunState
+from posenc.experiments.passkey import PromptBuilder
+from posenc.experiments.scalings import PRESETS
 from posenc.models import Llama, LlamaConfig
 from tests.conftest import smollm2_gguf
 
@@ -22,49 +29,133 @@ class Counter:
     def update(self, n: int) -> None:
         self.n += n
 
+    def set_description(self, text: str) -> None:
+        pass
 
-def tiny_llama() -> Llama:
+
+class CharTokenizer:
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [ord(c) for c in text]
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(map(chr, ids))
+
+
+def tiny_llama(vocab: int = 61, trained: int = 64) -> Llama:
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=61, n_layer=2, n_head=4, n_kv_head=2, d_model=32, ffn_hidden_size=64, max_seq_len=64)
+    cfg = LlamaConfig(vocab_size=vocab, n_layer=2, n_head=4, n_kv_head=2, d_model=32, ffn_hidden_size=64,
+                      max_seq_len=trained)
     return Llama(cfg).eval()
 
 
 def test_prefix_of_a_long_forward_equals_a_short_forward():
     model, ids = tiny_llama(), torch.randint(0, 61, (1, 128), generator=torch.Generator().manual_seed(1))
-    ppl = perplexities(model, [32, 128], NllMemo(ids, Counter()))
-    assert ppl[32] == pytest.approx(math.exp(token_nll(model, ids[:, :32]).mean().item()), rel=1e-5)
-    assert ppl[128] == pytest.approx(math.exp(token_nll(model, ids).mean().item()), rel=1e-9)
+    with torch.no_grad():
+        ppl = perplexities(model, None, [32, 128], NllMemo(ids, Counter()))
+        assert ppl[32]["ppl"] == pytest.approx(math.exp(token_nll(model, ids[:, :32]).mean().item()), rel=1e-5)
+        assert ppl[128]["ppl"] == pytest.approx(math.exp(token_nll(model, ids).mean().item()), rel=1e-9)
 
 
 def test_dynamic_shares_forwards_with_none_inside_the_trained_length():
-    model = tiny_llama()
-    cfg = ExtendConfig(lengths=(16, 32, 64, 128), scalings=("none", "dynamic"), windows=2)
+    cfg = ExtendConfig(lengths=(16, 32, 64, 128), scalings=("none", "dynamic"), windows=2, task="ppl")
     # none: one 128 forward; dynamic equals none up to 64 (shared) and differs at 128.
-    assert planned_tokens(model, cfg, trained=64) == (128 + 128) * 2
+    assert planned_tokens(tiny_llama(), cfg) == (128 + 128) * 2
+
+
+def passkey_setup(tmp_path, scalings, trained):
+    model = tiny_llama(vocab=128, trained=trained)
+    model._tokenizer = CharTokenizer()  # prompts in characters: only encode/decode are needed
+    cfg = ExtendConfig(task="passkey", lengths=(300, 400), scalings=scalings, depths=(0.2, 0.8), trials=2,
+                       dtype="float32")
+    return model, cfg, PromptBuilder(model.tokenizer.encode), RunState(tmp_path)
+
+
+def test_passkey_sweep_resumes_without_redoing_prompts(tmp_path):
+    model, cfg, builder, state = passkey_setup(tmp_path, ("none", "yarn"), trained=64)
+    counter = Counter()
+    with torch.no_grad():
+        run_passkey(cfg, model, builder, state, counter)
+    assert len(state.passkey) == 2 * len(cells(cfg)) == 16
+    assert counter.n == 2 * sum(n for n, _, _ in cells(cfg))
+    resumed = RunState.load(tmp_path)
+    assert resumed.passkey == json.loads(json.dumps(state.passkey))
+    assert 0 < resumed.earlier_wall_s <= resumed.wall_s  # a resumed run counts its earlier sessions
+    again = Counter()
+    with torch.no_grad():
+        run_passkey(cfg, model, builder, resumed, again)
+    assert again.n == 0
+
+
+def test_passkey_answers_are_shared_where_tables_agree(tmp_path):
+    # Prompts inside the trained context: dynamic NTK is plain RoPE there, so it reuses none's answers.
+    model, cfg, builder, state = passkey_setup(tmp_path, ("none", "dynamic"), trained=512)
+    counter = Counter()
+    with torch.no_grad():
+        run_passkey(cfg, model, builder, state, counter)
+    dynamic = [r for r in state.passkey.values() if r["scaling"] == "dynamic"]
+    assert len(dynamic) == len(cells(cfg)) and all(r["shared_with"] == "none" for r in dynamic)
+    assert counter.n == sum(n for n, _, _ in cells(cfg))
+
+
+def test_trial_tokens_caps_trials_but_keeps_one():
+    cfg = ExtendConfig(lengths=(1024, 8192, 32768), trials=4, trial_tokens=16384)
+    assert [cfg.trials_at(n) for n in cfg.key_lengths] == [4, 2, 1]
+
+
+def args(*argv):
+    return parser().parse_args(["extend", *argv])
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_every_scaling_name_is_accepted(name):
+    assert config_from_args(args("--scalings", name)).scalings == (name,)
+
+
+def test_default_runs_every_scaling_and_presets_parse():
+    assert config_from_args(args()).scalings == tuple(PRESETS)
+    for preset in RUN_PRESETS:
+        assert config_from_args(args("--preset", preset)).lengths
+    long = config_from_args(args("--preset", "long"))
+    assert max(long.all_lengths) == 4 * 8192 and long.scaling_factor(8192) == 4.0
+    assert config_from_args(args("--preset", "long", "--lengths", "1024")).key_lengths == [1024]
 
 
 @pytest.mark.parametrize(("argv", "named"), [
     (["--scalings", "yarnn"], "scalings"),
     (["--lengths", "1,128"], "lengths"),
+    (["--lengths", "abc"], "lengths"),
     (["--windows", "0"], "windows"),
+    (["--windows", "two"], "windows"),
     (["--corpus", "wiki"], "corpus"),
+    (["--task", "retrieval"], "task"),
+    (["--depths", "0.5,1.5"], "depths"),
+    (["--trials", "0"], "trials"),
+    (["--dtype", "float16"], "dtype"),
+    (["--preset", "huge"], "preset"),
+    (["--model", "/nonexistent/model.gguf"], "model"),
+    (["--factor", "0.5"], "factor"),
+    (["--resume", "/nonexistent/run"], "resume"),
+    (["--prefill-chunk", "4k"], "prefill_chunk"),
+    (["--trial-tokens", "0"], "trial_tokens"),
 ])
-def test_bad_options_fail_before_the_model_loads(argv, named, capsys):
+def test_bad_options_fail_in_one_line_before_the_model_loads(argv, named, capsys):
     assert cli_main(["extend", *argv]) == 2
-    assert named in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert named in err and len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.pretrained
 def test_quick_run_writes_results(tmp_path, capsys):
     smollm2_gguf()
-    assert cli_main(["extend", "--quick", "--out-dir", str(tmp_path)]) == 0
+    assert cli_main(["extend", "--quick", "--scalings", "none,dynamic,yarn", "--out-dir", str(tmp_path)]) == 0
     (run_dir,) = tmp_path.iterdir()
     assert str(run_dir) in capsys.readouterr().out
-    for name in ("results.json", "ppl.csv", "ppl_vs_length.png"):
+    for name in ("results.json", "ppl.csv", "ppl_vs_length.png", "passkey.csv", "passkey_summary.csv",
+                 "passkey_heatmap.png", "passkey_vs_length.png", "tables.md", "report.html"):
         assert (run_dir / name).stat().st_size > 0
     results = json.loads((run_dir / "results.json").read_text())
-    assert results["context_length"] == 8192
-    for row in results["rows"]:
-        assert all(math.isfinite(p) and p > 1 for p in row["ppl_by_length"].values())
-    by_name = {r["scaling"]: r["ppl_by_length"] for r in results["rows"]}
+    assert results["context_length"] == 8192 and results["longest_forward_peak_rss_gib"] > 0
+    by_name = {r["scaling"]: r["ppl_by_length"] for r in results["ppl"]}
+    assert all(math.isfinite(s["ppl"]) and s["ppl"] > 1 for row in by_name.values() for s in row.values())
     assert by_name["dynamic"] == by_name["none"]  # 64 and 128 tokens: far inside the trained 8192
+    assert {r["scaling"] for r in results["passkey"]} == {"none", "dynamic", "yarn"}

@@ -167,3 +167,17 @@ def test_a_full_disk_is_one_line_and_keeps_the_last_checkpoint(tmp_path, capsys,
     good = checkpoint.latest(run)
     assert good.name == "step-00000002" and math.isfinite(json.loads((good / "state.json").read_text())["step"])
     assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".tmp")]
+
+
+def test_written_files_get_the_usual_permissions_not_owner_only(tmp_path):
+    import os
+    import stat
+
+    from posenc.experiments.rundir import write_text
+
+    old = os.umask(0o022)
+    try:
+        path = write_text(tmp_path / "results.md", "x")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from posenc.data.corpus import load_builtin
+from posenc.experiments.scalings import PRESETS, Target
 from posenc.models import Llama
 from posenc.models import gguf as gguf_module
 from tests.conftest import smollm2_gguf
@@ -58,16 +59,24 @@ def hf_logits(hf, input_ids, rope_scaling, position_ids=None) -> torch.Tensor:
         hf.model.rotary_emb = original
 
 
+# `posenc extend`'s presets for SmolLM2 at 4x (rot_dim 64, base 1e5, trained 8192): what the command runs.
+EXTEND = Target(factor=4.0, trained=8192, rot_dim=64, base=100000.0)
 SCALINGS = [
     (None, 0),
     ({"rope_type": "linear", "factor": 2.0}, 0),
     ({"rope_type": "yarn", "factor": 4.0}, 0),
     ({"rope_type": "dynamic", "factor": 2.0}, 12000),  # positions past the 8192 trained length
+    (PRESETS["yarn"](EXTEND), 20000),  # with its attention temperature 0.1 ln 4 + 1
+    (PRESETS["llama3"](EXTEND), 20000),
+    (PRESETS["longrope"](EXTEND), 0),  # short factors inside the trained context
+    (PRESETS["longrope"](EXTEND), 20000),  # long factors and LongRoPE's attention factor past it
 ]
+SCALING_IDS = ["none", "linear2", "yarn4", "dynamic2-at-12k", "extend-yarn-at-20k", "extend-llama3-at-20k",
+               "extend-longrope-short", "extend-longrope-at-20k"]
 
 
 @pytest.mark.pretrained
-@pytest.mark.parametrize(("rope_scaling", "offset"), SCALINGS, ids=["none", "linear2", "yarn4", "dynamic2-at-12k"])
+@pytest.mark.parametrize(("rope_scaling", "offset"), SCALINGS, ids=SCALING_IDS)
 def test_logits_match_transformers(ours, hf, input_ids, rope_scaling, offset):
     position_ids = torch.arange(offset, offset + N_TOKENS)[None]
     theirs = hf_logits(hf, input_ids, rope_scaling, position_ids)

@@ -1,0 +1,102 @@
+"""Long inputs through a pretrained Llama in bounded memory: prefill in chunks through the KV
+cache, LM head a slice at a time, greedy decoding from the cache, bfloat16 autocast.
+
+Memory: SDPA never builds (T, T) scores (its causal kernel when a chunk starts an empty cache,
+a (chunk, Tk) boolean mask after that), logits exist for at most LOGIT_CHUNK positions, and the
+cache holds 2 x layers x kv heads x head_dim values per token (SmolLM2: 23 KB in bfloat16, so
+0.75 GB at 32k tokens). Peak memory therefore grows with `chunk` and linearly with the length.
+Speed: with this torch build SDPA's masked path costs about twice its causal kernel per
+query-key pair, so the fastest plan is the largest chunk that fits (one call when it covers
+the prompt).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from posenc.errors import bad_value
+from posenc.models.llama import Llama
+from posenc.nn.kv_cache import KVCache
+
+LOGIT_CHUNK = 1024  # positions per LM-head slice: 1024 x 49152 float32 = 200 MB
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@contextlib.contextmanager
+def inference(dtype: str) -> Iterator[None]:
+    """no_grad, plus bfloat16 autocast: matmuls and attention in bf16 (AMX where the CPU has it),
+    the residual stream, norms and RoPE angles stay float32."""
+    if dtype not in DTYPES:
+        raise bad_value("dtype", dtype, f"one of {', '.join(DTYPES)}")
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
+        yield
+
+
+def bfloat16_linears(model: Llama) -> Llama:
+    """Store the blocks' projection weights in bfloat16, the values autocast would cast them to on
+    every call, once: decoding re-reads every weight per token, so the per-call cast would double
+    its memory traffic. Embeddings, norms and the tied LM head stay float32. Use under inference("bfloat16")."""
+    for block in model.blocks:
+        for module in block.modules():
+            if isinstance(module, nn.Linear):
+                module.to(torch.bfloat16)
+    return model
+
+
+def prefill(model: Llama, ids: Tensor, cache: KVCache, chunk: int) -> Iterator[Tensor]:
+    """Feed ids (1,T) through the cache `chunk` tokens per call; yields each chunk's hidden
+    states (1,c,D). chunk <= 0 means one call."""
+    step = ids.shape[1] if chunk <= 0 else chunk
+    for start in range(0, ids.shape[1], step):
+        yield model.features(ids[:, start : start + step], cache=cache)  # positions continue the cache
+
+
+def window_nll(model: Llama, ids: Tensor, chunk: int) -> Tensor:
+    """ids (1,T) -> NLL of tokens 1..T-1, float64 (T-1,), prefilled `chunk` tokens at a time."""
+    out, start = [], 0
+    for hidden in prefill(model, ids, model.new_cache(), chunk):  # (1,c,D)
+        for lo in range(0, hidden.shape[1], LOGIT_CHUNK):
+            h = hidden[0, lo : lo + LOGIT_CHUNK]
+            targets = ids[0, start + lo + 1 : start + lo + 1 + h.shape[0]]  # the last position has none
+            logits = model.lm_head(h[: targets.shape[0]]).float()  # (c', V)
+            out.append(F.cross_entropy(logits, targets, reduction="none").double())
+        start += hidden.shape[1]
+    return torch.cat(out)
+
+
+def greedy_answer(model: Llama, ids: Tensor, new_tokens: int, chunk: int) -> list[int]:
+    """Prefill the prompt ids (1,T) in chunks, then decode `new_tokens` greedily from the cache."""
+    cache = model.new_cache()
+    for hidden in prefill(model, ids, cache, chunk):
+        last = hidden[:, -1]  # (1,D): only the last position's logits are needed
+    tokens = []
+    for step in range(new_tokens):
+        token = model.lm_head(last).argmax(-1, keepdim=True)  # (1,1)
+        tokens.append(int(token))
+        if step < new_tokens - 1:
+            last = model.features(token, cache=cache)[:, -1]
+    return tokens
+
+
+# Cost of one prefill, CPU-seconds (2 threads, bfloat16 autocast) measured on the development machine
+# (Xeon with AMX, under load from other jobs): one call from an empty cache took 17 s at 8k tokens,
+# 50 s at 16k and 148 s at 32k, i.e. about COST_TOKEN per token (projections, MLP) plus COST_PAIR per
+# causal query-key pair (attention). Chunks after the first take SDPA's masked path, which measured
+# MASKED_PAIR_COST times the causal kernel's cost per pair.
+COST_TOKEN, COST_PAIR, MASKED_PAIR_COST = 1.55e-3, 1.8e-7, 2.2
+
+
+def estimated_cpu_seconds(length: int, chunk: int) -> float:
+    """Rough bfloat16 cost of prefilling `length` tokens `chunk` at a time (see the constants)."""
+    step = length if chunk <= 0 else min(chunk, length)
+    seconds = COST_TOKEN * length
+    for start in range(0, length, step):
+        size = min(step, length - start)
+        pairs = size * start + size * size / 2
+        seconds += COST_PAIR * pairs * (1.0 if start == 0 else MASKED_PAIR_COST)
+    return seconds
