@@ -22,6 +22,20 @@ ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
 @dataclass(frozen=True)
+class RelativeRows:
+    """Content terms read at the relative position r = n - m (key minus query), clamped to the rows' span
+    [low, low + S - 1] (Shaw et al. 2018's clipping; Transformer-XL's rows span every distance present):
+        logit(i, j) += rows[b, h, i, clamp(r - low, 0, S - 1)]            (after the 1/sqrt(Dh) scaling)
+        out_i       += sum_j w_ij values[clamp(r - low, 0, S - 1)]         (when values is given)
+    and q_shift (H, Dh) is added to q before q . k (a per-key content term u . k_j)."""
+
+    rows: Tensor  # (B,H,Tq,S)
+    low: int
+    values: Tensor | None = None  # (S,Dh)
+    q_shift: Tensor | None = None  # (H,Dh)
+
+
+@dataclass(frozen=True)
 class Dims:
     """Shapes a scheme needs to build its tables; filled in by the model."""
 
@@ -84,6 +98,16 @@ class Scheme(nn.Module):
 
     def score_mod(self, q_pos: Tensor, k_pos: Tensor) -> ScoreMod | None:
         """The same bias as a flex_attention score modifier (no (H,Tq,Tk) tensor), or None."""
+        return None
+
+    def bias_by_distance(self, distance: Tensor) -> Tensor | None:
+        """bias() as a function of m - n alone: distance (S,) int64 -> (H,S) float32, or None (the default)
+        when the bias reads anything else. Fast paths then read one row per head instead of (Tq,Tk) values."""
+        return None
+
+    def relative_rows(self, q: Tensor, low: int, high: int) -> RelativeRows | None:
+        """bias() (and mix_values()) as rows read at r = n - m, for r in [low, high], or None (the default).
+        q (B,H,Tq,Dh). Fast paths then never build the (B,H,Tq,Tk) bias or weights."""
         return None
 
     def extra_repr(self) -> str:

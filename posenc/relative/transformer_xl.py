@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from posenc.absolute.sinusoidal import sinusoidal_table
-from posenc.scheme import Dims, Scheme
+from posenc.scheme import Dims, RelativeRows, Scheme
 
 
 class TransformerXL(Scheme):
@@ -63,6 +63,12 @@ class TransformerXL(Scheme):
         index = (distance - low).unsqueeze(1).expand(q.shape[0], q.shape[1], -1, -1)  # (B,H,Tq,Tk)
         position = per_distance.gather(-1, index)  # (B,H,Tq,Tk)
         return (position + self.content_bias(k)) * q.shape[-1] ** -0.5  # (B,H,Tq,Tk)
+
+    def relative_rows(self, q: Tensor, low: int, high: int) -> RelativeRows:
+        """(b) + (d) as rows at r = n - m in [low, high] (distance i - j = -r), scaled; (c) as q_shift = u."""
+        rk = self.projected_distances(-high, -low, q)  # (H,L,Dh) for i - j = -high..-low
+        rows = ((q + self.v.to(q.dtype)[:, None, :]) @ rk.transpose(-1, -2)).flip(-1)  # (B,H,Tq,L), r = low..high
+        return RelativeRows(rows * q.shape[-1] ** -0.5, low, q_shift=self.u.to(q.dtype))
 
     def extra_repr(self) -> str:
         return f"heads={self.dims.n_head}, head_dim={self.dims.head_dim}"

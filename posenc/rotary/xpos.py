@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from posenc.errors import bad_value
-from posenc.rotary._core import angles, apply_rotary
+from posenc.rotary._core import angles, apply_rotary, shared_row
 from posenc.rotary.rope import RoPE
 from posenc.scheme import Dims
 
@@ -79,7 +79,7 @@ class XPos(RoPE):
         hit = memo.get(sign)
         if hit is not None and hit[0] is pos and hit[1] == pos._version:
             return hit[2]
-        tables = xpos_tables(pos, self.inv_freq, self.log_zeta, self.scale_base, sign)
+        tables = xpos_tables(shared_row(pos), self.inv_freq, self.log_zeta, self.scale_base, sign)
         self._memo = {**memo, sign: (pos, pos._version, tables)}
         return tables
 
