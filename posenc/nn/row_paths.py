@@ -11,8 +11,10 @@ falls back to the chunked or reference path, which every fast path here is teste
 from __future__ import annotations
 
 import weakref
+from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from posenc.nn import fused_attention
@@ -23,15 +25,23 @@ _offsets_memo: list = [None]  # (q_pos, k_pos, versions, delta)
 _rows_memo: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # scheme -> (q_pos, k_pos, key, rows)
 
 
-def position_offsets(q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
-    """(B,Tq), (B,Tk) -> delta = q_pos[:, 0] - k_pos[:, 0] (B,) when every row of both counts up by one."""
+class Offsets(NamedTuple):
+    """delta = q_pos[:, 0] - k_pos[:, 0] per batch row (n - m = j - i - delta), and its extremes."""
+
+    delta: Tensor  # (B,) int64
+    lowest: int
+    highest: int
+
+
+def position_offsets(q_pos: Tensor, k_pos: Tensor) -> Offsets | None:
+    """(B,Tq), (B,Tk) -> Offsets when every row of both counts up by one, else None."""
     hit = _offsets_memo[0]
     versions = (q_pos._version, k_pos._version)
     if hit is not None and hit[0] is q_pos and hit[1] is k_pos and hit[2] == versions:
         return hit[3]
-    delta = _offsets(q_pos, k_pos)
-    _offsets_memo[0] = (q_pos, k_pos, versions, delta)
-    return delta
+    offsets = _offsets(q_pos, k_pos)
+    _offsets_memo[0] = (q_pos, k_pos, versions, offsets)
+    return offsets
 
 
 def _counts_up(pos: Tensor) -> bool:
@@ -40,17 +50,16 @@ def _counts_up(pos: Tensor) -> bool:
     return bool((rows - rows[:, :1] == steps).all())
 
 
-def _offsets(q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
+def _offsets(q_pos: Tensor, k_pos: Tensor) -> Offsets | None:
     if q_pos.dim() != 2 or k_pos.dim() != 2 or not (_counts_up(q_pos) and _counts_up(k_pos)):
         return None
-    return (q_pos[:, 0] - k_pos[:, 0]).to(torch.int64)
+    delta = (q_pos[:, 0] - k_pos[:, 0]).to(torch.int64)
+    return Offsets(delta, int(delta.min()), int(delta.max()))
 
 
-def relative_span(delta: Tensor, tq: int, tk: int, causal: bool) -> tuple[int, int]:
+def relative_span(offsets: Offsets, tq: int, tk: int, causal: bool) -> tuple[int, int]:
     """Lowest and highest r = n - m = j - i - delta that attention reads (causal: j <= i + tk - tq)."""
-    low = -(tq - 1) - int(delta.max())
-    high = (tk - tq if causal else tk - 1) - int(delta.min())
-    return low, high
+    return -(tq - 1) - offsets.highest, (tk - tq if causal else tk - 1) - offsets.lowest
 
 
 def _distance_rows(scheme: Scheme, q_pos: Tensor, k_pos: Tensor, low: int, high: int) -> Tensor | None:
@@ -72,24 +81,42 @@ def attend(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, q_pos: Tensor, k_pos
     """q (B,H,Tq,Dh), k/v (B,Hkv,Tk,Dh) -> (B,H,Tq,Dh) with the scheme's bias (and value term), or None."""
     if not fused_attention.can_run(q, k, v):
         return None
-    delta = position_offsets(q_pos, k_pos)
-    if delta is None:
+    offsets = position_offsets(q_pos, k_pos)
+    if offsets is None:
         return None
     tq, tk = q.shape[-2], k.shape[-2]
-    low, high = relative_span(delta, tq, tk, causal)
+    low, high = relative_span(offsets, tq, tk, causal)
     if high - low + 1 > 2 * (tq + tk):  # batch rows far apart: rows would be longer than the scores
         return None
     rows = _distance_rows(scheme, q_pos, k_pos, low, high)
     if rows is not None:
-        return fused_attention.attend_rows(q, k, v, rows, -delta - low, causal)[0]
+        return _attend(q, k, v, rows, offsets, low, causal)
     relative = scheme.relative_rows(q, low, high)
     if relative is None:
         return None
     q_in = q if relative.q_shift is None else q + relative.q_shift.to(q.dtype)[None, :, None, :]
-    fused = fused_attention.attend_rows(q_in, k, v, relative.rows, -delta - relative.low, causal,
-                                        want_mass=relative.values is not None)
-    out, mass = fused
-    return out if mass is None else out + mass @ relative.values  # (B,H,Tq,S) @ (S,Dh)
+    if relative.values is None:
+        return _attend(q_in, k, v, relative.rows, offsets, relative.low, causal)
+    out, mass = fused_attention.attend_rows(q_in, k, v, relative.rows, -offsets.delta - relative.low, causal,
+                                            want_mass=True)
+    return out + mass @ relative.values.to(q.dtype)  # (B,H,Tq,S) @ (S,Dh)
 
 
-__all__ = ["attend", "position_offsets", "relative_span"]
+def _attend(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, offsets: Offsets, low: int, causal: bool) -> Tensor:
+    """The kernel; for one query per row without gradients (a decode step), SDPA with the bias as a mask: its
+    single-query kernel is faster, and the bias is one row slice, (B|1,H,1,Tk)."""
+    e = -offsets.delta - low  # (B,): key j of query i reads index e - i + j
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or rows.requires_grad)
+    if q.shape[-2] > 1 or needs_grad:
+        return fused_attention.attend_rows(q, k, v, rows, e, causal)[0]
+    tk, length = k.shape[-2], rows.shape[-1]
+    first = -offsets.highest - low  # the lowest e
+    if offsets.lowest == offsets.highest and first >= 0 and first + tk <= length:
+        bias = rows[..., first : first + tk]  # (B|1,H,1,Tk) a view
+    else:
+        index = (e[:, None] + torch.arange(tk, device=q.device)).clamp(0, length - 1)  # (B,Tk)
+        bias = rows.expand(q.shape[0], -1, -1, -1).gather(-1, index[:, None, None].expand(-1, rows.shape[1], 1, -1))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), enable_gqa=k.shape[1] != q.shape[1])
+
+
+__all__ = ["Offsets", "attend", "position_offsets", "relative_span"]

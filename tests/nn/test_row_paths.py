@@ -72,6 +72,22 @@ def test_rows_equal_reference_with_gradients(name, layout, gqa):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("name", [n for n in ALL if has_rows(build(n))])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_rows_without_gradients_equal_reference(name, layout):
+    """Inference takes other branches (a decode step reads its bias as a row slice)."""
+    tq, tk, firsts, shifts = LAYOUTS[layout]
+    scheme = build(name, n_kv_head=2)
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(2, 4, tq, 16, generator=g)
+    k, v = (torch.randn(2, 2, tk, 16, generator=g) for _ in range(2))
+    k_pos = torch.stack([torch.arange(tk) + first for first in firsts])
+    q_pos = k_pos[:, tk - tq:] + torch.tensor(shifts)[:, None]
+    with torch.no_grad():
+        fast = row_paths.attend(q, k, v, scheme, q_pos, k_pos, True)
+        torch.testing.assert_close(fast, reference(q, k, v, scheme, q_pos, k_pos, True), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("name", [n for n in ALL if SCHEMES[n].supports_bidirectional and has_rows(build(n))])
 def test_rows_equal_reference_in_an_encoder(name):
     scheme = build(name, causal=False)

@@ -159,6 +159,7 @@ extern "C" int posenc_attention_backward(
     std::vector<float> partial(shared ? per_thread * threads : 0, 0.0f);
 #pragma omp parallel num_threads(threads) if (threads > 1 && tasks > 1)
     {
+        const FlushDenormals flush;
         const int saved = blas_threads_local(1);
         Scratch w;
         w.p.resize(q_block * kv_block);

@@ -126,6 +126,7 @@ extern "C" int posenc_attention_forward(const float* q, const int64_t* q_strides
     const int64_t q_blocks = (d.Tq + q_block - 1) / q_block, tasks = d.B * d.H * q_blocks;
 #pragma omp parallel num_threads(threads) if (threads > 1 && tasks > 1)
     {
+        const FlushDenormals flush;
         const int saved = blas_threads_local(1);
         Block w;
         w.scores.resize(q_block * kv_block);
