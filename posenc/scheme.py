@@ -36,6 +36,21 @@ class RelativeRows:
 
 
 @dataclass(frozen=True)
+class PiecewiseBias:
+    """A bias that is a piecewise-linear function, per head, of a distance feature scaled per query:
+        bias(b, h, i, j) = slopes[h, s] * x + intercepts[h, s],  x = feature[r - low] / divisor[b, i]
+    at r = n - m, s = the number of knots below x. feature must not grow with r. A ReLU MLP of one input is
+    exactly this, with a knot where each hidden unit turns on (FIRE)."""
+
+    feature: Tensor  # (S,) for r = low..high
+    low: int
+    divisor: Tensor  # (B|1,Tq)
+    knots: Tensor  # (K,) ascending
+    slopes: Tensor  # (H,K+1)
+    intercepts: Tensor  # (H,K+1)
+
+
+@dataclass(frozen=True)
 class Dims:
     """Shapes a scheme needs to build its tables; filled in by the model."""
 
@@ -108,6 +123,11 @@ class Scheme(nn.Module):
     def relative_rows(self, q: Tensor, low: int, high: int) -> RelativeRows | None:
         """bias() (and mix_values()) as rows read at r = n - m, for r in [low, high], or None (the default).
         q (B,H,Tq,Dh). Fast paths then never build the (B,H,Tq,Tk) bias or weights."""
+        return None
+
+    def piecewise_bias(self, q_pos: Tensor, low: int, high: int) -> PiecewiseBias | None:
+        """bias() as a PiecewiseBias for r = n - m in [low, high] and queries at q_pos (B,Tq), or None (the
+        default). Fast paths then evaluate it per block of scores, never as a (B,H,Tq,Tk) tensor."""
         return None
 
     def extra_repr(self) -> str:

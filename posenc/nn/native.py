@@ -72,7 +72,7 @@ def _compiler() -> str:
 def _fingerprint(compiler: str) -> str:
     """Sources, flags, compiler version and CPU: -march=native code must not run on another CPU."""
     digest = hashlib.sha256()
-    for name in (*SOURCES, "common.h"):
+    for name in sorted(p.name for p in SOURCE_DIR.iterdir() if p.suffix in (".cpp", ".h")):
         digest.update((SOURCE_DIR / name).read_bytes())
     digest.update(" ".join(FLAGS).encode())
     digest.update(subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout.encode())
@@ -125,15 +125,15 @@ def _load(path: Path) -> ctypes.CDLL:
     return lib
 
 
-# The C signatures (p: pointer, l: int64 array or int64, i: int, f: float), so ctypes never passes an int64
-# as a 32-bit int.
-_CTYPES = {"p": ctypes.c_void_p, "a": ctypes.POINTER(ctypes.c_int64), "l": ctypes.c_int64, "i": ctypes.c_int,
-           "f": ctypes.c_float}
+# The C signatures (p: pointer, a: int64 array, i: int, f: float), so ctypes never narrows an argument.
+_CTYPES = {"p": ctypes.c_void_p, "a": ctypes.POINTER(ctypes.c_int64), "i": ctypes.c_int, "f": ctypes.c_float}
 SIGNATURES = {
     "posenc_set_blas": (None, *"pp"),
     "posenc_rotate": (None, *"papappaaifi"),
-    "posenc_attention_forward": (ctypes.c_int, *"papapapapafipalppalli"),
-    "posenc_attention_backward": (ctypes.c_int, *"papapapapappapapaafipalppappalli"),
+    "posenc_attention_rows_forward": (ctypes.c_int, *"pp"),
+    "posenc_attention_rows_backward": (ctypes.c_int, *"pp"),
+    "posenc_attention_piecewise_forward": (ctypes.c_int, *"pp"),
+    "posenc_attention_piecewise_backward": (ctypes.c_int, *"pp"),
 }
 
 

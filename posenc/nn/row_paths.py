@@ -1,6 +1,7 @@
-"""Attention whose bias is read from rows inside one native kernel (posenc.nn.fused_attention), for schemes
-that give rows: Scheme.bias_by_distance (one row per head: ALiBi, KERPLE, Sandwich, T5) or
-Scheme.relative_rows (one row per query: Shaw, Transformer-XL). Notation as in attention.py.
+"""Attention whose bias is computed inside one native kernel (posenc.nn.fused_attention), for schemes that
+give it in a form the kernel reads: Scheme.bias_by_distance (one row per head: ALiBi, KERPLE, Sandwich, T5),
+Scheme.piecewise_bias (FIRE) or Scheme.relative_rows (one row per query: Shaw, Transformer-XL).
+Notation as in attention.py.
 
 Rows are indexed by r = n - m (key minus query). They serve when every row of positions counts up by one
 (n - m = j - i - delta for key j, query i): the usual training, prompt and cached-decoding layout. Any other
@@ -22,7 +23,7 @@ from posenc.scheme import Scheme
 
 # Positions and rows are shared by all layers of a forward: one check and one row per forward, not per layer.
 _offsets_memo: list = [None]  # (q_pos, k_pos, versions, delta)
-_rows_memo: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # scheme -> (q_pos, k_pos, key, rows)
+_memo: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # scheme -> {kind: (q_pos, k_pos, key, value)}
 
 
 class Offsets(NamedTuple):
@@ -62,18 +63,23 @@ def relative_span(offsets: Offsets, tq: int, tk: int, causal: bool) -> tuple[int
     return -(tq - 1) - offsets.highest, (tk - tq if causal else tk - 1) - offsets.lowest
 
 
-def _distance_rows(scheme: Scheme, q_pos: Tensor, k_pos: Tensor, low: int, high: int) -> Tensor | None:
-    """(1,H,1,S) rows over r = low..high from the scheme's bias of m - n = -r, once per forward."""
-    key = (q_pos._version, k_pos._version, low, high, torch.is_grad_enabled(),
+def _per_forward(scheme: Scheme, kind: str, q_pos: Tensor, k_pos: Tensor, span: tuple[int, int], build):
+    """build(), once per forward: all layers share the scheme, the positions and the parameters' versions."""
+    key = (kind, span, q_pos._version, k_pos._version, torch.is_grad_enabled(),
            tuple(p._version for p in scheme.parameters()))
-    hit = _rows_memo.get(scheme)
+    kept = _memo.setdefault(scheme, {})
+    hit = kept.get(kind)
     if hit is not None and hit[0] is q_pos and hit[1] is k_pos and hit[2] == key:
         return hit[3]
-    distance = torch.arange(-high, -low + 1, device=q_pos.device)  # m - n, ascending
-    by_distance = scheme.bias_by_distance(distance)  # (H,S)
-    rows = None if by_distance is None else by_distance.flip(-1)[None, :, None, :]  # r = low..high
-    _rows_memo[scheme] = (q_pos, k_pos, key, rows)
-    return rows
+    value = build()
+    kept[kind] = (q_pos, k_pos, key, value)
+    return value
+
+
+def _distance_rows(scheme: Scheme, low: int, high: int, device: torch.device) -> Tensor | None:
+    """(1,H,1,S) rows over r = n - m = low..high from the scheme's bias of m - n = -r."""
+    by_distance = scheme.bias_by_distance(torch.arange(-high, -low + 1, device=device))  # (H,S), m - n ascending
+    return None if by_distance is None else by_distance.flip(-1)[None, :, None, :]
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, q_pos: Tensor, k_pos: Tensor,
@@ -88,10 +94,15 @@ def attend(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, q_pos: Tensor, k_pos
     low, high = relative_span(offsets, tq, tk, causal)
     if high - low + 1 > 2 * (tq + tk):  # batch rows far apart: rows would be longer than the scores
         return None
-    rows = _distance_rows(scheme, q_pos, k_pos, low, high)
+    span = (low, high)
+    rows = _per_forward(scheme, "rows", q_pos, k_pos, span, lambda: _distance_rows(scheme, low, high, q.device))
     if rows is not None:
         return _attend(q, k, v, rows, offsets, low, causal)
-    relative = scheme.relative_rows(q, low, high)
+    pieces = _per_forward(scheme, "pieces", q_pos, k_pos, span, lambda: scheme.piecewise_bias(q_pos, low, high))
+    if pieces is not None:
+        return fused_attention.attend_piecewise(q, k, v, pieces.feature, pieces.divisor, pieces.knots, pieces.slopes,
+                                                pieces.intercepts, -offsets.delta - pieces.low, causal)
+    relative = scheme.relative_rows(q, low, high)  # reads q: per layer
     if relative is None:
         return None
     q_in = q if relative.q_shift is None else q + relative.q_shift.to(q.dtype)[None, :, None, :]

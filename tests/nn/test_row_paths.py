@@ -1,5 +1,5 @@
 """The native fast paths equal the reference paths, outputs and gradients, for every scheme in the registry:
-attention reading the bias from rows (posenc.nn.row_paths) and the one-pass RoPE kernel."""
+attention computing the bias inside the kernel (posenc.nn.row_paths) and the one-pass RoPE kernel."""
 
 from __future__ import annotations
 
@@ -38,8 +38,9 @@ def reference(q, k, v, scheme, q_pos, k_pos, causal):
 
 
 def has_rows(scheme: Scheme) -> bool:
-    return type(scheme).bias_by_distance is not Scheme.bias_by_distance or \
-        type(scheme).relative_rows is not Scheme.relative_rows
+    """The scheme gives its bias in a form the kernel reads (rows per head or per query, or pieces)."""
+    return any(getattr(type(scheme), hook) is not getattr(Scheme, hook)
+               for hook in ("bias_by_distance", "relative_rows", "piecewise_bias"))
 
 
 LAYOUTS = {  # name: (Tq, Tk, first key position of each row, extra query offset of each row)
@@ -109,7 +110,7 @@ def test_rows_decline_positions_that_do_not_count_up_and_other_dtypes():
     assert row_paths.attend(q, k, v, scheme, packed, packed, True) is None
     pos = torch.arange(6)[None]
     assert row_paths.attend(q.double(), k.double(), v.double(), scheme, pos, pos, True) is None
-    assert row_paths.attend(q, k, v, build("fire"), pos, pos, True) is None  # FIRE reads the query's position
+    assert row_paths.attend(q, k, v, build("cope"), pos, pos, True) is None  # CoPE counts gates: no rows
 
 
 @pytest.mark.parametrize("name", ALL)

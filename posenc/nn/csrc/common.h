@@ -76,8 +76,9 @@ static inline RowSpan row_span(int64_t e_minus_i, int64_t S, int64_t j0, int64_t
     return s;
 }
 
-struct BiasRows {
-    const float* data;  // nullptr: no bias
-    int64_t stride_b, stride_h, stride_i, length;  // stride 0 on an axis shares the row over it
-    const int64_t* e;  // per batch row b: index of key j for query i is e[b] - i + j
-};
+static inline float row_max(const float* s, int64_t n) {
+    float top = -INFINITY;
+#pragma omp simd reduction(max : top)
+    for (int64_t j = 0; j < n; ++j) top = s[j] > top ? s[j] : top;
+    return top;
+}
