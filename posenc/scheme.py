@@ -125,6 +125,11 @@ class Scheme(nn.Module):
         q (B,H,Tq,Dh). Fast paths then never build the (B,H,Tq,Tk) bias or weights."""
         return None
 
+    def contextual_rows(self, q: Tensor) -> Tensor | None:
+        """bias() as CoPE's rows (B,H,Tq,P), or None (the default): causal attention adds rows[b, h, i] read at
+        p_ij = sum_{t=j..i} sigmoid(q_i . k_t / sqrt(Dh)), linearly interpolated, p clamped to P - 1."""
+        return None
+
     def piecewise_bias(self, q_pos: Tensor, low: int, high: int) -> PiecewiseBias | None:
         """bias() as a PiecewiseBias for r = n - m in [low, high] and queries at q_pos (B,Tq), or None (the
         default). Fast paths then evaluate it per block of scores, never as a (B,H,Tq,Tk) tensor."""

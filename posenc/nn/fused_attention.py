@@ -7,6 +7,7 @@ Two kinds of bias, each with an autograd function whose gradients reach the bias
              optional `mass` (B, H, Tq, S) is the softmax weight landing on each row index (Shaw's value term).
   piecewise: bias(b, h, i, j) = slope[h, s] x + intercept[h, s], x = feature[e[b] - i + j] / divisor[b, i],
              s = the number of knots below x (FIRE's MLP of one input, exactly).
+  contextual: CoPE's rows (B, H, Tq, P) read at positions counted by the gates sigmoid(q . k), causal only.
 float32 on CPU only; can_run() says where the kernels serve.
 """
 
@@ -41,6 +42,10 @@ class PiecewiseArgs(ctypes.Structure):
                 ("divisor_stride_b", ctypes.c_int64), ("divisor_rows", ctypes.c_int64), ("knots", _FLOAT_P),
                 ("n_knots", ctypes.c_int64), ("slope", _FLOAT_P), ("intercept", _FLOAT_P),
                 *((n, _FLOAT_P) for n in ("d_feature", "d_divisor", "d_slope", "d_intercept"))]
+
+
+class CopeArgs(ctypes.Structure):
+    _fields_ = [("rows", _FLOAT_P), ("positions", ctypes.c_int64), ("grad", _FLOAT_P)]
 
 
 def blocks(tq: int) -> tuple[int, int]:
@@ -139,6 +144,29 @@ class _PiecewiseAttention(torch.autograd.Function):
         return dq, dk, dv, *grads, None, None, None, None
 
 
+class _ContextualAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, rows, scale):
+        q, k, v, rows = _dense_last(q), _dense_last(k), _dense_last(v), rows.contiguous()
+        out, lse = torch.empty_like(q), torch.empty(q.shape[:3])
+        args, attention = CopeArgs(native.ptr(rows), rows.shape[-1], None), _attention(q, k, v, out, lse, True, scale)
+        native.library().posenc_cope_forward(ctypes.addressof(attention), ctypes.addressof(args))
+        ctx.save_for_backward(q, k, v, out, lse, rows)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse, rows = ctx.saved_tensors
+        dq, dk, dv = _zeros_like_operands(q, k, v)
+        drows = torch.zeros_like(rows)
+        dout = _dense_last(dout)  # a local: the kernel reads it through a raw pointer
+        args = CopeArgs(native.ptr(rows), rows.shape[-1], native.ptr(drows))
+        attention = _attention(q, k, v, out, lse, True, ctx.scale, (dout, dq, dk, dv))
+        native.library().posenc_cope_backward(ctypes.addressof(attention), ctypes.addressof(args))
+        return dq, dk, dv, drows, None
+
+
 def _piecewise_args(feature, divisor, slope, intercept, knots, e, grads=None) -> PiecewiseArgs:
     """divisor (B|1, Tq) contiguous; slope/intercept (H, K+1) contiguous; knots (K,)."""
     g = [native.ptr(t) for t in grads] if grads else [None] * 4
@@ -170,4 +198,10 @@ def attend_piecewise(q: Tensor, k: Tensor, v: Tensor, feature: Tensor, divisor: 
                                      e.to(torch.int64).contiguous(), causal, q.shape[-1] ** -0.5)
 
 
-__all__ = ["attend_piecewise", "attend_rows", "blocks", "can_run"]
+def attend_contextual(q: Tensor, k: Tensor, v: Tensor, rows: Tensor) -> Tensor:
+    """Causal attention with CoPE's bias: rows (B,H,Tq,P) read at the contextual position p_ij = sum_{t=j..i}
+    sigmoid(q_i . k_t / sqrt(Dh)), interpolated, clamped to P - 1 -> (B,H,Tq,Dh). Only where can_run(q, k, v)."""
+    return _ContextualAttention.apply(q, k, v, rows.to(torch.float32), q.shape[-1] ** -0.5)
+
+
+__all__ = ["attend_contextual", "attend_piecewise", "attend_rows", "blocks", "can_run"]

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 SOURCE_DIR = Path(__file__).parent / "csrc"
-SOURCES = ("rotary.cpp", "attention_forward.cpp", "attention_backward.cpp")
+SOURCES = ("rotary.cpp", "attention_forward.cpp", "attention_backward.cpp", "cope.cpp")
 FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-fno-math-errno", "-shared", "-fPIC",
          "-std=c++17")
 _state: dict = {"tried": False, "lib": None, "gemm": False}
@@ -134,6 +134,8 @@ SIGNATURES = {
     "posenc_attention_rows_backward": (ctypes.c_int, *"pp"),
     "posenc_attention_piecewise_forward": (ctypes.c_int, *"pp"),
     "posenc_attention_piecewise_backward": (ctypes.c_int, *"pp"),
+    "posenc_cope_forward": (ctypes.c_int, *"pp"),
+    "posenc_cope_backward": (ctypes.c_int, *"pp"),
 }
 
 

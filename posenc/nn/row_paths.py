@@ -1,6 +1,7 @@
 """Attention whose bias is computed inside one native kernel (posenc.nn.fused_attention), for schemes that
 give it in a form the kernel reads: Scheme.bias_by_distance (one row per head: ALiBi, KERPLE, Sandwich, T5),
-Scheme.piecewise_bias (FIRE) or Scheme.relative_rows (one row per query: Shaw, Transformer-XL).
+Scheme.piecewise_bias (FIRE), Scheme.relative_rows (one row per query: Shaw, Transformer-XL) or
+Scheme.contextual_rows (CoPE).
 Notation as in attention.py.
 
 Rows are indexed by r = n - m (key minus query). They serve when every row of positions counts up by one
@@ -87,6 +88,8 @@ def attend(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, q_pos: Tensor, k_pos
     """q (B,H,Tq,Dh), k/v (B,Hkv,Tk,Dh) -> (B,H,Tq,Dh) with the scheme's bias (and value term), or None."""
     if not fused_attention.can_run(q, k, v):
         return None
+    if causal and (contextual := scheme.contextual_rows(q)) is not None:  # CoPE reads no positions
+        return fused_attention.attend_contextual(q, k, v, contextual)
     offsets = position_offsets(q_pos, k_pos)
     if offsets is None:
         return None

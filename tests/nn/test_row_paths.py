@@ -40,7 +40,7 @@ def reference(q, k, v, scheme, q_pos, k_pos, causal):
 def has_rows(scheme: Scheme) -> bool:
     """The scheme gives its bias in a form the kernel reads (rows per head or per query, or pieces)."""
     return any(getattr(type(scheme), hook) is not getattr(Scheme, hook)
-               for hook in ("bias_by_distance", "relative_rows", "piecewise_bias"))
+               for hook in ("bias_by_distance", "relative_rows", "piecewise_bias", "contextual_rows"))
 
 
 LAYOUTS = {  # name: (Tq, Tk, first key position of each row, extra query offset of each row)
@@ -110,7 +110,7 @@ def test_rows_decline_positions_that_do_not_count_up_and_other_dtypes():
     assert row_paths.attend(q, k, v, scheme, packed, packed, True) is None
     pos = torch.arange(6)[None]
     assert row_paths.attend(q.double(), k.double(), v.double(), scheme, pos, pos, True) is None
-    assert row_paths.attend(q, k, v, build("cope"), pos, pos, True) is None  # CoPE counts gates: no rows
+
 
 
 @pytest.mark.parametrize("name", ALL)
