@@ -138,13 +138,33 @@ void backward_row(const CopeArgs& c, const Row& row, float* dp, float* dpos, int
         total += sum;
         return;
     }
-    for (int64_t j = 0; j < n; ++j) {  // d rows: scattered, two entries per key
-        const float p = std::min(count[j], top);
-        const int32_t low = static_cast<int32_t>(p);
-        const float w = p - static_cast<float>(low);
-        c.grad[row_at + low] += dp[j] * (1.0f - w);
-        c.grad[row_at + low + (w > 0.0f)] += dp[j] * w;
+    // d rows, two entries per key. Counts fall as j grows: far keys (a prefix) are clamped to the last entry,
+    // then runs of keys share their floor; sum each in registers before touching memory.
+    float* grad = c.grad + row_at;
+    const int64_t near = std::partition_point(count, count + n, [top](float v) { return v > top; }) - count;
+    float far = 0.0f;
+#pragma omp simd reduction(+ : far)
+    for (int64_t j = 0; j < near; ++j) far += dp[j];
+    grad[c.positions - 1] += far;
+    int32_t run = -1;
+    float at_low = 0.0f, at_high = 0.0f;
+    const auto flush = [&]() {
+        if (run < 0) return;
+        grad[run] += at_low;
+        if (run + 1 < c.positions) grad[run + 1] += at_high;  // at the last entry w = 0
+    };
+    for (int64_t j = near; j < n; ++j) {
+        const int32_t low = static_cast<int32_t>(count[j]);  // count <= top here
+        if (low != run) {
+            flush();
+            run = low;
+            at_low = at_high = 0.0f;
+        }
+        const float w = count[j] - static_cast<float>(low);
+        at_low += dp[j] * (1.0f - w);
+        at_high += dp[j] * w;
     }
+    flush();
     float carry = right;  // dg_j = D - (dp summed over keys right of j)
 #pragma omp simd reduction(inscan, + : carry)
     for (int64_t t = 0; t < n; ++t) {
