@@ -22,6 +22,7 @@ from torch import Tensor
 from posenc.nn import fused_attention
 from posenc.scheme import Scheme
 
+QUERY_CHUNK = 256  # queries per chunk for rows per query (Transformer-XL's span every key the chunk sees)
 # Positions and rows are shared by all layers of a forward: one check and one row per forward, not per layer.
 _offsets_memo: list = [None]  # (q_pos, k_pos, versions, delta)
 _memo: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # scheme -> {kind: (q_pos, k_pos, key, value)}
@@ -105,6 +106,31 @@ def attend(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, q_pos: Tensor, k_pos
     if pieces is not None:
         return fused_attention.attend_piecewise(q, k, v, pieces.feature, pieces.divisor, pieces.knots, pieces.slopes,
                                                 pieces.intercepts, -offsets.delta - pieces.low, causal)
+    if not causal or tq < 2 * QUERY_CHUNK or _needs_grad(q, k, scheme):
+        return _relative(q, k, v, scheme, offsets, low, high, causal)
+    # Inference: rows per query reach back to the first key, so in chunks of queries each chunk's rows span
+    # only the keys it sees: memory of a chunk, not of (Tq, Tk). (Training keeps one call: per chunk, autograd
+    # would add up key and value gradients of every chunk's slice.)
+    outs = []
+    for start in range(0, tq, QUERY_CHUNK):
+        stop, shift = min(start + QUERY_CHUNK, tq), torch.tensor(start)
+        chunk = Offsets(offsets.delta + shift, offsets.lowest + start, offsets.highest + start)
+        keys = tk - tq + stop
+        out = _relative(q[:, :, start:stop], k[:, :, :keys], v[:, :, :keys], scheme, chunk,
+                        *relative_span(chunk, stop - start, keys, causal), causal)
+        if out is None:
+            return None
+        outs.append(out)
+    return torch.cat(outs, dim=2)  # (B,H,Tq,Dh)
+
+
+def _needs_grad(q: Tensor, k: Tensor, scheme: Scheme) -> bool:
+    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or
+                                        any(p.requires_grad for p in scheme.parameters()))
+
+
+def _relative(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, offsets: Offsets, low: int, high: int,
+              causal: bool) -> Tensor | None:
     relative = scheme.relative_rows(q, low, high)  # reads q: per layer
     if relative is None:
         return None

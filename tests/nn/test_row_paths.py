@@ -73,6 +73,21 @@ def test_rows_equal_reference_with_gradients(name, layout, gqa):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("name", [n for n in ALL if SCHEMES[n].relative_rows is not Scheme.relative_rows])
+def test_rows_per_query_in_query_chunks_equal_reference(name, monkeypatch):
+    """Long inference inputs run rows per query in chunks of queries, each spanning only the keys it sees."""
+    monkeypatch.setattr(row_paths, "QUERY_CHUNK", 16)
+    scheme = build(name, n_kv_head=2)
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 4, 40, 16, generator=g)
+    k, v = (torch.randn(2, 2, 45, 16, generator=g) for _ in range(2))
+    k_pos = torch.arange(45).expand(2, 45) + 7
+    q_pos = k_pos[:, 5:]
+    with torch.no_grad():
+        fast = row_paths.attend(q, k, v, scheme, q_pos, k_pos, True)
+        torch.testing.assert_close(fast, reference(q, k, v, scheme, q_pos, k_pos, True), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("name", [n for n in ALL if has_rows(build(n))])
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_rows_without_gradients_equal_reference(name, layout):
