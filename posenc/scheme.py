@@ -149,3 +149,12 @@ def relative_distance(q_pos: Tensor, k_pos: Tensor) -> Tensor:
     """(B,Tq), (B,Tk) -> m - n as (B,1,Tq,Tk) int64, broadcastable over heads."""
     return (q_pos[:, :, None] - k_pos[:, None, :]).unsqueeze(1)
 
+
+def shared_row(pos: Tensor) -> Tensor:
+    """(B,T) -> (1,T) when every row holds the same positions (the usual batch): tables are then
+    built and gathered once and broadcast over B. A stride-0 (expanded) tensor needs no comparison."""
+    if pos.dim() != 2 or pos.shape[0] < 2:
+        return pos
+    if pos.stride(0) == 0 or bool((pos == pos[:1]).all()):
+        return pos[:1]
+    return pos

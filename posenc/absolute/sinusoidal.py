@@ -16,7 +16,7 @@ import math
 import torch
 from torch import Tensor
 
-from posenc.scheme import Dims, Scheme
+from posenc.scheme import Dims, Scheme, shared_row
 
 
 def sinusoidal_table(pos: Tensor, d: int, base: float = 10000.0) -> Tensor:
@@ -41,4 +41,5 @@ class Sinusoidal(Scheme):
         return cls(dims, getattr(cfg, "init_std", 0.02))
 
     def embed(self, x: Tensor, pos: Tensor, input_ids: Tensor | None = None) -> Tensor:
-        return x + (self.scale * sinusoidal_table(pos, self.dims.d_model)).to(x.dtype)  # (B,T,D)
+        rows = shared_row(pos)  # (1,T) when every batch row holds the same positions: one table, broadcast
+        return x + (self.scale * sinusoidal_table(rows, self.dims.d_model)).to(x.dtype)  # (B,T,D)

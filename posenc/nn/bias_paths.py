@@ -1,14 +1,15 @@
 """Ways to run attention with a positional bias, fastest first; each is tested equal to `attend`
 with the bias materialised (the reference, NeMo's way).
 
-rows:    posenc.nn.row_paths: the bias read from per-head or per-query rows inside one native kernel,
-         forward and backward, for schemes that give rows (CPU, float32, positions counting up by one).
+rows:    posenc.nn.row_paths: the bias computed per block inside one native kernel, forward and backward,
+         for schemes that give it as rows, pieces or CoPE rows (CPU, float32; positions counting up by one).
+         The default wherever it serves, training included.
 flex:    torch.nn.attention.flex_attention with the scheme's score_mod and a causal block mask,
          compiled once per process with dynamic shapes; no (H,Tq,Tk) tensor exists. Inference only
          on CPU (flex has no CPU backward in torch 2.13); default on CUDA, opt-in on CPU (see
          flex_enabled).
 chunked: queries in blocks of CHUNK_ROWS; each block's (B,H,rows,Tk) bias is built, used and freed,
-         so memory grows as rows*Tk, not Tq*Tk. Works with autograd; the training path.
+         so memory grows as rows*Tk, not Tq*Tk. Works with autograd and any dtype or position layout.
 """
 
 from __future__ import annotations

@@ -26,16 +26,6 @@ def angles(pos: Tensor, inv_freq: Tensor) -> Tensor:
     return pos.to(torch.float64)[..., None] * inv_freq.to(torch.float64)
 
 
-def shared_row(pos: Tensor) -> Tensor:
-    """(B,T) -> (1,T) when every row holds the same positions (the usual batch): tables are then
-    built and gathered once and broadcast over B. A stride-0 (expanded) tensor needs no comparison."""
-    if pos.dim() != 2 or pos.shape[0] < 2:
-        return pos
-    if pos.stride(0) == 0 or bool((pos == pos[:1]).all()):
-        return pos[:1]
-    return pos
-
-
 def cos_sin(pos: Tensor, inv_freq: Tensor, scale: float = 1.0) -> tuple[Tensor, Tensor]:
     """(B,T) positions -> cos, sin as (B,1,T,R/2) float32, broadcastable over heads."""
     theta = angles(pos, inv_freq)

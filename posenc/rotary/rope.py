@@ -14,9 +14,9 @@ import torch
 from torch import Tensor
 
 from posenc.errors import bad_value
-from posenc.rotary._core import apply_rotary, cos_sin, shared_row
+from posenc.rotary._core import apply_rotary, cos_sin
 from posenc.rotary.scaling import SEQ_LEN_DEPENDENT, frequencies, rope_type
-from posenc.scheme import Dims, Scheme
+from posenc.scheme import Dims, Scheme, shared_row
 
 
 def rotary_dims(head_dim: int, rotary_percentage: float) -> int:

@@ -23,9 +23,9 @@ import torch
 from torch import Tensor
 
 from posenc.errors import bad_value
-from posenc.rotary._core import angles, apply_rotary, shared_row
+from posenc.rotary._core import angles, apply_rotary
 from posenc.rotary.rope import RoPE
-from posenc.scheme import Dims
+from posenc.scheme import Dims, shared_row
 
 XPOS_MAX_LOG = 40.0  # e^40 ~ 2e17: q and k scales multiply to at most e^80 < float32 max e^88
 
