@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from posenc.nn import fused_attention
-from posenc.scheme import Scheme
+from posenc.scheme import PiecewiseBias, Scheme
 
 QUERY_CHUNK = 256  # queries per chunk for rows per query (Transformer-XL's span every key the chunk sees)
 # Positions and rows are shared by all layers of a forward: one check and one row per forward, not per layer.
@@ -103,6 +103,9 @@ def attend(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, q_pos: Tensor, k_pos
     if rows is not None:
         return _attend(q, k, v, rows, offsets, low, causal)
     pieces = _per_forward(scheme, "pieces", q_pos, k_pos, span, lambda: scheme.piecewise_bias(q_pos, low, high))
+    if pieces is not None and tq == 1 and not _needs_grad(q, k, scheme):  # a decode step: one bias row, SDPA
+        bias = _per_forward(scheme, "pieces_row", q_pos, k_pos, span, lambda: _one_query(pieces, offsets, tk))
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=k.shape[1] != q.shape[1])
     if pieces is not None:
         return fused_attention.attend_piecewise(q, k, v, pieces.feature, pieces.divisor, pieces.knots, pieces.slopes,
                                                 pieces.intercepts, -offsets.delta - pieces.low, causal)
@@ -122,6 +125,14 @@ def attend(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, q_pos: Tensor, k_pos
             return None
         outs.append(out)
     return torch.cat(outs, dim=2)  # (B,H,Tq,Dh)
+
+
+def _one_query(pieces: PiecewiseBias, offsets: Offsets, tk: int) -> Tensor:
+    """The piecewise bias of one query per batch row over its tk keys, (B|1,H,1,Tk), evaluated in PyTorch."""
+    e = (-offsets.delta - pieces.low)[: 1 if offsets.lowest == offsets.highest else None]  # (b,)
+    x = pieces.feature[e[:, None] + torch.arange(tk, device=e.device)] / pieces.divisor[:, :1]  # (b,Tk)
+    segment = torch.searchsorted(pieces.knots, x)  # knots below x
+    return (pieces.slopes[:, segment] * x + pieces.intercepts[:, segment]).transpose(0, 1).unsqueeze(2)
 
 
 def _needs_grad(q: Tensor, k: Tensor, scheme: Scheme) -> bool:
