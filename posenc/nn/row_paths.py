@@ -103,22 +103,27 @@ def attend(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, q_pos: Tensor, k_pos
     if rows is not None:
         return _attend(q, k, v, rows, offsets, low, causal)
     pieces = _per_forward(scheme, "pieces", q_pos, k_pos, span, lambda: scheme.piecewise_bias(q_pos, low, high))
-    if pieces is not None and tq == 1 and not _needs_grad(q, k, scheme):  # a decode step: one bias row, SDPA
+    if pieces is None:
+        return _relative_in_chunks(q, k, v, scheme, offsets, causal)
+    if tq == 1 and not _needs_grad(q, k, scheme):  # a decode step: one bias row for all layers, then SDPA
         bias = _per_forward(scheme, "pieces_row", q_pos, k_pos, span, lambda: _one_query(pieces, offsets, tk))
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=k.shape[1] != q.shape[1])
-    if pieces is not None:
-        return fused_attention.attend_piecewise(q, k, v, pieces.feature, pieces.divisor, pieces.knots, pieces.slopes,
-                                                pieces.intercepts, -offsets.delta - pieces.low, causal)
+    return fused_attention.attend_piecewise(q, k, v, pieces.feature, pieces.divisor, pieces.knots, pieces.slopes,
+                                            pieces.intercepts, -offsets.delta - pieces.low, causal)
+
+
+def _relative_in_chunks(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, offsets: Offsets,
+                        causal: bool) -> Tensor | None:
+    """Rows per query (Scheme.relative_rows). They reach back to the first key, so long inference runs chunks
+    of queries whose rows span only the keys each sees: memory of a chunk, not of (Tq, Tk). Training keeps one
+    call (per chunk, autograd would add up the key and value gradients of every chunk's slice)."""
+    tq, tk = q.shape[-2], k.shape[-2]
     if not causal or tq < 2 * QUERY_CHUNK or _needs_grad(q, k, scheme):
-        return _relative(q, k, v, scheme, offsets, low, high, causal)
-    # Inference: rows per query reach back to the first key, so in chunks of queries each chunk's rows span
-    # only the keys it sees: memory of a chunk, not of (Tq, Tk). (Training keeps one call: per chunk, autograd
-    # would add up key and value gradients of every chunk's slice.)
+        return _relative(q, k, v, scheme, offsets, *relative_span(offsets, tq, tk, causal), causal)
     outs = []
     for start in range(0, tq, QUERY_CHUNK):
-        stop, shift = min(start + QUERY_CHUNK, tq), torch.tensor(start)
-        chunk = Offsets(offsets.delta + shift, offsets.lowest + start, offsets.highest + start)
-        keys = tk - tq + stop
+        stop, keys = min(start + QUERY_CHUNK, tq), tk - tq + min(start + QUERY_CHUNK, tq)
+        chunk = Offsets(offsets.delta + start, offsets.lowest + start, offsets.highest + start)
         out = _relative(q[:, :, start:stop], k[:, :, :keys], v[:, :, :keys], scheme, chunk,
                         *relative_span(chunk, stop - start, keys, causal), causal)
         if out is None:
