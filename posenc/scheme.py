@@ -27,7 +27,9 @@ class RelativeRows:
     [low, low + S - 1] (Shaw et al. 2018's clipping; Transformer-XL's rows span every distance present):
         logit(i, j) += rows[b, h, i, clamp(r - low, 0, S - 1)]            (after the 1/sqrt(Dh) scaling)
         out_i       += sum_j w_ij values[clamp(r - low, 0, S - 1)]         (when values is given)
-    and q_shift (H, Dh) is added to q before q . k (a per-key content term u . k_j)."""
+    and q_shift (H, Dh) is added to q before q . k (a per-key content term u . k_j). Rows spanning the asked
+    [low, high] are never read below index Tq - 1 - i in row i (no key lies before the first): a scheme may
+    leave those entries zero."""
 
     rows: Tensor  # (B,H,Tq,S)
     low: int

@@ -109,7 +109,7 @@ class _RowBiasAttention(torch.autograd.Function):
     def backward(ctx, dout, dmass):
         q, k, v, out, lse, rows, e, mass = ctx.saved_tensors
         dq, dk, dv = _zeros_like_operands(q, k, v)
-        drow = torch.zeros_like(rows) if ctx.needs_input_grad[3] else None
+        drow = torch.empty_like(rows) if ctx.needs_input_grad[3] else None  # the kernel writes it all
         dmass = dmass.contiguous() if mass is not None else None
         args = RowArgs(native.ptr(rows), _row_strides(rows), rows.shape[-1], native.ptr(e), native.ptr(drow),
                        native.ptr(mass), native.ptr(dmass), _row_strides(mass))

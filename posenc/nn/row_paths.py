@@ -48,6 +48,8 @@ def position_offsets(q_pos: Tensor, k_pos: Tensor) -> Offsets | None:
 
 
 def _counts_up(pos: Tensor) -> bool:
+    if pos.shape[1] == 1:  # one position per row (a decode step)
+        return True
     rows = pos[:1] if pos.stride(0) == 0 else pos  # an expanded tensor: one row to check
     steps = torch.arange(pos.shape[1], device=pos.device)
     return bool((rows - rows[:, :1] == steps).all())
@@ -57,6 +59,8 @@ def _offsets(q_pos: Tensor, k_pos: Tensor) -> Offsets | None:
     if q_pos.dim() != 2 or k_pos.dim() != 2 or not (_counts_up(q_pos) and _counts_up(k_pos)):
         return None
     delta = (q_pos[:, 0] - k_pos[:, 0]).to(torch.int64)
+    if delta.shape[0] == 1:
+        return Offsets(delta, *(2 * [int(delta[0])]))
     return Offsets(delta, int(delta.min()), int(delta.max()))
 
 
@@ -161,16 +165,15 @@ def _relative(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, offsets: Offsets,
 def _attend(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, offsets: Offsets, low: int, causal: bool) -> Tensor:
     """The kernel; for one query per row without gradients (a decode step), SDPA with the bias as a mask: its
     single-query kernel is faster, and the bias is one row slice, (B|1,H,1,Tk)."""
-    e = -offsets.delta - low  # (B,): key j of query i reads index e - i + j
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or rows.requires_grad)
     if q.shape[-2] > 1 or needs_grad:
-        return fused_attention.attend_rows(q, k, v, rows, e, causal)[0]
+        return fused_attention.attend_rows(q, k, v, rows, -offsets.delta - low, causal)[0]  # e: index of key j - i
     tk, length = k.shape[-2], rows.shape[-1]
     first = -offsets.highest - low  # the lowest e
     if offsets.lowest == offsets.highest and first >= 0 and first + tk <= length:
         bias = rows[..., first : first + tk]  # (B|1,H,1,Tk) a view
     else:
-        index = (e[:, None] + torch.arange(tk, device=q.device)).clamp(0, length - 1)  # (B,Tk)
+        index = (-offsets.delta[:, None] - low + torch.arange(tk, device=q.device)).clamp(0, length - 1)  # (B,Tk)
         bias = rows.expand(q.shape[0], -1, -1, -1).gather(-1, index[:, None, None].expand(-1, rows.shape[1], 1, -1))
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), enable_gqa=k.shape[1] != q.shape[1])
 

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from posenc.absolute.sinusoidal import sinusoidal_table
+from posenc.nn.triangular import triangular_rows
 from posenc.scheme import Dims, RelativeRows, Scheme
 
 
@@ -83,7 +84,7 @@ class TransformerXL(Scheme):
         if q.shape[0] * q.shape[2] < q.shape[3]:  # few queries (decoding): reverse the small rows
             rows = (scaled @ rk.transpose(-1, -2)).flip(-1)
         else:  # reverse the distances once, not a (B,H,Tq,L) tensor
-            rows = scaled @ rk.flip(1).transpose(-1, -2)
+            rows = triangular_rows(scaled, rk.flip(1))
         return RelativeRows(rows, low, q_shift=self.u.to(q.dtype))  # rows (B,H,Tq,L) for r = low..high
 
     def extra_repr(self) -> str:

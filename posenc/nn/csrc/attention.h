@@ -38,7 +38,7 @@ struct RowArgs {
     int64_t strides[3];
     int64_t length;
     const int64_t* e;
-    float* grad;  // backward: d rows, zero-filled, contiguous like rows (or null)
+    float* grad;  // backward: d rows, contiguous like rows (or null); the kernel writes every entry
     float* mass;  // forward: softmax mass per row index (or null)
     const float* dmass;  // backward: its gradient (or null)
     int64_t mass_strides[3];

@@ -27,6 +27,10 @@ struct Partials {
         for (int t = 0; t < threads; ++t)
             for (int64_t x = 0; x < size; ++x) target[x] += data[t * size + x];
     }
+    void sum_into(float* target, int threads) const {  // target = the sum (it may hold anything before)
+        std::fill(target, target + size, 0.0f);
+        add_to(target, threads);
+    }
 };
 
 struct RowPolicy {
@@ -52,6 +56,14 @@ struct RowPolicy {
     void backward(const float* ds, int64_t n, int64_t b, int64_t h, int64_t i, int64_t j0, float*, float* mine) const {
         if (rows.grad) rows.backward(ds, n, b, h, i, j0, shared ? mine : rows.grad);
     }
+    // Zero the d rows this (b, h) owns before adding to them (the caller allocates them uninitialised: a row
+    // per query is as large as the scores' block, and zeroing it here is parallel and close to its use).
+    void start(int64_t b, int64_t h, int64_t tq) const {
+        if (!rows.grad || shared) return;
+        float* g = rows.grad + b * rows.grad_stride_b + h * rows.grad_stride_h;
+        for (int64_t i = 0; i < (rows.grad_stride_i ? tq : 1); ++i)
+            std::fill(g + i * rows.grad_stride_i, g + i * rows.grad_stride_i + rows.length, 0.0f);
+    }
 };
 
 struct PiecewisePolicy {
@@ -61,6 +73,7 @@ struct PiecewisePolicy {
         return bias.add(s, n, scale, b, h, i, j0, x);
     }
     void mass_grad(float*, int64_t, int64_t, int64_t, int64_t, int64_t) const {}
+    void start(int64_t, int64_t, int64_t) const {}
     float mass_delta(int64_t, int64_t, int64_t) const { return 0.0f; }
     // mine: [feature (S) | divisor (rows x Tq) | slope (H x K1) | intercept (H x K1)]
     void backward(const float* ds, int64_t n, int64_t b, int64_t h, int64_t i, int64_t j0, float* x,
@@ -77,6 +90,7 @@ struct PiecewisePolicy {
 template <class Policy>
 void head_backward(const Attention& a, const Policy& policy, int64_t b, int64_t h, float* mine, Scratch& w) {
     const int64_t D = a.D, hk = a.kv_head(h);
+    policy.start(b, h, a.Tq);
     for (int64_t i = 0; i < a.Tq; ++i) {  // delta_i = sum_j P_ij dP_ij
         const float* o = a.at(a.out, a.o_strides, b, h, i);
         const float* g = a.at(a.dout, a.do_strides, b, h, i);
@@ -151,7 +165,7 @@ extern "C" int posenc_attention_rows_backward(const Attention* a, const RowArgs*
     // rows are contiguous (1, H, Tq|1, S): one copy is H * stride_h floats
     if (shared) partials.reserve(a->H * (r->strides[1] ? r->strides[1] : r->length), a->threads);
     backward(*a, RowPolicy{rows, *r, shared}, partials);
-    if (shared) partials.add_to(r->grad, a->threads);
+    if (shared) partials.sum_into(r->grad, a->threads);
     return 0;
 }
 
