@@ -147,7 +147,7 @@ void backward(const Attention& a, const Policy& policy, Partials& partials) {
         w.delta.resize(a.Tq);
         w.x.resize(a.kv_block);
         float* mine = partials.mine();
-#pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(static, 1)  // a fixed split: per-thread sums add up the same way every run
         for (int64_t task = 0; task < tasks; ++task) {
             const int64_t b = task / a.Hkv, hk = task % a.Hkv;
             for (int64_t h = hk * group; h < (hk + 1) * group; ++h) head_backward(a, policy, b, h, mine, w);
