@@ -26,7 +26,8 @@ demo: $(STAMP)
 	$(BIN)/posenc compare --config configs/compare.yaml
 
 bench: $(STAMP)
-	MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=68719476736 $(BIN)/python -m benchmarks.run
+	MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=68719476736 $(BIN)/python -m benchmarks.run \
+		$(if $(BASELINE),--baseline $(BASELINE))
 
 lint: $(STAMP)
 	$(BIN)/ruff check posenc tests benchmarks

@@ -1,19 +1,20 @@
-"""Causal attention with each bias scheme: posenc's dispatch (flex score_mod / chunked) vs plain causal
-SDPA with no positions vs the naive path that materialises the (H, T, T) bias (NeMo's way)."""
+"""Causal attention with each bias scheme: posenc's dispatch (rows in the native kernel / flex score_mod / chunked)
+vs plain causal SDPA with no positions vs the naive path that materialises the (H, T, T) bias (NeMo's way)."""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from benchmarks.memory import peak_live_bytes
-from benchmarks.timing import median_seconds, ratio
+from benchmarks.timing import interleaved_seconds, ratio
 from posenc.models import GPTConfig
+from posenc.nn import bias_paths
 from posenc.nn.attention_core import attend
-from posenc.nn.bias_paths import biased_attention
 from posenc.registry import build
 
 SCHEMES_WITH_BIAS = ("alibi", "kerple", "sandwich", "relative", "fire", "shaw")
-NAIVE_MAX_T = 4096  # the naive (H,T,T) path at 8192 is 2 GiB per bias and ~10 s a call: measured up to here
+NAIVE_MAX_T = 2048  # the naive (H,T,T) path, for contrast; at 8192 it is 2 GiB per bias and ~10 s a call
 
 
 def _scheme(name: str, heads: int, head_dim: int, t: int):
@@ -23,12 +24,14 @@ def _scheme(name: str, heads: int, head_dim: int, t: int):
 
 
 def _posenc_path(scheme, q, k, v, pos):
-    if scheme.needs_weights:  # Shaw: the eager path (its value term needs the weights)
-        from posenc.nn.attention_core import attend_eager
+    if scheme.needs_weights:  # Shaw: its value term reads the weights
+        if hasattr(bias_paths, "weights_attention"):
+            return bias_paths.weights_attention(q, k, v, scheme, pos, pos, True)
+        from posenc.nn.attention_core import attend_eager  # before weights_attention existed (a baseline run)
 
         out, w = attend_eager(q, k, v, scheme.bias(pos, pos, q, k), True)
         return out + scheme.mix_values(w, pos, pos)
-    return biased_attention(q, k, v, scheme, pos, pos, True)
+    return bias_paths.biased_attention(q, k, v, scheme, pos, pos, True)
 
 
 def attention_rows(lengths: list[int], heads: int, head_dim: int, repeats: int,
@@ -43,19 +46,16 @@ def _rows_at(t: int, heads: int, head_dim: int, repeats: int, schemes) -> list[d
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, heads, t, head_dim, generator=g) for _ in range(3))
     pos = torch.arange(t)[None]
+    calls = {("none (causal SDPA)", "sdpa"): lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)}
+    for name in schemes:
+        scheme = _scheme(name, heads, head_dim, t)
+        calls[(name, "posenc")] = lambda s=scheme: _posenc_path(s, q, k, v, pos)
+        if t <= NAIVE_MAX_T:
+            calls[(name, "naive (H,T,T) bias")] = lambda s=scheme: attend(q, k, v, s.bias(pos, pos, q, k), True)
     with torch.no_grad():
-        base = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-        base_s, base_mem = median_seconds(base, repeats), peak_live_bytes(base)
-        rows = [{"T": t, "scheme": "none (causal SDPA)", "path": "sdpa", "ms": 1e3 * base_s, "x sdpa": 1.0,
-                 "peak MiB": base_mem / 2**20, "x sdpa mem": 1.0}]
-        for name in schemes:
-            scheme = _scheme(name, heads, head_dim, t)
-            paths = {"posenc": lambda s=scheme: _posenc_path(s, q, k, v, pos)}
-            if t <= NAIVE_MAX_T:
-                paths["naive (H,T,T) bias"] = lambda s=scheme: attend(q, k, v, s.bias(pos, pos, q, k), True)
-            for path, fn in paths.items():
-                seconds, mem = median_seconds(fn, repeats), peak_live_bytes(fn)
-                rows.append({"T": t, "scheme": name, "path": path, "ms": 1e3 * seconds,
-                             "x sdpa": ratio(seconds, base_s), "peak MiB": mem / 2**20,
-                             "x sdpa mem": ratio(mem, base_mem)})
-    return rows
+        seconds = interleaved_seconds(calls, repeats, warmup=1)
+        memory = {key: peak_live_bytes(fn) for key, fn in calls.items()}
+    base = ("none (causal SDPA)", "sdpa")
+    return [{"T": t, "scheme": name, "path": path, "ms": 1e3 * seconds[(name, path)],
+             "x sdpa": ratio(seconds[(name, path)], seconds[base]), "peak MiB": memory[(name, path)] / 2**20,
+             "x sdpa mem": ratio(memory[(name, path)], memory[base])} for name, path in calls]

@@ -1,8 +1,10 @@
-"""BENCHMARKS.md from the results of one run."""
+"""BENCHMARKS.md from the results of one run (and, optionally, a baseline run's results for "before")."""
 
 from __future__ import annotations
 
 import math
+
+from benchmarks import targets
 
 
 def _cell(value) -> str:
@@ -14,31 +16,92 @@ def _cell(value) -> str:
 def table(rows: list[dict]) -> str:
     if not rows:
         return "(no rows)\n"
-    cols = list(rows[0])
+    cols = list(dict.fromkeys(c for r in rows for c in r))
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(_cell(r.get(c, "")) for c in cols) + " |" for r in rows]
     return "\n".join(lines) + "\n"
 
 
+def _met(value: float, bound: float | None) -> str:
+    return "" if bound is None or math.isnan(value) else ("yes" if value <= bound else "**no**")
+
+
+def _before(baseline: dict | None, section: str, match: dict, column: str) -> float | None:
+    for row in (baseline or {}).get(section, []):
+        if all(row.get(k) == v for k, v in match.items()):
+            return row.get(column)
+    return None
+
+
+def _with_before(value: float, before: float | None) -> str:
+    return _cell(value) if before is None else f"{_cell(value)} (was {_cell(before)})"
+
+
+def train_table(rows: list[dict], baseline: dict | None) -> list[dict]:
+    """One row per scheme, one column per (T, B): x none (and the baseline's), and whether the target holds."""
+    shapes = list(dict.fromkeys((r["T"], r["B"]) for r in rows))
+    out = []
+    for scheme in dict.fromkeys(r["scheme"] for r in rows):
+        bound = targets.train_target(scheme)
+        line = {"scheme": scheme, "target": f"<= {bound:g}" if bound else ""}
+        misses = 0
+        for t, b in shapes:
+            r = next(r for r in rows if (r["T"], r["B"], r["scheme"]) == (t, b, scheme))
+            before = _before(baseline, "train", {"T": t, "B": b, "scheme": scheme}, "x none")
+            line[f"T={t} B={b}"] = _with_before(r["x none"], before) if scheme != "none" else f"{r['ms/step']:.1f} ms"
+            misses += _met(r["x none"], bound) == "**no**"
+        line["met"] = "" if bound is None else ("yes" if not misses else f"**no** ({misses})")
+        out.append(line)
+    return out
+
+
+def forward_table(rows: list[dict], baseline: dict | None) -> list[dict]:
+    out = []
+    for r in rows:
+        time_bound, memory_bound = targets.forward_target(r["scheme"])
+        before = _before(baseline, "forward", {"T": r["T"], "scheme": r["scheme"]}, "x none")
+        out.append({**r, "x none": _with_before(r["x none"], before), "met": " / ".join(
+            m for m in (_met(r["x none"], time_bound), _met(r["x none mem"], memory_bound)) if m)})
+    return out
+
+
+def decode_table(rows: list[dict], baseline: dict | None) -> list[dict]:
+    out = []
+    for r in rows:
+        before = _before(baseline, "decode", {"context": r["context"], "scheme": r["scheme"]}, "x none")
+        out.append({**r, "x none": _with_before(r["x none"], before),
+                    "met": _met(r["x none"], targets.decode_target(r["scheme"]))})
+    return out
+
+
 SECTIONS = {
-    "rope": ("RoPE on q and k", "Time to rotate q and k; `x copy` is the ratio to cloning the same bytes (the floor), "
-             "`x posenc` the ratio to posenc. Target: posenc <= 1.5x copy, and >= 2x faster than transformers."),
-    "attention": ("Causal attention with a bias",
-                  "`posenc` = the default path (on CPU: query blocks of 256 rows with their bias; flex_attention "
-                  "with POSENC_FLEX=1 or on CUDA; Shaw: its eager path); `naive` materialises the (H,T,T) bias. "
-                  "Peak MiB = peak live bytes of tensors the call creates (benchmarks/memory.py). "
-                  "Targets: <= 1.25x SDPA time, peak memory within 10% of SDPA."),
-    "train": ("Training tokens/s", "A 4-layer d_model 256 GPT, batch 8; ratio to `none`. Target: within 10% "
-              "except shaw, transformer_xl, cope."),
-    "decode": ("Decode step with the KV cache", "Median latency of one new token after a prompt of `context` "
-               "tokens; ratio to `none`. Target: within 10%."),
+    "train": ("Training step", "A 4-layer GPT, d_model 128, 4 heads, fp32: one step (forward, backward, AdamW) at "
+              "2048 tokens per step; each cell is the step time's ratio to `none` (the `none` row gives its time), "
+              "every scheme measured in the same rounds. Targets (issue 15): rope, xpos, p_rope, learned_absolute, "
+              "sinusoidal <= 1.05; alibi, kerple, sandwich, relative <= 1.25; fire, shaw, transformer_xl, cope <= 2. "
+              "`met`: the target holds at every length (else the number of misses).", train_table),
+    "forward": ("Inference forward", "A 2-layer GPT, d_model 256, 8 heads, one sequence of T tokens; peak MiB = peak "
+                "live bytes of tensors the forward creates (benchmarks/memory.py). Targets: every bias scheme <= "
+                "1.25x `none` in time, peak memory within 10% of `none`.", forward_table),
+    "attention": ("Causal attention with a bias", "One attention call, 8 heads, head dim 64: `posenc` = the default "
+                  "path (on CPU: the bias read from rows in the native kernel; flex_attention on CUDA; chunks of "
+                  "queries for schemes without rows); `naive` materialises the (H,T,T) bias (NeMo's way). "
+                  "Peak MiB as above.", None),
+    "decode": ("Decode step with the KV cache", "A 4-layer GPT, d_model 256, 8 heads: median latency of one new "
+               "token against a cache of `context` tokens, ratio to `none`. Target: every scheme <= 1.1x.",
+               decode_table),
+    "rope": ("RoPE on q and k", "Time to rotate q and k; `x copy` is the ratio to cloning the same bytes (the "
+             "floor), `x posenc` the ratio to posenc. Target: posenc <= 1.5x copy, and >= 2x faster than "
+             "transformers.", None),
 }
 
 
-def markdown(results: dict) -> str:
+def markdown(results: dict, baseline: dict | None = None) -> str:
     parts = ["# posenc benchmarks\n", f"Generated by `python -m benchmarks.run` on {results['machine']}; "
-             f"{results['seconds']:.0f} s. Every ratio comes from this one run.\n"]
-    for key, (title, note) in SECTIONS.items():
+             f"{results['seconds']:.0f} s. Every ratio comes from this one run"]
+    parts.append(f"; `(was x)`: the same harness on {baseline['label']}.\n" if baseline else ".\n")
+    for key, (title, note, shape) in SECTIONS.items():
         if key in results:
-            parts += [f"\n## {title}\n", f"{note}\n\n", table(results[key])]
+            rows = shape(results[key], baseline) if shape else results[key]
+            parts += [f"\n## {title}\n", f"{note}\n\n", table(rows)]
     return "".join(parts)

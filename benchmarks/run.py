@@ -1,8 +1,13 @@
-"""One benchmark run: RoPE vs peers, attention with biases, training tokens/s, cached decoding.
+"""One benchmark run: training steps, inference forwards, attention with biases, cached decoding, RoPE vs peers.
 
     MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=68719476736 python -m benchmarks.run
-    (or `posenc bench`); --quick for a smoke run. Writes BENCHMARKS.md and benchmarks/results.json.
-Ratios are measured side by side in this one run (median of repeats, warm-up excluded).
+    (or `make bench`, `posenc bench`); --quick for a smoke run. Writes BENCHMARKS.md and benchmarks/results.json.
+Ratios are measured side by side in this one run (medians of interleaved rounds, warm-up excluded).
+--baseline RESULTS.json adds a "was" value to every ratio from an earlier run of this harness, e.g. on the
+commit before a change (the harness only uses APIs that commit has):
+    git worktree add /tmp/before <commit> && cp -r benchmarks /tmp/before/ && cd /tmp/before && \
+        MALLOC_...=... <repo>/.venv/bin/python -m benchmarks.run --out /tmp/before   # imports /tmp/before/posenc
+    cd <repo> && make bench BASELINE=/tmp/before/benchmarks/results.json
 """
 
 from __future__ import annotations
@@ -16,49 +21,62 @@ from pathlib import Path
 import torch
 
 from benchmarks.bench_attention import attention_rows
-from benchmarks.bench_model import decode_rows, train_rows
+from benchmarks.bench_model import decode_rows, forward_rows, train_rows
 from benchmarks.bench_rope import rope_rows
 from benchmarks.report import markdown
 
 ALL_SCHEMES = ["none", "learned_absolute", "sinusoidal", "rope", "xpos", "p_rope", "alibi", "kerple", "sandwich",
                "relative", "fire", "shaw", "transformer_xl", "cope"]
+# Schemes whose positional term is (Tq, Tk)-sized by nature (CoPE's gates, Transformer-XL's per-query rows over
+# every distance) are left out of the long inference forwards: at 8192 tokens that is 2 GiB per layer.
+FORWARD_SCHEMES = ["none", "rope", "alibi", "kerple", "sandwich", "relative", "fire", "shaw"]
 
 
 def plan(quick: bool) -> dict:
     if quick:
-        return {"rope": [(1, 8, 256, 64)], "lengths": [256], "repeats": 2, "train": ["none", "rope", "alibi"],
-                "train_seq": 64, "steps": 2, "contexts": [128], "new_tokens": 3}
-    return {"rope": [(1, 8, 512, 64), (1, 16, 2048, 64), (1, 16, 4096, 64), (4, 32, 4096, 128), (1, 16, 8192, 128),
-                     (2, 8, 8192, 64)],
-            "lengths": [512, 1024, 2048, 4096, 8192], "repeats": 5, "train": ALL_SCHEMES, "train_seq": 512,
-            "steps": 5, "contexts": [512, 2048, 8192], "new_tokens": 12}
+        return {"train": ["none", "rope", "alibi"], "train_shapes": [(32, 2)], "train_repeats": 2,
+                "forward": ["none", "alibi"], "forward_lengths": [128], "forward_repeats": 2,
+                "attention_lengths": [256], "attention_repeats": 2, "decode": ["none", "rope", "alibi"],
+                "contexts": [64], "new_tokens": 3, "rope": [(1, 8, 256, 64)], "rope_repeats": 2}
+    return {"train": ALL_SCHEMES, "train_shapes": [(64, 32), (256, 8), (1024, 2), (2048, 1)], "train_repeats": 7,
+            "forward": FORWARD_SCHEMES, "forward_lengths": [2048, 4096, 8192], "forward_repeats": 3,
+            "attention_lengths": [2048, 4096, 8192], "attention_repeats": 3, "decode": ALL_SCHEMES,
+            "contexts": [4096], "new_tokens": 15,
+            "rope": [(1, 8, 512, 64), (1, 16, 2048, 64), (4, 32, 4096, 128), (2, 8, 8192, 64)], "rope_repeats": 5}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny sizes: checks the harness, measures nothing")
     parser.add_argument("--out", default=".", help="folder for BENCHMARKS.md (results.json goes to benchmarks/)")
-    parser.add_argument("--sections", default="rope,attention,train,decode")
+    parser.add_argument("--sections", default="train,forward,attention,decode,rope")
+    parser.add_argument("--baseline", help="results.json of an earlier run: its ratios are shown as 'was'")
+    parser.add_argument("--baseline-label", default="the commit before issue 15's fast paths")
     args = parser.parse_args(argv)
     p, sections = plan(args.quick), set(args.sections.split(","))
     started = time.perf_counter()
     results = {"machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
                           f"torch {torch.__version__}", "quick": args.quick}
-    if "rope" in sections:
-        results["rope"] = rope_rows(p["rope"], p["repeats"])
-    if "attention" in sections:
-        results["attention"] = attention_rows(p["lengths"], 8, 64, max(2, p["repeats"] - 2))
     if "train" in sections:
-        results["train"] = train_rows(p["train"], p["train_seq"], 8, p["steps"])
+        results["train"] = train_rows(p["train"], p["train_shapes"], p["train_repeats"])
+    if "forward" in sections:
+        results["forward"] = forward_rows(p["forward"], p["forward_lengths"], p["forward_repeats"])
+    if "attention" in sections:
+        results["attention"] = attention_rows(p["attention_lengths"], 8, 64, p["attention_repeats"])
     if "decode" in sections:
-        results["decode"] = decode_rows(p["train"], p["contexts"], p["new_tokens"])
+        results["decode"] = decode_rows(p["decode"], p["contexts"], p["new_tokens"])
+    if "rope" in sections:
+        results["rope"] = rope_rows(p["rope"], p["rope_repeats"])
     results["seconds"] = time.perf_counter() - started
+    baseline = None
+    if args.baseline:
+        baseline = {**json.loads(Path(args.baseline).read_text()), "label": args.baseline_label}
     out = Path(args.out)
     (out / "benchmarks").mkdir(parents=True, exist_ok=True)
     json_path = out / "benchmarks" / ("results-quick.json" if args.quick else "results.json")
     json_path.write_text(json.dumps(results, indent=2))
     md_path = out / ("BENCHMARKS-quick.md" if args.quick else "BENCHMARKS.md")
-    md_path.write_text(markdown(results))
+    md_path.write_text(markdown(results, baseline))
     print(md_path.read_text())
     print(f"wrote {md_path} and {json_path}")
     return 0

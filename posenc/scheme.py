@@ -28,6 +28,37 @@ ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
 @dataclass(frozen=True)
+class RelativeRows:
+    """Content terms read at the relative position r = n - m (key minus query), clamped to the rows' span
+    [low, low + S - 1] (Shaw et al. 2018's clipping; Transformer-XL's rows span every distance present):
+        logit(i, j) += rows[b, h, i, clamp(r - low, 0, S - 1)]            (after the 1/sqrt(Dh) scaling)
+        out_i       += sum_j w_ij values[clamp(r - low, 0, S - 1)]         (when values is given)
+    and q_shift (H, Dh) is added to q before q . k (a per-key content term u . k_j). Rows spanning the asked
+    [low, high] are never read below index Tq - 1 - i in row i (no key lies before the first): a scheme may
+    leave those entries zero."""
+
+    rows: Tensor  # (B,H,Tq,S)
+    low: int
+    values: Tensor | None = None  # (S,Dh)
+    q_shift: Tensor | None = None  # (H,Dh)
+
+
+@dataclass(frozen=True)
+class PiecewiseBias:
+    """A bias that is a piecewise-linear function, per head, of a distance feature scaled per query:
+        bias(b, h, i, j) = slopes[h, s] * x + intercepts[h, s],  x = feature[r - low] / divisor[b, i]
+    at r = n - m, s = the number of knots below x. feature must not grow with r. A ReLU MLP of one input is
+    exactly this, with a knot where each hidden unit turns on (FIRE)."""
+
+    feature: Tensor  # (S,) for r = low..high
+    low: int
+    divisor: Tensor  # (B|1,Tq)
+    knots: Tensor  # (K,) ascending
+    slopes: Tensor  # (H,K+1)
+    intercepts: Tensor  # (H,K+1)
+
+
+@dataclass(frozen=True)
 class Dims:
     """What a scheme needs from the model to build its tables; filled in by the model config."""
 
@@ -106,6 +137,26 @@ class Scheme(nn.Module):
         """The same bias as a flex_attention score modifier (no (H,Tq,Tk) tensor), or None."""
         return None
 
+    def bias_by_distance(self, distance: Tensor) -> Tensor | None:
+        """bias() as a function of m - n alone: distance (S,) int64 -> (H,S) float32, or None (the default)
+        when the bias reads anything else. Fast paths then read one row per head instead of (Tq,Tk) values."""
+        return None
+
+    def relative_rows(self, q: Tensor, low: int, high: int) -> RelativeRows | None:
+        """bias() (and mix_values()) as rows read at r = n - m, for r in [low, high], or None (the default).
+        q (B,H,Tq,Dh). Fast paths then never build the (B,H,Tq,Tk) bias or weights."""
+        return None
+
+    def contextual_rows(self, q: Tensor) -> Tensor | None:
+        """bias() as CoPE's rows (B,H,Tq,P), or None (the default): causal attention adds rows[b, h, i] read at
+        p_ij = sum_{t=j..i} sigmoid(q_i . k_t / sqrt(Dh)), linearly interpolated, p clamped to P - 1."""
+        return None
+
+    def piecewise_bias(self, q_pos: Tensor, low: int, high: int) -> PiecewiseBias | None:
+        """bias() as a PiecewiseBias for r = n - m in [low, high] and queries at q_pos (B,Tq), or None (the
+        default). Fast paths then evaluate it per block of scores, never as a (B,H,Tq,Tk) tensor."""
+        return None
+
     def extra_repr(self) -> str:
         changed = {f.name: getattr(self.options, f.name) for f in dataclasses.fields(self.options)
                    if getattr(self.options, f.name) != _default(f)}
@@ -136,3 +187,13 @@ def materialises_bias(scheme: Scheme | type[Scheme]) -> bool:
 def relative_distance(q_pos: Tensor, k_pos: Tensor) -> Tensor:
     """(B,Tq), (B,Tk) -> m - n as (B,1,Tq,Tk) int64, broadcastable over heads."""
     return (q_pos[:, :, None] - k_pos[:, None, :]).unsqueeze(1)
+
+
+def shared_row(pos: Tensor) -> Tensor:
+    """(B,T) -> (1,T) when every row holds the same positions (the usual batch): tables are then
+    built and gathered once and broadcast over B. A stride-0 (expanded) tensor needs no comparison."""
+    if pos.dim() != 2 or pos.shape[0] < 2:
+        return pos
+    if pos.stride(0) == 0 or bool((pos == pos[:1]).all()):
+        return pos[:1]
+    return pos

@@ -8,7 +8,7 @@ from torch import Tensor, nn
 
 from posenc.errors import bad_value
 from posenc.memory import check_table_fits
-from posenc.scheme import Dims, Scheme
+from posenc.scheme import Dims, Scheme, shared_row
 
 
 class PositionTooLarge(ValueError):
@@ -40,7 +40,7 @@ class LearnedAbsolute(Scheme):
                 f"0..{self.dims.max_seq_len - 1} (max_seq_len={self.dims.max_seq_len}); "
                 "use a relative scheme or a larger max_seq_len"
             )
-        return x + self.wpe(pos).to(x.dtype)  # (B,T,D)
+        return x + self.wpe(shared_row(pos)).to(x.dtype)  # (B|1,T,D): one gather when rows share positions
 
 
 __all__ = ["LearnedAbsolute", "PositionTooLarge"]

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from posenc.scheme import Dims, Scheme
+from posenc.scheme import Dims, Scheme, shared_row
 
 
 def sinusoidal_table(pos: Tensor, d: int, base: float = 10000.0) -> Tensor:
@@ -38,4 +38,5 @@ class Sinusoidal(Scheme):
         self.scale = math.sqrt(2.0) * dims.init_std  # see the module docstring
 
     def embed(self, x: Tensor, pos: Tensor, input_ids: Tensor | None = None) -> Tensor:
-        return x + (self.scale * sinusoidal_table(pos, self.dims.d_model)).to(x.dtype)  # (B,T,D)
+        rows = shared_row(pos)  # (1,T) when every batch row holds the same positions: one table, broadcast
+        return x + (self.scale * sinusoidal_table(rows, self.dims.d_model)).to(x.dtype)  # (B,T,D)

@@ -72,6 +72,10 @@ class ALiBi(Scheme):
         distance = relative_distance(q_pos, k_pos).abs().to(torch.float32)  # (B|1,1,Tq,Tk)
         return -self.slopes.view(1, -1, 1, 1) * distance  # (B|1,H,Tq,Tk)
 
+    def bias_by_distance(self, distance: Tensor) -> Tensor:
+        """distance (S,) m - n -> (H,S): -slope * |m - n|, exactly bias()'s values."""
+        return -self.slopes[:, None] * distance.abs().to(torch.float32)[None]
+
     def score_mod(self, q_pos: Tensor, k_pos: Tensor) -> ScoreMod:
         slopes = self.slopes
 

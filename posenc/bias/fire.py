@@ -28,8 +28,9 @@ import torch
 from torch import Tensor, nn
 
 from posenc.bias._distance import shared_rows
+from posenc.bias._piecewise import relu_mlp_pieces
 from posenc.checks import number_in, positive_int
-from posenc.scheme import Dims, Scheme, from_first_key
+from posenc.scheme import Dims, PiecewiseBias, Scheme, from_first_key
 
 FIRE_EPS = 1e-6  # the paper's code adds it to psi(max(L, i)) so a tiny c cannot divide by ~0
 FIRE_FLOOR = 1e-6  # c, L >= this: exp of a very negative log underflows to exactly 0 in float32
@@ -85,6 +86,15 @@ class FIRE(Scheme):
         x = fire_inputs(q_pos, k_pos, self.c, self.threshold)  # (B|1,Tq,Tk)
         x = x.to(self.mlp[0].weight.dtype).unsqueeze(-1)  # (B|1,Tq,Tk,1)
         return self.mlp(x).permute(0, 3, 1, 2)  # (B|1,Tq,Tk,H) -> (B|1,H,Tq,Tk)
+
+    def piecewise_bias(self, q_pos: Tensor, low: int, high: int) -> PiecewiseBias:
+        """The bias as the MLP's exact pieces of x = psi(i - j) / psi(max(L, i)): feature psi(m - n) for
+        r = n - m in [low, high] (future keys clamped to 0, as fire_inputs does), divisor per query."""
+        distance = (-torch.arange(low, high + 1, device=q_pos.device)).clamp_min(0).to(torch.float32)  # m - n
+        i = shared_rows(q_pos, q_pos)[0].to(torch.float32)  # (B|1,Tq)
+        divisor = torch.log1p(self.c * torch.maximum(i, self.threshold)) + FIRE_EPS
+        knots, slopes, intercepts = relu_mlp_pieces(self.mlp[0], self.mlp[2])
+        return PiecewiseBias(torch.log1p(self.c * distance), low, divisor, knots, slopes, intercepts)
 
     def extra_repr(self) -> str:
         return f"heads={self.dims.n_head}, mlp_width={self.mlp[0].out_features}"

@@ -123,10 +123,13 @@ class KERPLE(Scheme):
         return self.KERNELS[self.kernel], self.b, self.a, self.p
 
     def bias(self, q_pos: Tensor, k_pos: Tensor, q: Tensor | None = None, k: Tensor | None = None) -> Tensor:
-        kernel, b, a, p = self._kernel_args()
-        b, a, p = b[:, None], a[:, None], p[:, None]  # (H,1)
         # the kernel once per distance (H, S), then gathered: no log/pow per (B,H,Tq,Tk) entry
-        return distance_bias(q_pos, k_pos, lambda d: kernel(d.abs().to(torch.float32)[None], b, a, p))
+        return distance_bias(q_pos, k_pos, self.bias_by_distance)
+
+    def bias_by_distance(self, distance: Tensor) -> Tensor:
+        """distance (S,) m - n -> (H,S): the kernel of |m - n| per head."""
+        kernel, b, a, p = self._kernel_args()
+        return kernel(distance.abs().to(torch.float32)[None], b[:, None], a[:, None], p[:, None])  # (H,1) params
 
     def score_mod(self, q_pos: Tensor, k_pos: Tensor) -> ScoreMod:
         kernel, b, a, p = (x.detach() if isinstance(x, Tensor) else x for x in self._kernel_args())

@@ -47,11 +47,12 @@ class Sandwich(Scheme):
         return self.table
 
     def bias(self, q_pos: Tensor, k_pos: Tensor, q: Tensor | None = None, k: Tensor | None = None) -> Tensor:
-        def per_distance(m_minus_n: Tensor) -> Tensor:
-            table = self._table(int(m_minus_n.abs().max()))
-            return table[m_minus_n.abs()][None] / self.head_scales[:, None]  # (H, S)
+        return distance_bias(q_pos, k_pos, self.bias_by_distance)  # (B|1,H,Tq,Tk)
 
-        return distance_bias(q_pos, k_pos, per_distance)  # (B|1,H,Tq,Tk)
+    def bias_by_distance(self, distance: Tensor) -> Tensor:
+        """distance (S,) m - n -> (H,S): the table at |m - n|, compressed per head."""
+        table = self._table(int(distance.abs().max()))
+        return table[distance.abs()][None] / self.head_scales[:, None]
 
     def score_mod(self, q_pos: Tensor, k_pos: Tensor) -> ScoreMod:
         both = torch.cat((q_pos, k_pos), 1)

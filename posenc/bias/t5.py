@@ -87,11 +87,12 @@ class T5RelativeBias(Scheme):
         return _bucket(relative_position, self.bidirectional, self.num_buckets, self.max_distance)
 
     def bias(self, q_pos: Tensor, k_pos: Tensor, q: Tensor | None = None, k: Tensor | None = None) -> Tensor:
-        def per_distance(m_minus_n: Tensor) -> Tensor:  # buckets of n - m, looked up once per distance
-            buckets = _bucket(-m_minus_n, self.bidirectional, self.num_buckets, self.max_distance)
-            return self.table[buckets].t()  # (H, S)
+        return distance_bias(q_pos, k_pos, self.bias_by_distance)  # (B|1,H,Tq,Tk)
 
-        return distance_bias(q_pos, k_pos, per_distance)  # (B|1,H,Tq,Tk)
+    def bias_by_distance(self, distance: Tensor) -> Tensor:
+        """distance (S,) m - n -> (H,S): buckets of n - m, looked up once per distance."""
+        buckets = _bucket(-distance, self.bidirectional, self.num_buckets, self.max_distance)
+        return self.table[buckets].t()
 
     def score_mod(self, q_pos: Tensor, k_pos: Tensor) -> ScoreMod:
         # One lookup per score: the bias of every distance in range, (H, span), built once per call.

@@ -77,6 +77,10 @@ class CoPE(Scheme):
             raise ValueError("cope: bias() needs q and k (gates are sigmoid(q . k)); attention passes them")
         return interpolated_logits(q, self.table, contextual_positions(q, k))
 
+    def contextual_rows(self, q: Tensor) -> Tensor:
+        """q . e[n] for every integer position n (B,H,Tq,npos): the fast paths interpolate them per pair."""
+        return q.float() @ self.table.float().T
+
     def extra_repr(self) -> str:
         return f"npos_max={self.table.shape[0]}, head_dim={self.dims.head_dim}"
 

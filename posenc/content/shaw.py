@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from posenc.errors import bad_value
-from posenc.scheme import Dims, Scheme
+from posenc.scheme import Dims, RelativeRows, Scheme
 
 
 def check_max_relative_position(value: Any) -> None:
@@ -65,6 +65,11 @@ class Shaw(Scheme):
         index = clipped_index(q_pos, k_pos, self.max_relative_position)  # (B,1,Tq,Tk)
         index = index.expand(q.shape[0], q.shape[1], -1, -1)  # (B,H,Tq,Tk), a view
         return per_distance.gather(-1, index) * q.shape[-1] ** -0.5  # (B,H,Tq,Tk)
+
+    def relative_rows(self, q: Tensor, low: int, high: int) -> RelativeRows:
+        """Both terms as rows at clip(n - m, -k, k): q . a^K (B,H,Tq,2k+1) scaled, and P_V for the values."""
+        rows = (q @ self.key_table.to(q.dtype).T) * q.shape[-1] ** -0.5  # (B,H,Tq,2k+1)
+        return RelativeRows(rows, -self.max_relative_position, self.value_table.to(q.dtype))
 
     def mix_values(self, weights: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """Value term of eq. 3: sum_n w_mn a^V_mn, (B,H,Tq,Dh)."""

@@ -27,7 +27,8 @@ import torch
 from torch import Tensor, nn
 
 from posenc.absolute.sinusoidal import sinusoidal_table
-from posenc.scheme import Dims, Scheme
+from posenc.nn.triangular import triangular_rows
+from posenc.scheme import Dims, RelativeRows, Scheme
 
 
 class TransformerXL(Scheme):
@@ -49,6 +50,18 @@ class TransformerXL(Scheme):
         r = sinusoidal_table(offsets, self.dims.d_model).to(like.dtype)  # (L,D), computed in float64
         return self.w_r(r).view(-1, self.dims.n_head, self.dims.head_dim).transpose(0, 1)  # (H,L,Dh)
 
+    def kept_projected_distances(self, low: int, high: int, like: Tensor) -> Tensor:
+        """projected_distances, kept across calls when no gradient reaches W_R: a decode step asks for one more
+        distance than the last, and projecting all of them again cost 5x the step. Grown by doubling."""
+        if torch.is_grad_enabled() and self.w_r.weight.requires_grad:
+            return self.projected_distances(low, high, like)
+        key = (self.w_r.weight._version, like.dtype, like.device)
+        kept = getattr(self, "_kept", None)
+        if kept is None or kept[0] != key or kept[1] > low or kept[2] < high:
+            first, last = min(low, 0), max(high, 2 * high, 64)
+            kept = self._kept = (key, first, last, self.projected_distances(first, last, like).contiguous())
+        return kept[3][:, low - kept[1] : high - kept[1] + 1]  # (H,L,Dh)
+
     def content_bias(self, k: Tensor) -> Tensor:
         """Term (c), u.k_j: k (B,Hkv,Tk,Dh) -> (B,H,1,Tk); GQA query head h reads key head h // group."""
         b, hkv, tk, dh = k.shape
@@ -65,6 +78,16 @@ class TransformerXL(Scheme):
         index = (distance - low).unsqueeze(1).expand(q.shape[0], q.shape[1], -1, -1)  # (B,H,Tq,Tk)
         position = per_distance.gather(-1, index)  # (B,H,Tq,Tk)
         return (position + self.content_bias(k)) * q.shape[-1] ** -0.5  # (B,H,Tq,Tk)
+
+    def relative_rows(self, q: Tensor, low: int, high: int) -> RelativeRows:
+        """(b) + (d) as rows at r = n - m in [low, high] (distance i - j = -r), scaled; (c) as q_shift = u."""
+        rk = self.kept_projected_distances(-high, -low, q)  # (H,L,Dh) for i - j = -high..-low
+        scaled = (q + self.v.to(q.dtype)[:, None, :]) * q.shape[-1] ** -0.5  # (B,H,Tq,Dh): scale before the matmul
+        if q.shape[0] * q.shape[2] < q.shape[3]:  # few queries (decoding): reverse the small rows
+            rows = (scaled @ rk.transpose(-1, -2)).flip(-1)
+        else:  # reverse the distances once, not a (B,H,Tq,L) tensor
+            rows = triangular_rows(scaled, rk.flip(1))
+        return RelativeRows(rows, low, q_shift=self.u.to(q.dtype))  # rows (B,H,Tq,L) for r = low..high
 
     def extra_repr(self) -> str:
         return f"heads={self.dims.n_head}, head_dim={self.dims.head_dim}"

@@ -11,7 +11,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from posenc.nn.attention_core import attend, attend_eager, causal_mask
-from posenc.nn.bias_paths import biased_attention
+from posenc.nn.bias_paths import biased_attention, weights_attention
 from posenc.nn.kv_cache import KVCache
 from posenc.nn.projections import HeadProjections
 from posenc.scheme import Scheme, materialises_bias
@@ -35,11 +35,9 @@ class SelfAttention(HeadProjections):
         if cache is not None:
             k, v = cache.update(self.layer, k, v)  # (B,Hkv,Tk,Dh)
         dropout = self.dropout if self.training else 0.0
-        if scheme.needs_weights:  # Shaw's value term reads the weights: the eager path
-            bias = scheme.bias(q_pos, k_pos, q, k)  # (B|1,H,Tq,Tk) or None
-            out, weights = attend_eager(q, k, v, bias, self.causal, dropout)  # (B,H,Tq,Dh)
-            out = out + scheme.mix_values(weights, q_pos, k_pos)
-        elif materialises_bias(scheme):  # flex score_mod, chunked, or reference: no (H,T,T) when long
+        if scheme.needs_weights:  # Shaw's value term reads the weights: rows, or the eager path
+            out = weights_attention(q, k, v, scheme, q_pos, k_pos, self.causal, dropout)  # (B,H,Tq,Dh)
+        elif materialises_bias(scheme):  # rows, flex score_mod, chunked, or reference: no (H,T,T) when long
             out = biased_attention(q, k, v, scheme, q_pos, k_pos, self.causal, dropout)
         else:
             out = attend(q, k, v, None, self.causal, dropout)  # (B,H,Tq,Dh): SDPA's own kernel

@@ -1,12 +1,15 @@
 """Ways to run attention with a positional bias, fastest first; each is tested equal to `attend`
 with the bias materialised (the reference, NeMo's way).
 
+rows:    posenc.nn.row_paths: the bias computed per block inside one native kernel, forward and backward,
+         for schemes that give it as rows, pieces or CoPE rows (CPU, float32; positions counting up by one).
+         The default wherever it serves, training included.
 flex:    torch.nn.attention.flex_attention with the scheme's score_mod and a causal block mask,
          compiled once per process with dynamic shapes; no (H,Tq,Tk) tensor exists. Inference only
          on CPU (flex has no CPU backward in torch 2.13); default on CUDA, opt-in on CPU (see
          flex_enabled).
 chunked: queries in blocks of CHUNK_ROWS; each block's (B,H,rows,Tk) bias is built, used and freed,
-         so memory grows as rows*Tk, not Tq*Tk. Works with autograd; the training path.
+         so memory grows as rows*Tk, not Tq*Tk. Works with autograd and any dtype or position layout.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ import warnings
 import torch
 from torch import Tensor
 
-from posenc.nn.attention_core import attend
+from posenc.nn import row_paths
+from posenc.nn.attention_core import attend, attend_eager
 from posenc.scheme import Scheme
 
 CHUNK_ROWS = 256
@@ -98,7 +102,9 @@ def needs_grad(q: Tensor, scheme: Scheme) -> bool:
 
 def biased_attention(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, q_pos: Tensor, k_pos: Tensor,
                      causal: bool, dropout: float = 0.0) -> Tensor:
-    """Dispatch for a scheme that contributes a bias: flex, else chunked, else the reference."""
+    """Dispatch for a scheme that contributes a bias: rows, else flex, else chunked, else the reference."""
+    if dropout == 0.0 and (out := row_paths.attend(q, k, v, scheme, q_pos, k_pos, causal)) is not None:
+        return out
     large = q.shape[-2] * k.shape[-2] >= MIN_FAST_SCORES
     if large and dropout == 0.0 and not needs_grad(q, scheme) and flex_enabled(q.device):
         out = flex_attention_path(q, k, v, scheme, q_pos, k_pos, causal)
@@ -107,3 +113,12 @@ def biased_attention(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, q_pos: Ten
     if large and q.shape[-2] > CHUNK_ROWS:
         return chunked_attention(q, k, v, scheme, q_pos, k_pos, causal, dropout)
     return attend(q, k, v, scheme.bias(q_pos, k_pos, q, k), causal, dropout)
+
+
+def weights_attention(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, q_pos: Tensor, k_pos: Tensor,
+                      causal: bool, dropout: float = 0.0) -> Tensor:
+    """For a scheme that reads the weights (Shaw's value term): rows, else the eager path (B,H,Tq,Tk)."""
+    if dropout == 0.0 and (out := row_paths.attend(q, k, v, scheme, q_pos, k_pos, causal)) is not None:
+        return out
+    out, weights = attend_eager(q, k, v, scheme.bias(q_pos, k_pos, q, k), causal, dropout)  # (B,H,Tq,Dh)
+    return out + scheme.mix_values(weights, q_pos, k_pos)

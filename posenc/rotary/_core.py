@@ -43,21 +43,46 @@ def _pairs(x: Tensor, rot_dim: int, interleaved: bool) -> tuple[Tensor, Tensor]:
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False) -> Tensor:
-    """Rotate the first R = 2 * cos.shape[-1] dims of x (B,H,T,Dh); cos/sin (B,1,T,R/2).
+    """Rotate the first R = 2 * cos.shape[-1] dims of x (B,H,T,Dh); cos/sin (B|1,1,T,R/2).
 
-    Writes each half once into a fresh output (no rotate_half temporaries) when no
-    gradient is needed; otherwise uses out-of-place ops autograd can follow.
+    With a gradient to track, a custom autograd function: the backward of a rotation is the
+    rotation by the opposite angle, so it saves only cos/sin and runs the same kernel twice. Left to
+    autograd, the slices and cat of the plain formula cost ~5x more (zero-filled slice gradients).
     """
-    rot_dim = 2 * cos.shape[-1]
     if x.element_size() < 4:  # bf16/fp16: rotate in float32, round once (cos/sin keep 24 bits)
         return apply_rotary(x.float(), cos, sin, interleaved).to(x.dtype)
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    x1, x2 = _pairs(x, rot_dim, interleaved)
-    if torch.is_grad_enabled() and (x.requires_grad or cos.requires_grad):
-        return _apply_differentiable(x, x1, x2, cos, sin, rot_dim, interleaved)
+    if torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad):  # tables with parameters
+        return apply_rotary_autograd(x, cos, sin, interleaved)
+    if torch.is_grad_enabled() and x.requires_grad:
+        return _Rotate.apply(x, cos, sin, interleaved)
+    return _rotate(x, cos, sin, interleaved)
+
+
+class _Rotate(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
+        ctx.save_for_backward(cos, sin)
+        ctx.interleaved = interleaved
+        return _rotate(x, cos, sin, interleaved)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        cos, sin = ctx.saved_tensors
+        return _rotate(grad, cos, sin, ctx.interleaved, sign=-1.0), None, None, None  # R(theta)^T = R(-theta)
+
+
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, sign: float = 1.0) -> Tensor:
+    """No autograd: the native one-pass kernel, else each half written once into a fresh output."""
+    native = _fast.rotate_native(x, cos, sin, interleaved, sign)
+    if native is not None:
+        return native
+    sin = sin if sign > 0 else -sin
+    rot_dim = 2 * cos.shape[-1]
     fast = _fast_inference(x, cos, sin, interleaved)
     if fast is not None:
         return fast
+    x1, x2 = _pairs(x, rot_dim, interleaved)
     out = torch.empty_like(x)
     o1, o2 = _pairs(out, rot_dim, interleaved)
     torch.mul(x1, cos, out=o1)
@@ -77,7 +102,10 @@ def _fast_inference(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> T
     return None
 
 
-def _apply_differentiable(x, x1, x2, cos, sin, rot_dim, interleaved):
+def apply_rotary_autograd(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False) -> Tensor:
+    """The plain formula, differentiated by autograd: the reference for apply_rotary's gradients."""
+    rot_dim = 2 * cos.shape[-1]
+    x1, x2 = _pairs(x, rot_dim, interleaved)
     r1 = x1 * cos - x2 * sin
     r2 = x2 * cos + x1 * sin
     if interleaved:  # (.., R/2, 2) -> (.., R): re-interleave the pairs

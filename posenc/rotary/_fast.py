@@ -1,5 +1,7 @@
-"""Fast RoPE kernels for inference (no autograd), each tested equal to the reference path.
+"""Fast RoPE kernels (no autograd: apply_rotary's autograd function calls them forward and backward), each
+tested equal to the reference path.
 
+native: posenc/nn/csrc/rotary.cpp, one pass over x for either pairing, float32 on CPU (posenc.nn.native).
 interleaved pairs (x[2i], x[2i+1]) are complex numbers in memory already: one complex multiply
 reads x once and writes once (the memory-copy floor). half-split pairs (x[i], x[i+R/2]) are not
 adjacent; a torch.compile'd kernel fuses the four products into one pass. Compilation costs ~20 s
@@ -14,6 +16,8 @@ import warnings
 
 import torch
 from torch import Tensor
+
+from posenc.nn import native
 
 COMPILE_MIN_ELEMENTS = 1 << 22  # ~16 MB of float32: below this the eager path costs < a few ms
 _compiled = None
@@ -55,3 +59,26 @@ def rotate_half_split_compiled(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor | 
 
 def can_use_complex(x: Tensor) -> bool:
     return x.dtype in (torch.float32, torch.float64) and x.stride(-1) == 1 and all(s % 2 == 0 for s in x.stride()[:-1])
+
+
+def rotate_native(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, sign: float = 1.0) -> Tensor | None:
+    """x (B,H,T,Dh) float32 on CPU, cos/sin (B|1,1,T,R/2) -> x rotated by sign * angle; None when the
+    native kernels are unavailable here."""
+    if x.dtype != torch.float32 or x.device.type != "cpu" or x.dim() != 4 or (lib := native.library()) is None:
+        return None
+    b, h, t, d = x.shape
+    if cos.shape != sin.shape or cos.dim() != 4 or cos.shape[0] not in (1, b) or cos.shape[1:3] != (1, t):
+        return None
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    cos, sin = cos.to(torch.float32), sin.to(torch.float32)
+    if cos.stride() != sin.stride() or cos.stride(-1) != 1:
+        cos, sin = cos.contiguous(), sin.contiguous()
+    out = torch.empty_like(x)
+    if out.stride(-1) != 1:
+        out = torch.empty(x.shape, dtype=x.dtype)
+    cos_b = cos.stride(0) if cos.shape[0] > 1 else 0
+    lib.posenc_rotate(native.ptr(x), native.int64s(*x.stride()[:3]), native.ptr(out), native.int64s(*out.stride()[:3]),
+                      native.ptr(cos), native.ptr(sin), native.int64s(cos_b, cos.stride(2)),
+                      native.int64s(b, h, t, d, 2 * cos.shape[-1]), int(interleaved), sign,
+                      native.threads())
+    return out

@@ -18,7 +18,7 @@ from posenc.checks import number_in, optional_number_at_least
 from posenc.errors import bad_value
 from posenc.rotary._core import apply_rotary, cos_sin
 from posenc.rotary.scaling import SEQ_LEN_DEPENDENT, frequencies, rope_type
-from posenc.scheme import Dims, Scheme
+from posenc.scheme import Dims, Scheme, shared_row
 
 
 def rotary_dims(head_dim: int, rotary_percentage: float) -> int:
@@ -109,6 +109,7 @@ class RoPE(Scheme):
         memo = self._memo
         if memo is not None and memo[0] is pos and memo[1] == pos._version:
             return memo[2], memo[3]
+        key, pos = pos, shared_row(pos)  # (b,T), b = 1 when every row holds the same positions
         highest = int(pos.max()) if pos.numel() else 0
         if self._dynamic:  # frequencies depend on the current length: no reusable table
             inv_freq, scale = self._frequencies(highest + 1)
@@ -118,7 +119,7 @@ class RoPE(Scheme):
             cos, sin = cos_table[pos].unsqueeze(1), sin_table[pos].unsqueeze(1)
         else:  # beyond the cap (e.g. a 1e6 offset): compute these rows directly, still in float64
             cos, sin = cos_sin(pos, self.inv_freq.to(pos.device), self.attention_scaling)
-        self._memo = (pos, pos._version, cos, sin)
+        self._memo = (key, key._version, cos, sin)
         return cos, sin
 
     def _position_table(self, needed: int, device: torch.device) -> tuple[Tensor, Tensor]:

@@ -26,7 +26,7 @@ from torch import Tensor
 from posenc.checks import number_in
 from posenc.rotary._core import angles, apply_rotary
 from posenc.rotary.rope import RoPE, RotaryOptions
-from posenc.scheme import Dims, from_first_key
+from posenc.scheme import Dims, from_first_key, shared_row
 
 XPOS_MAX_LOG = 40.0  # e^40 ~ 2e17: q and k scales multiply to at most e^80 < float32 max e^88
 
@@ -86,7 +86,7 @@ class XPos(RoPE):
         hit = memo.get(sign)
         if hit is not None and hit[0] is pos and hit[1] == pos._version:
             return hit[2]
-        tables = xpos_tables(pos, self.inv_freq, self.log_zeta, self.scale_base, sign)
+        tables = xpos_tables(shared_row(pos), self.inv_freq, self.log_zeta, self.scale_base, sign)
         self._memo = {**memo, sign: (pos, pos._version, tables)}
         return tables
 

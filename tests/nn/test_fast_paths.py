@@ -106,7 +106,8 @@ def test_dispatch_uses_flex_or_chunks_for_long_inputs_and_never_builds_the_full_
         return real_bias(self, *args, **kwargs)
 
     monkeypatch.setattr(type(scheme), "bias", recording_bias)
-    monkeypatch.setitem(bias_paths._flex_state, "failed", True)  # force the chunked path
+    monkeypatch.setattr(bias_paths.row_paths, "attend", lambda *args: None)  # no rows: the chunked path
+    monkeypatch.setitem(bias_paths._flex_state, "failed", True)
     with torch.no_grad():
         bias_paths.biased_attention(q, k, v, scheme, pos, pos, True)
     assert shapes and max(s[1] for s in shapes) <= bias_paths.CHUNK_ROWS

@@ -89,3 +89,25 @@ def test_transformer_xl_is_refused_by_the_encoder_with_the_allowed_list():
     message = str(err.value)
     assert "encoder_position_embedding_type" in message and "encoder" in message and "relative" in message
     T5Config(decoder_position_embedding_type="transformer_xl")  # the decoder takes it
+
+
+def test_fast_path_rows_in_query_chunks_equal_the_bias_with_gradients(monkeypatch):
+    """Long inputs multiply only the part of each row attention reads (chunks of queries): outputs and
+    gradients equal the reference bias path."""
+    from posenc.nn import native, row_paths, triangular
+    from posenc.nn.attention_core import attend
+
+    if not native.has_gemm():
+        pytest.skip("native kernels not built on this machine")
+    monkeypatch.setattr(triangular, "CHUNK", 8)
+    torch.manual_seed(0)
+    scheme = TransformerXL(Dims(64, 4, 16, 128, True, 4))
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 4, 37, 16, generator=g, requires_grad=True) for _ in range(3))
+    pos = torch.arange(37).expand(2, 37) + 5
+    fast = row_paths.attend(q, k, v, scheme, pos, pos, True)
+    ref = attend(q, k, v, scheme.bias(pos, pos, q, k), True)
+    torch.testing.assert_close(fast, ref, rtol=1e-5, atol=1e-5)
+    inputs = [q, k, v, *scheme.parameters()]
+    for a, b in zip(torch.autograd.grad(fast.sum(), inputs), torch.autograd.grad(ref.sum(), inputs), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)

@@ -1,0 +1,130 @@
+// Flash-style attention forward with a positional bias computed per block from a policy (bias_rows.h,
+// bias_piecewise.h), so no (H, Tq, Tk) tensor exists:
+//   out_i = sum_j softmax_j(scale * q_i . k_j + bias(i, j)) v_j,  and lse_i = log sum_j exp(...)
+// Queries in blocks (one task per batch row, head and block); keys in blocks with an online softmax.
+#include <vector>
+
+#include "bias_piecewise.h"
+#include "bias_rows.h"
+
+namespace {
+
+struct Scratch {
+    std::vector<float> scores, acc, max, sum, mass, x;
+};
+
+// Optional output of the row bias: the softmax weight landing on each row index (Shaw's value term).
+struct Mass {
+    const RowArgs* rows;  // null: no mass
+    void clear(Scratch& w, int64_t qn) const {
+        if (rows) std::fill(w.mass.begin(), w.mass.begin() + qn * rows->length, 0.0f);
+    }
+    void rescale(Scratch& w, int64_t r, float alpha) const {
+        if (rows) for (int64_t t = 0; t < rows->length; ++t) w.mass[r * rows->length + t] *= alpha;
+    }
+    void add(Scratch& w, int64_t r, const float* p, int64_t b, int64_t i, int64_t j0, int64_t n) const {
+        if (rows) RowBias::scatter_to_row(w.mass.data() + r * rows->length, p, rows->length, rows->e[b] - i, j0, n);
+    }
+    void store(const Scratch& w, int64_t r, int64_t b, int64_t h, int64_t i, float inv) const {
+        if (!rows) return;
+        const int64_t* s = rows->mass_strides;
+        float* m = rows->mass + b * s[0] + h * s[1] + i * s[2];
+        for (int64_t t = 0; t < rows->length; ++t) m[t] = w.mass[r * rows->length + t] * inv;
+    }
+};
+
+template <class Bias>
+void query_block(const Attention& a, const Bias& bias, const Mass& mass, int64_t b, int64_t h, int64_t q0,
+                 int64_t qn, Scratch& w) {
+    const int64_t D = a.D, hk = a.kv_head(h);
+    std::fill(w.acc.begin(), w.acc.begin() + qn * D, 0.0f);
+    std::fill(w.max.begin(), w.max.begin() + qn, -INFINITY);
+    std::fill(w.sum.begin(), w.sum.begin() + qn, 0.0f);
+    mass.clear(w, qn);
+    const float* q = a.at(a.q, a.q_strides, b, h, q0);
+    for (int64_t k0 = 0, k_end = a.key_end(q0, qn); k0 < k_end; k0 += a.kv_block) {
+        const int64_t kn = std::min(a.kv_block, k_end - k0);
+        float* s = w.scores.data();
+        gemm(false, true, qn, kn, D, 1.0f, q, a.q_strides[2], a.at(a.k, a.k_strides, b, hk, k0), a.k_strides[2],
+             0.0f, s, kn);
+        for (int64_t r = 0; r < qn; ++r) {
+            const int64_t i = q0 + r, n = a.valid(i, k0, kn);
+            float* sr = s + r * kn;
+            const float top = bias.add(sr, n, a.scale, b, h, i, k0, w.x.data());
+            const float m_new = std::max(w.max[r], top);
+            if (m_new == -INFINITY) {  // no key yet for this query
+                std::fill(sr, sr + kn, 0.0f);
+                continue;
+            }
+            const float alpha = exp_nonpositive(w.max[r] - m_new);
+            float total = 0.0f;
+#pragma omp simd reduction(+ : total)
+            for (int64_t j = 0; j < n; ++j) {
+                sr[j] = exp_nonpositive(sr[j] - m_new);
+                total += sr[j];
+            }
+            std::fill(sr + n, sr + kn, 0.0f);
+            w.sum[r] = w.sum[r] * alpha + total;
+            w.max[r] = m_new;
+            if (alpha != 1.0f) {
+                for (int64_t c = 0; c < D; ++c) w.acc[r * D + c] *= alpha;
+                mass.rescale(w, r, alpha);
+            }
+            mass.add(w, r, sr, b, i, k0, n);
+        }
+        gemm(false, false, qn, D, kn, 1.0f, s, kn, a.at(a.v, a.v_strides, b, hk, k0), a.v_strides[2], 1.0f,
+             w.acc.data(), D);
+    }
+    for (int64_t r = 0; r < qn; ++r) {
+        const int64_t i = q0 + r;
+        const float inv = 1.0f / w.sum[r];
+        float* o = a.at(a.out, a.o_strides, b, h, i);
+        for (int64_t c = 0; c < D; ++c) o[c] = w.acc[r * D + c] * inv;
+        a.lse[(b * a.H + h) * a.Tq + i] = w.max[r] + std::log(w.sum[r]);
+        mass.store(w, r, b, h, i, inv);
+    }
+}
+
+template <class Bias>
+void forward(const Attention& a, const Bias& bias, const Mass& mass) {
+    const int64_t q_blocks = (a.Tq + a.q_block - 1) / a.q_block, tasks = a.B * a.H * q_blocks;
+#pragma omp parallel num_threads(a.threads) if (a.threads > 1 && tasks > 1)
+    {
+        const FlushDenormals flush;
+        const int saved = blas_threads_local(1);
+        Scratch w;
+        w.scores.resize(a.q_block * a.kv_block);
+        w.acc.resize(a.q_block * a.D);
+        w.max.resize(a.q_block);
+        w.sum.resize(a.q_block);
+        w.x.resize(a.kv_block);
+        if (mass.rows) w.mass.resize(a.q_block * mass.rows->length);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < tasks; ++task) {
+            const int64_t qb = task % q_blocks, bh = task / q_blocks;
+            const int64_t q0 = a.causal ? (q_blocks - 1 - qb) * a.q_block : qb * a.q_block;  // longest first
+            query_block(a, bias, mass, bh / a.H, bh % a.H, q0, std::min(a.q_block, a.Tq - q0), w);
+        }
+        blas_threads_local(saved);
+    }
+}
+
+// Adapts RowBias to the policy interface (it needs no feature scratch).
+struct RowPolicy {
+    RowBias rows;
+    float add(float* s, int64_t n, float scale, int64_t b, int64_t h, int64_t i, int64_t j0, float*) const {
+        return rows.add(s, n, scale, b, h, i, j0);
+    }
+};
+
+}  // namespace
+
+extern "C" int posenc_attention_rows_forward(const Attention* a, const RowArgs* r) {
+    forward(*a, RowPolicy{row_bias(*r)}, Mass{r->mass ? r : nullptr});
+    return 0;
+}
+
+extern "C" int posenc_attention_piecewise_forward(const Attention* a, const PiecewiseArgs* p) {
+    forward(*a, PiecewiseBias{*p}, Mass{nullptr});
+    return 0;
+}

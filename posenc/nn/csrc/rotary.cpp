@@ -1,0 +1,56 @@
+// RoPE in one pass: out = x rotated pairwise by the angles whose cos/sin are given (Su et al. 2021, eq. 34).
+// x, out (B, H, T, Dh) with (b, h, t) strides and a contiguous last dim; cos/sin (B|1, T, R/2) with (b, t)
+// strides. sign = -1 rotates backwards (the gradient of a rotation). Pairs are (x[i], x[i + R/2]) (half-split)
+// or (x[2i], x[2i + 1]) (interleaved); dims past R are copied.
+#include "common.h"
+
+sgemm_fn posenc_sgemm = nullptr;
+threads_local_fn posenc_blas_threads_local = nullptr;
+
+extern "C" void posenc_set_blas(sgemm_fn gemm, threads_local_fn threads_local) {
+    posenc_sgemm = gemm;
+    posenc_blas_threads_local = threads_local;
+}
+
+namespace {
+
+inline void rotate_half_split(const float* x, float* o, const float* c, const float* s, int64_t half, float sign) {
+#pragma omp simd
+    for (int64_t i = 0; i < half; ++i) {
+        const float a = x[i], b = x[i + half], sn = sign * s[i];
+        o[i] = a * c[i] - b * sn;
+        o[i + half] = b * c[i] + a * sn;
+    }
+}
+
+inline void rotate_interleaved(const float* x, float* o, const float* c, const float* s, int64_t half, float sign) {
+#pragma omp simd
+    for (int64_t i = 0; i < half; ++i) {
+        const float a = x[2 * i], b = x[2 * i + 1], sn = sign * s[i];
+        o[2 * i] = a * c[i] - b * sn;
+        o[2 * i + 1] = b * c[i] + a * sn;
+    }
+}
+
+}  // namespace
+
+// shape = (B, H, T, Dh, R); strides in elements.
+extern "C" void posenc_rotate(const float* x, const int64_t* x_strides, float* out, const int64_t* o_strides,
+                              const float* cos, const float* sin, const int64_t* cs_strides, const int64_t* shape,
+                              int interleaved, float sign, int threads) {
+    const int64_t B = shape[0], H = shape[1], T = shape[2], D = shape[3], R = shape[4], half = R / 2;
+    const int64_t rows = B * T;
+#pragma omp parallel for num_threads(threads) if (threads > 1 && rows * H * D >= (1 << 16))
+    for (int64_t bt = 0; bt < rows; ++bt) {
+        const int64_t b = bt / T, t = bt % T;
+        const float* c = cos + b * cs_strides[0] + t * cs_strides[1];
+        const float* s = sin + b * cs_strides[0] + t * cs_strides[1];
+        for (int64_t h = 0; h < H; ++h) {
+            const float* xr = x + b * x_strides[0] + h * x_strides[1] + t * x_strides[2];
+            float* orow = out + b * o_strides[0] + h * o_strides[1] + t * o_strides[2];
+            if (interleaved) rotate_interleaved(xr, orow, c, s, half, sign);
+            else rotate_half_split(xr, orow, c, s, half, sign);
+            if (R < D) std::memcpy(orow + R, xr + R, (D - R) * sizeof(float));
+        }
+    }
+}

@@ -1,0 +1,207 @@
+"""Attention with a positional bias computed inside one native kernel, forward and backward
+(posenc/nn/csrc/attention_*.cpp); no (B, H, Tq, Tk) tensor exists. Notation as in attention.py.
+
+Two kinds of bias, each with an autograd function whose gradients reach the bias's own inputs:
+  rows:      bias(b, h, i, j) = rows[b, h, i, clamp(e[b] - i + j, 0, S - 1)]; rows (B|1, H, Tq|1, S) hold a bias
+             of the distance (one row per head) or a content term (one row per query, Shaw's q . a^K), and the
+             optional `mass` (B, H, Tq, S) is the softmax weight landing on each row index (Shaw's value term).
+  piecewise: bias(b, h, i, j) = slope[h, s] x + intercept[h, s], x = feature[e[b] - i + j] / divisor[b, i],
+             s = the number of knots below x (FIRE's MLP of one input, exactly).
+  contextual: CoPE's rows (B, H, Tq, P) read at positions counted by the gates sigmoid(q . k), causal only.
+float32 on CPU only; can_run() says where the kernels serve.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+from torch import Tensor
+
+from posenc.nn import native
+
+_I64x3 = ctypes.c_int64 * 3
+_FLOAT_P = ctypes.c_void_p
+
+
+class Attention(ctypes.Structure):  # mirrors csrc/attention.h
+    _fields_ = [*((n, _FLOAT_P) for n in ("q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv")),
+                *((f"{n}_strides", _I64x3) for n in ("q", "k", "v", "o", "do", "dq", "dk", "dv")),
+                *((n, ctypes.c_int64) for n in ("B", "H", "Hkv", "Tq", "Tk", "D")), ("scale", ctypes.c_float),
+                ("causal", ctypes.c_int32), ("q_block", ctypes.c_int64), ("kv_block", ctypes.c_int64),
+                ("threads", ctypes.c_int32)]
+
+
+class RowArgs(ctypes.Structure):
+    _fields_ = [("rows", _FLOAT_P), ("strides", _I64x3), ("length", ctypes.c_int64), ("e", _FLOAT_P),
+                ("grad", _FLOAT_P), ("mass", _FLOAT_P), ("dmass", _FLOAT_P), ("mass_strides", _I64x3)]
+
+
+class PiecewiseArgs(ctypes.Structure):
+    _fields_ = [("feature", _FLOAT_P), ("length", ctypes.c_int64), ("e", _FLOAT_P), ("divisor", _FLOAT_P),
+                ("divisor_stride_b", ctypes.c_int64), ("divisor_rows", ctypes.c_int64), ("knots", _FLOAT_P),
+                ("n_knots", ctypes.c_int64), ("slope", _FLOAT_P), ("intercept", _FLOAT_P),
+                *((n, _FLOAT_P) for n in ("d_feature", "d_divisor", "d_slope", "d_intercept"))]
+
+
+class CopeArgs(ctypes.Structure):
+    _fields_ = [("rows", _FLOAT_P), ("positions", ctypes.c_int64), ("grad", _FLOAT_P)]
+
+
+def blocks(tq: int) -> tuple[int, int]:
+    """(query rows, key columns) per block, as SDPA's CPU kernel chooses them."""
+    return (256 if tq >= 768 else 64 if tq >= 192 else 32), 512
+
+
+def _strides(t: Tensor) -> ctypes.Array:
+    """(b, h, t) strides of a (B, H, T, Dh) operand: 0 on a size-1 axis; t's is a BLAS leading dimension (>= Dh)."""
+    b, h, n, d = t.shape
+    return _I64x3(t.stride(0) if b > 1 else 0, t.stride(1) if h > 1 else 0, t.stride(2) if n > 1 else d)
+
+
+def _row_strides(t: Tensor | None) -> ctypes.Array:
+    """(b, h, i) strides of (B|1, H, Tq|1, S) rows: 0 where one row serves the whole axis."""
+    if t is None:
+        return _I64x3(0, 0, 0)
+    return _I64x3(*(s if n > 1 else 0 for s, n in zip(t.stride()[:3], t.shape[:3], strict=True)))
+
+
+def _dense_last(t: Tensor) -> Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _attention(q, k, v, out, lse, causal, scale, grads=None) -> Attention:
+    """The kernel's view of the operands; grads = (dout, dq, dk, dv) for the backward."""
+    b, h, tq, d = q.shape
+    q_block, kv_block = blocks(tq)
+    dout, dq, dk, dv = grads or (None,) * 4
+    tensors = {"q": q, "k": k, "v": v, "o": out, "do": dout, "dq": dq, "dk": dk, "dv": dv}
+    fields = {name: native.ptr(t) for name, t in zip(("q", "k", "v", "out", "dout", "dq", "dk", "dv"),
+                                                        tensors.values(), strict=True)}
+    strides = {f"{n}_strides": _strides(t) for n, t in tensors.items() if t is not None}
+    return Attention(**fields, lse=native.ptr(lse), **strides, B=b, H=h, Hkv=k.shape[1], Tq=tq, Tk=k.shape[2], D=d,
+                     scale=scale, causal=int(causal), q_block=q_block if grads is None else min(q_block, 64),
+                     kv_block=kv_block, threads=native.threads())
+
+
+def _zeros_like_operands(q, k, v):
+    return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)  # the kernel accumulates
+
+
+class _RowBiasAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, rows, e, causal, scale, want_mass):
+        q, k, v, rows = _dense_last(q), _dense_last(k), _dense_last(v), rows.contiguous()
+        out, lse = torch.empty_like(q), torch.empty(q.shape[:3])  # lse: the backward recomputes weights from it
+        mass = torch.empty(*q.shape[:3], rows.shape[-1]) if want_mass else None
+        args = RowArgs(native.ptr(rows), _row_strides(rows), rows.shape[-1], native.ptr(e), None, native.ptr(mass),
+                       None, _row_strides(mass))
+        attention = _attention(q, k, v, out, lse, causal, scale)
+        native.library().posenc_attention_rows_forward(ctypes.addressof(attention), ctypes.addressof(args))
+        ctx.save_for_backward(q, k, v, out, lse, rows, e, mass)
+        ctx.causal, ctx.scale = causal, scale
+        if mass is None:
+            mass = torch.empty(0)
+            ctx.mark_non_differentiable(mass)
+        return out, mass
+
+    @staticmethod
+    def backward(ctx, dout, dmass):
+        q, k, v, out, lse, rows, e, mass = ctx.saved_tensors
+        dq, dk, dv = _zeros_like_operands(q, k, v)
+        drow = torch.empty_like(rows) if ctx.needs_input_grad[3] else None  # the kernel writes it all
+        dmass = dmass.contiguous() if mass is not None else None
+        args = RowArgs(native.ptr(rows), _row_strides(rows), rows.shape[-1], native.ptr(e), native.ptr(drow),
+                       native.ptr(mass), native.ptr(dmass), _row_strides(mass))
+        dout = _dense_last(dout)  # a local: the kernel reads it through a raw pointer
+        attention = _attention(q, k, v, out, lse, ctx.causal, ctx.scale, (dout, dq, dk, dv))
+        native.library().posenc_attention_rows_backward(ctypes.addressof(attention), ctypes.addressof(args))
+        return dq, dk, dv, drow, None, None, None, None
+
+
+class _PiecewiseAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, feature, divisor, slope, intercept, knots, e, causal, scale):
+        q, k, v = _dense_last(q), _dense_last(k), _dense_last(v)
+        feature, divisor, slope, intercept = (t.contiguous() for t in (feature, divisor, slope, intercept))
+        out, lse = torch.empty_like(q), torch.empty(q.shape[:3])
+        args = _piecewise_args(feature, divisor, slope, intercept, knots, e)
+        attention = _attention(q, k, v, out, lse, causal, scale)
+        native.library().posenc_attention_piecewise_forward(ctypes.addressof(attention), ctypes.addressof(args))
+        ctx.save_for_backward(q, k, v, out, lse, feature, divisor, slope, intercept, knots, e)
+        ctx.causal, ctx.scale = causal, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse, feature, divisor, slope, intercept, knots, e = ctx.saved_tensors
+        dq, dk, dv = _zeros_like_operands(q, k, v)
+        grads = [torch.zeros_like(t) for t in (feature, divisor, slope, intercept)]
+        args = _piecewise_args(feature, divisor, slope, intercept, knots, e, grads)
+        dout = _dense_last(dout)  # a local: the kernel reads it through a raw pointer
+        attention = _attention(q, k, v, out, lse, ctx.causal, ctx.scale, (dout, dq, dk, dv))
+        native.library().posenc_attention_piecewise_backward(ctypes.addressof(attention), ctypes.addressof(args))
+        return dq, dk, dv, *grads, None, None, None, None
+
+
+class _ContextualAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, rows, scale):
+        q, k, v, rows = _dense_last(q), _dense_last(k), _dense_last(v), rows.contiguous()
+        out, lse = torch.empty_like(q), torch.empty(q.shape[:3])
+        args, attention = CopeArgs(native.ptr(rows), rows.shape[-1], None), _attention(q, k, v, out, lse, True, scale)
+        native.library().posenc_cope_forward(ctypes.addressof(attention), ctypes.addressof(args))
+        ctx.save_for_backward(q, k, v, out, lse, rows)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse, rows = ctx.saved_tensors
+        dq, dk, dv = _zeros_like_operands(q, k, v)
+        drows = torch.zeros_like(rows)
+        dout = _dense_last(dout)  # a local: the kernel reads it through a raw pointer
+        args = CopeArgs(native.ptr(rows), rows.shape[-1], native.ptr(drows))
+        attention = _attention(q, k, v, out, lse, True, ctx.scale, (dout, dq, dk, dv))
+        native.library().posenc_cope_backward(ctypes.addressof(attention), ctypes.addressof(args))
+        return dq, dk, dv, drows, None
+
+
+def _piecewise_args(feature, divisor, slope, intercept, knots, e, grads=None) -> PiecewiseArgs:
+    """divisor (B|1, Tq) contiguous; slope/intercept (H, K+1) contiguous; knots (K,)."""
+    g = [native.ptr(t) for t in grads] if grads else [None] * 4
+    return PiecewiseArgs(native.ptr(feature), feature.shape[-1], native.ptr(e), native.ptr(divisor),
+                         divisor.shape[-1] if divisor.shape[0] > 1 else 0, divisor.shape[0], native.ptr(knots),
+                         knots.shape[0], native.ptr(slope), native.ptr(intercept), *g)
+
+
+def can_run(q: Tensor, k: Tensor, v: Tensor) -> bool:
+    return (q.device.type == "cpu" and q.dtype == k.dtype == v.dtype == torch.float32 and q.dim() == 4
+            and q.shape[-1] == k.shape[-1] == v.shape[-1] and q.shape[1] % k.shape[1] == 0 and native.has_gemm())
+
+
+def attend_rows(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, e: Tensor, causal: bool,
+                want_mass: bool = False) -> tuple[Tensor, Tensor | None]:
+    """q (B,H,Tq,Dh), k/v (B,Hkv,Tk,Dh), rows (B|1,H,Tq|1,S), e (B,) int64 -> out (B,H,Tq,Dh) and, if asked,
+    mass (B,H,Tq,S). Only where can_run(q, k, v)."""
+    rows, e = rows.to(torch.float32), e.to(torch.int64).contiguous()
+    out, mass = _RowBiasAttention.apply(q, k, v, rows, e, causal, q.shape[-1] ** -0.5, want_mass)
+    return out, (mass if want_mass else None)
+
+
+def attend_piecewise(q: Tensor, k: Tensor, v: Tensor, feature: Tensor, divisor: Tensor, knots: Tensor,
+                     slope: Tensor, intercept: Tensor, e: Tensor, causal: bool) -> Tensor:
+    """feature (S,) non-increasing, divisor (B|1,Tq), knots (K,) ascending, slope/intercept (H,K+1), e (B,)
+    -> (B,H,Tq,Dh). Only where can_run(q, k, v)."""
+    f32 = [t.to(torch.float32) for t in (feature, divisor, slope, intercept)]
+    return _PiecewiseAttention.apply(q, k, v, *f32, knots.detach().to(torch.float32).contiguous(),
+                                     e.to(torch.int64).contiguous(), causal, q.shape[-1] ** -0.5)
+
+
+def attend_contextual(q: Tensor, k: Tensor, v: Tensor, rows: Tensor) -> Tensor:
+    """Causal attention with CoPE's bias: rows (B,H,Tq,P) read at the contextual position p_ij = sum_{t=j..i}
+    sigmoid(q_i . k_t / sqrt(Dh)), interpolated, clamped to P - 1 -> (B,H,Tq,Dh). Only where can_run(q, k, v)."""
+    return _ContextualAttention.apply(q, k, v, rows.to(torch.float32), q.shape[-1] ** -0.5)
+
+
+__all__ = ["attend_contextual", "attend_piecewise", "attend_rows", "blocks", "can_run"]

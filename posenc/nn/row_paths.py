@@ -1,0 +1,181 @@
+"""Attention whose bias is computed inside one native kernel (posenc.nn.fused_attention), for schemes that
+give it in a form the kernel reads: Scheme.bias_by_distance (one row per head: ALiBi, KERPLE, Sandwich, T5),
+Scheme.piecewise_bias (FIRE), Scheme.relative_rows (one row per query: Shaw, Transformer-XL) or
+Scheme.contextual_rows (CoPE).
+Notation as in attention.py.
+
+Rows are indexed by r = n - m (key minus query). They serve when every row of positions counts up by one
+(n - m = j - i - delta for key j, query i): the usual training, prompt and cached-decoding layout. Any other
+layout (packed or randomized positions), another dtype or device, or dropout, returns None: the caller
+falls back to the chunked or reference path, which every fast path here is tested equal to.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from posenc.nn import fused_attention
+from posenc.scheme import PiecewiseBias, Scheme
+
+QUERY_CHUNK = 256  # queries per chunk for rows per query (Transformer-XL's span every key the chunk sees)
+# Positions and rows are shared by all layers of a forward: one check and one row per forward, not per layer.
+_offsets_memo: list = [None]  # (q_pos, k_pos, versions, delta)
+_memo: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # scheme -> {kind: (q_pos, k_pos, key, value)}
+
+
+class Offsets(NamedTuple):
+    """delta = q_pos[:, 0] - k_pos[:, 0] per batch row (n - m = j - i - delta), and its extremes."""
+
+    delta: Tensor  # (B,) int64
+    lowest: int
+    highest: int
+
+
+def position_offsets(q_pos: Tensor, k_pos: Tensor) -> Offsets | None:
+    """(B,Tq), (B,Tk) -> Offsets when every row of both counts up by one, else None."""
+    hit = _offsets_memo[0]
+    versions = (q_pos._version, k_pos._version)
+    if hit is not None and hit[0] is q_pos and hit[1] is k_pos and hit[2] == versions:
+        return hit[3]
+    offsets = _offsets(q_pos, k_pos)
+    _offsets_memo[0] = (q_pos, k_pos, versions, offsets)
+    return offsets
+
+
+def _counts_up(pos: Tensor) -> bool:
+    if pos.shape[1] == 1:  # one position per row (a decode step)
+        return True
+    rows = pos[:1] if pos.stride(0) == 0 else pos  # an expanded tensor: one row to check
+    steps = torch.arange(pos.shape[1], device=pos.device)
+    return bool((rows - rows[:, :1] == steps).all())
+
+
+def _offsets(q_pos: Tensor, k_pos: Tensor) -> Offsets | None:
+    if q_pos.dim() != 2 or k_pos.dim() != 2 or not (_counts_up(q_pos) and _counts_up(k_pos)):
+        return None
+    delta = (q_pos[:, 0] - k_pos[:, 0]).to(torch.int64)
+    if delta.shape[0] == 1:
+        return Offsets(delta, *(2 * [int(delta[0])]))
+    return Offsets(delta, int(delta.min()), int(delta.max()))
+
+
+def relative_span(offsets: Offsets, tq: int, tk: int, causal: bool) -> tuple[int, int]:
+    """Lowest and highest r = n - m = j - i - delta that attention reads (causal: j <= i + tk - tq)."""
+    return -(tq - 1) - offsets.highest, (tk - tq if causal else tk - 1) - offsets.lowest
+
+
+def _per_forward(scheme: Scheme, kind: str, q_pos: Tensor, k_pos: Tensor, span: tuple[int, int], build):
+    """build(), once per forward: all layers share the scheme, the positions and the parameters' versions."""
+    key = (kind, span, q_pos._version, k_pos._version, torch.is_grad_enabled(),
+           tuple(p._version for p in scheme.parameters()))
+    kept = _memo.setdefault(scheme, {})
+    hit = kept.get(kind)
+    if hit is not None and hit[0] is q_pos and hit[1] is k_pos and hit[2] == key:
+        return hit[3]
+    value = build()
+    kept[kind] = (q_pos, k_pos, key, value)
+    return value
+
+
+def _distance_rows(scheme: Scheme, low: int, high: int, device: torch.device) -> Tensor | None:
+    """(1,H,1,S) rows over r = n - m = low..high from the scheme's bias of m - n = -r."""
+    by_distance = scheme.bias_by_distance(torch.arange(-high, -low + 1, device=device))  # (H,S), m - n ascending
+    return None if by_distance is None else by_distance.flip(-1)[None, :, None, :]
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, q_pos: Tensor, k_pos: Tensor,
+           causal: bool) -> Tensor | None:
+    """q (B,H,Tq,Dh), k/v (B,Hkv,Tk,Dh) -> (B,H,Tq,Dh) with the scheme's bias (and value term), or None."""
+    if not fused_attention.can_run(q, k, v):
+        return None
+    if causal and (contextual := scheme.contextual_rows(q)) is not None:  # CoPE reads no positions
+        return fused_attention.attend_contextual(q, k, v, contextual)
+    offsets = position_offsets(q_pos, k_pos)
+    if offsets is None:
+        return None
+    tq, tk = q.shape[-2], k.shape[-2]
+    low, high = relative_span(offsets, tq, tk, causal)
+    if high - low + 1 > 2 * (tq + tk):  # batch rows far apart: rows would be longer than the scores
+        return None
+    span = (low, high)
+    rows = _per_forward(scheme, "rows", q_pos, k_pos, span, lambda: _distance_rows(scheme, low, high, q.device))
+    if rows is not None:
+        return _attend(q, k, v, rows, offsets, low, causal)
+    pieces = _per_forward(scheme, "pieces", q_pos, k_pos, span, lambda: scheme.piecewise_bias(q_pos, low, high))
+    if pieces is None:
+        return _relative_in_chunks(q, k, v, scheme, offsets, causal)
+    if tq == 1 and not _needs_grad(q, k, scheme):  # a decode step: one bias row for all layers, then SDPA
+        bias = _per_forward(scheme, "pieces_row", q_pos, k_pos, span, lambda: _one_query(pieces, offsets, tk))
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=k.shape[1] != q.shape[1])
+    return fused_attention.attend_piecewise(q, k, v, pieces.feature, pieces.divisor, pieces.knots, pieces.slopes,
+                                            pieces.intercepts, -offsets.delta - pieces.low, causal)
+
+
+def _relative_in_chunks(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, offsets: Offsets,
+                        causal: bool) -> Tensor | None:
+    """Rows per query (Scheme.relative_rows). They reach back to the first key, so long inference runs chunks
+    of queries whose rows span only the keys each sees: memory of a chunk, not of (Tq, Tk). Training keeps one
+    call (per chunk, autograd would add up the key and value gradients of every chunk's slice)."""
+    tq, tk = q.shape[-2], k.shape[-2]
+    if not causal or tq < 2 * QUERY_CHUNK or _needs_grad(q, k, scheme):
+        return _relative(q, k, v, scheme, offsets, *relative_span(offsets, tq, tk, causal), causal)
+    outs = []
+    for start in range(0, tq, QUERY_CHUNK):
+        stop, keys = min(start + QUERY_CHUNK, tq), tk - tq + min(start + QUERY_CHUNK, tq)
+        chunk = Offsets(offsets.delta + start, offsets.lowest + start, offsets.highest + start)
+        out = _relative(q[:, :, start:stop], k[:, :, :keys], v[:, :, :keys], scheme, chunk,
+                        *relative_span(chunk, stop - start, keys, causal), causal)
+        if out is None:
+            return None
+        outs.append(out)
+    return torch.cat(outs, dim=2)  # (B,H,Tq,Dh)
+
+
+def _one_query(pieces: PiecewiseBias, offsets: Offsets, tk: int) -> Tensor:
+    """The piecewise bias of one query per batch row over its tk keys, (B|1,H,1,Tk), evaluated in PyTorch."""
+    e = (-offsets.delta - pieces.low)[: 1 if offsets.lowest == offsets.highest else None]  # (b,)
+    x = pieces.feature[e[:, None] + torch.arange(tk, device=e.device)] / pieces.divisor[:, :1]  # (b,Tk)
+    segment = torch.searchsorted(pieces.knots, x)  # knots below x
+    return (pieces.slopes[:, segment] * x + pieces.intercepts[:, segment]).transpose(0, 1).unsqueeze(2)
+
+
+def _needs_grad(q: Tensor, k: Tensor, scheme: Scheme) -> bool:
+    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or
+                                        any(p.requires_grad for p in scheme.parameters()))
+
+
+def _relative(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, offsets: Offsets, low: int, high: int,
+              causal: bool) -> Tensor | None:
+    relative = scheme.relative_rows(q, low, high)  # reads q: per layer
+    if relative is None:
+        return None
+    q_in = q if relative.q_shift is None else q + relative.q_shift.to(q.dtype)[None, :, None, :]
+    if relative.values is None:
+        return _attend(q_in, k, v, relative.rows, offsets, relative.low, causal)
+    out, mass = fused_attention.attend_rows(q_in, k, v, relative.rows, -offsets.delta - relative.low, causal,
+                                            want_mass=True)
+    return out + mass @ relative.values.to(q.dtype)  # (B,H,Tq,S) @ (S,Dh)
+
+
+def _attend(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, offsets: Offsets, low: int, causal: bool) -> Tensor:
+    """The kernel; for one query per row without gradients (a decode step), SDPA with the bias as a mask: its
+    single-query kernel is faster, and the bias is one row slice, (B|1,H,1,Tk)."""
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or rows.requires_grad)
+    if q.shape[-2] > 1 or needs_grad:
+        return fused_attention.attend_rows(q, k, v, rows, -offsets.delta - low, causal)[0]  # e: index of key j - i
+    tk, length = k.shape[-2], rows.shape[-1]
+    first = -offsets.highest - low  # the lowest e
+    if offsets.lowest == offsets.highest and first >= 0 and first + tk <= length:
+        bias = rows[..., first : first + tk]  # (B|1,H,1,Tk) a view
+    else:
+        index = (-offsets.delta[:, None] - low + torch.arange(tk, device=q.device)).clamp(0, length - 1)  # (B,Tk)
+        bias = rows.expand(q.shape[0], -1, -1, -1).gather(-1, index[:, None, None].expand(-1, rows.shape[1], 1, -1))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), enable_gqa=k.shape[1] != q.shape[1])
+
+
+__all__ = ["Offsets", "attend", "position_offsets", "relative_span"]
