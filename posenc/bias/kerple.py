@@ -1,15 +1,20 @@
 """`kerple`: kernelized relative positional bias (Chi et al. 2022, eq. 6-7), as NeMo builds it.
 
-  log kernel (NeMo, default): -b * log(1 + a * |m - n|^p)     b, a > 0, 0 < p <= 2
+  log kernel (NeMo, default): -b * log(1 + a * |m - n|^p)     b, a >= 0, 0.01 <= p <= 2
   log kernel, p fixed at 1:   -b * log(1 + a * |m - n|)       the paper's two-parameter form
-  power kernel:               -b * |m - n|^p                  b > 0, 0 < p <= 2
+  power kernel:               -b * |m - n|^p                  b >= 0, 0.01 <= p <= 2
 Per-head learnable b, a, p. NeMo (KERPLERelativePositionEmbedding) starts b at the ALiBi slopes
-(zero for the heads past num_attention_heads_alibi), a and p at 1, and learns all three. The paper
-bounds p to (0, 2] (the kernel is conditionally positive definite there) and b, a to positive
-values; here positivity holds by construction (eps + softplus for b and a, eps + (2 - eps) * sigmoid
-for p), so no gradient step can leave that domain and no clamp stops a gradient. NeMo keeps the raw
-values unconstrained; `load_nemo_parameters` maps trained NeMo values (kerple_b, kerple_a,
-kerple_p) onto ours and refuses values outside the domain.
+(zero for the heads past num_attention_heads_alibi), a and p at 1, and learns all three.
+
+Parameters are the values themselves (NeMo's kerple_b, kerple_a, kerple_p; the paper's code,
+chijames/KERPLE, likewise), so one Adam step moves b by about lr whatever its size. The domain
+(b, a >= 0; the paper's 0.01 <= p <= 2, where the kernel is conditionally positive definite) is kept
+by clamping the value; the gradient still passes where it points back into the domain, so a
+parameter that stepped past a bound returns as soon as the loss asks (`_clamp_inward`).
+An earlier softplus form (b = softplus(raw)) was positive by construction but made Adam's steps
+multiplicative, about lr * b: a head starting at slope 2^-8 could grow at most e^(sum of lr) ~ 1.9x
+in `make demo`'s 400 steps, and KERPLE trailed ALiBi (perplexity 7.47 vs 5.85 at L=64, seed 0);
+with the values as parameters it reached 5.83 (FINDINGS-13.md).
 
 At initialisation the log kernel is -slope * log(1 + |m - n|), not ALiBi: it grows with the log of
 the distance. The power kernel starts exactly as ALiBi (p = 1).
@@ -22,7 +27,6 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posenc.bias._distance import distance_bias
@@ -31,28 +35,29 @@ from posenc.checks import positive_int
 from posenc.errors import bad_value, unknown_name
 from posenc.scheme import Dims, Scheme, ScoreMod
 
-KERPLE_EPS = 1e-6  # floor: softplus underflows to exactly 0 for very negative raw values
+MIN_POWER = 1e-2  # chijames/KERPLE clamps p (and a, b) at 0.01
 MAX_POWER = 2.0  # Chi et al. 2022: the kernels are conditionally positive definite for 0 < p <= 2
 
 
-def _inverse_softplus(y: Tensor) -> Tensor:
-    return y + torch.log(-torch.expm1(-y))
+class _ClampInward(torch.autograd.Function):
+    """x.clamp(low, high) whose gradient passes wherever a descent step would move x back into
+    [low, high] (inside: always; below low: when it raises x; above high: when it lowers x)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, low: float, high: float) -> Tensor:
+        ctx.save_for_backward(x)
+        ctx.low, ctx.high = low, high
+        return x.clamp(low, high)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (x,) = ctx.saved_tensors
+        inward = ((x >= ctx.low) & (x <= ctx.high)) | ((x < ctx.low) & (grad < 0)) | ((x > ctx.high) & (grad > 0))
+        return grad * inward, None, None
 
 
-def _positive(raw: Tensor) -> Tensor:
-    return F.softplus(raw) + KERPLE_EPS
-
-
-def _power(raw: Tensor) -> Tensor:
-    return KERPLE_EPS + (MAX_POWER - KERPLE_EPS) * torch.sigmoid(raw)
-
-
-def _raw_positive(value: Tensor) -> Tensor:
-    return _inverse_softplus(value - KERPLE_EPS)
-
-
-def _raw_power(value: Tensor) -> Tensor:
-    return torch.logit((value - KERPLE_EPS) / (MAX_POWER - KERPLE_EPS))
+def _clamp_inward(x: Tensor, low: float, high: float = float("inf")) -> Tensor:
+    return _ClampInward.apply(x, low, high)
 
 
 def kerple_log(distance: Tensor, b: Tensor, a: Tensor, p: Tensor) -> Tensor:
@@ -91,17 +96,17 @@ class KERPLEOptions:
 class KERPLE(Scheme):
     Options = KERPLEOptions
     shift_invariant = True
+    bias_parameters = True  # per-head logit scalars: trainer.bias_lr_scale applies (see Scheme)
     KERNELS: ClassVar[dict[str, Kernel]] = KERNELS
 
     def __init__(self, dims: Dims, options: KERPLEOptions | None = None, **flat: Any) -> None:
         super().__init__(dims, options, **flat)
         self.kernel, self.learn_p = self.options.kerple_kernel, self.options.kerple_learn_p
-        # Heads NeMo leaves unbiased get b = 0; softplus cannot reach 0, so start them tiny.
-        b = partial_slopes(dims.n_head, self.options.num_attention_heads_kerple).clamp_min(2 * KERPLE_EPS)
         one = torch.ones(dims.n_head)
-        self.b_raw = nn.Parameter(_raw_positive(b))
-        self.a_raw = nn.Parameter(_raw_positive(one), requires_grad=self.kernel == "log")
-        self.p_raw = nn.Parameter(_raw_power(one), requires_grad=self.learn_p)
+        # NeMo's names and initial values; heads past num_attention_heads_kerple start (and may stay) at b = 0.
+        self.kerple_b = nn.Parameter(partial_slopes(dims.n_head, self.options.num_attention_heads_kerple))
+        self.kerple_a = nn.Parameter(one.clone(), requires_grad=self.kernel == "log")
+        self.kerple_p = nn.Parameter(one.clone(), requires_grad=self.learn_p)
 
     @classmethod
     def check_config(cls, dims: Dims, options: KERPLEOptions) -> None:
@@ -109,15 +114,15 @@ class KERPLE(Scheme):
 
     @property
     def b(self) -> Tensor:
-        return _positive(self.b_raw)
+        return _clamp_inward(self.kerple_b, 0.0)
 
     @property
     def a(self) -> Tensor:
-        return _positive(self.a_raw)
+        return _clamp_inward(self.kerple_a, 0.0)
 
     @property
     def p(self) -> Tensor:
-        return _power(self.p_raw)
+        return _clamp_inward(self.kerple_p, MIN_POWER, MAX_POWER)
 
     def _kernel_args(self) -> tuple[Kernel, Tensor, Tensor, Tensor]:
         return self.KERNELS[self.kernel], self.b, self.a, self.p
@@ -143,15 +148,15 @@ class KERPLE(Scheme):
     @torch.no_grad()
     def load_nemo_parameters(self, state: Mapping[str, Tensor]) -> None:
         """Take a trained NeMo KERPLE's kerple_b, kerple_a, kerple_p (shape (H,1,1) or (H,))."""
-        for name, raw, to_raw, low, high in (("kerple_b", self.b_raw, _raw_positive, 0.0, float("inf")),
-                                              ("kerple_a", self.a_raw, _raw_positive, 0.0, float("inf")),
-                                              ("kerple_p", self.p_raw, _raw_power, 0.0, MAX_POWER)):
+        for name, low, high in (("kerple_b", 0.0, float("inf")), ("kerple_a", 0.0, float("inf")),
+                                ("kerple_p", MIN_POWER, MAX_POWER)):
+            param = getattr(self, name)
             value = torch.as_tensor(state[name], dtype=torch.float32).reshape(-1)
-            if value.shape != raw.shape:
-                raise bad_value(name, tuple(value.shape), f"{raw.numel()} values, one per head")
-            if not ((value > low + KERPLE_EPS) & (value <= high)).all():
-                raise bad_value(name, value.tolist(), f"values in ({low:g}, {high:g}] (KERPLE's domain)")
-            raw.copy_(to_raw(value.clamp_max(high - KERPLE_EPS) if high < float("inf") else value))
+            if value.shape != param.shape:
+                raise bad_value(name, tuple(value.shape), f"{param.numel()} values, one per head")
+            if not ((value >= low) & (value <= high)).all():
+                raise bad_value(name, value.tolist(), f"values in [{low:g}, {high:g}] (KERPLE's domain)")
+            param.copy_(value)
 
     def extra_repr(self) -> str:
         return f"kernel={self.kernel}, learn_p={self.learn_p}, heads={self.dims.n_head}"

@@ -56,9 +56,9 @@ def test_kerple_matches_formula_and_starts_from_alibi_slopes(kernel):
     torch.testing.assert_close(kerple.a, torch.ones(8), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(kerple.p, torch.ones(8), rtol=1e-5, atol=1e-6)
     with torch.no_grad():
-        kerple.b_raw.add_(torch.linspace(-1, 1, 8))
-        kerple.a_raw.add_(torch.linspace(-0.5, 0.5, 8))
-        kerple.p_raw.add_(torch.linspace(-0.7, 0.7, 8))
+        kerple.kerple_b.add_(torch.linspace(0, 1, 8))
+        kerple.kerple_a.add_(torch.linspace(-0.5, 0.5, 8))
+        kerple.kerple_p.add_(torch.linspace(-0.7, 0.7, 8))
     pos = torch.arange(12)[None]
     bias = kerple.bias(pos, pos)[0].detach().double().numpy()
     b, a, p = (x.detach().double().numpy() for x in (kerple.b, kerple.a, kerple.p))
@@ -78,18 +78,44 @@ def test_kerple_gradients_flow_and_parameters_stay_in_their_domain(kernel):
         opt.zero_grad()
         loss.backward()
         if step == 0:
-            assert (kerple.b_raw.grad != 0).all() and (kerple.p_raw.grad != 0).all()
-            assert (kerple.a_raw.grad != 0).all() if kernel == "log" else kerple.a_raw.grad is None
+            assert (kerple.kerple_b.grad != 0).all() and (kerple.kerple_p.grad != 0).all()
+            assert (kerple.kerple_a.grad != 0).all() if kernel == "log" else kerple.kerple_a.grad is None
         opt.step()
-    assert (kerple.b > 0).all() and (kerple.a > 0).all() and (kerple.p > 0).all() and (kerple.p <= 2).all()
+    assert (kerple.b >= 0).all() and (kerple.a >= 0).all() and (kerple.p > 0).all() and (kerple.p <= 2).all()
+
+
+def test_kerple_parameters_take_additive_steps_as_in_nemo():
+    """One Adam step moves every b by about lr, the 2^-8 head as much as the 2^-1 head (NeMo and the
+    paper's code learn the values directly). The old softplus form moved b by ~lr * b, so in
+    `make demo`'s 400 steps no head could grow more than ~1.9x (FINDINGS-13.md)."""
+    kerple = KERPLE(dims())
+    before = kerple.b.detach().clone()
+    opt = torch.optim.Adam([p for p in kerple.parameters() if p.requires_grad], lr=1e-2)
+    pos = torch.arange(16)[None]
+    kerple.bias(pos, pos).sum().backward()  # d/db < 0 for every head: a step raises every b
+    opt.step()
+    torch.testing.assert_close(kerple.b.detach() - before, torch.full((8,), 1e-2), rtol=1e-3, atol=0.0)
+
+
+def test_kerple_clamped_parameter_returns_when_the_loss_asks():
+    kerple = KERPLE(dims())
+    with torch.no_grad():
+        kerple.kerple_b.fill_(-0.1)  # one step past the bound b >= 0
+    assert torch.equal(kerple.b.detach(), torch.zeros(8))
+    pos = torch.arange(16)[None]
+    kerple.bias(pos, pos).sum().backward()  # descent raises b: back into the domain, gradient passes
+    assert (kerple.kerple_b.grad < 0).all()
+    kerple.kerple_b.grad = None
+    (-kerple.bias(pos, pos).sum()).backward()  # descent lowers b further: blocked
+    assert torch.equal(kerple.kerple_b.grad, torch.zeros(8))
 
 
 def test_kerple_with_fixed_p_is_the_papers_two_parameter_log_kernel():
     kerple = KERPLE(dims(), kerple_kernel="log", kerple_learn_p=False)
-    assert not kerple.p_raw.requires_grad
+    assert not kerple.kerple_p.requires_grad
     pos = torch.arange(8)[None]
     kerple.bias(pos, pos).sum().backward()
-    assert kerple.p_raw.grad is None
+    assert kerple.kerple_p.grad is None
     torch.testing.assert_close(kerple.p, torch.ones(8))
     with pytest.raises(ValueError, match="kerple_learn_p"):
         KERPLE(dims(), kerple_kernel="power", kerple_learn_p=False)
