@@ -90,6 +90,10 @@ class Scheme(nn.Module):
     # True when the scheme adds to the output from the attention weights (Shaw's value term):
     # attention then runs its eager path and calls mix_values.
     needs_weights: ClassVar[bool] = False
+    # True when the scheme's parameters are a few per-head scalars in logit units (T5's bucket biases,
+    # KERPLE's b, a, p): the trainer gives them trainer.bias_lr_scale x the learning rate, since Adam
+    # moves each by about lr per step and a short run cannot otherwise reach biases of a few nats.
+    bias_parameters: ClassVar[bool] = False
     # Stacks the scheme can serve: a causal decoder, a bidirectional encoder.
     supports_causal: ClassVar[bool] = True
     supports_bidirectional: ClassVar[bool] = True

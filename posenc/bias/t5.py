@@ -72,6 +72,7 @@ class T5BiasOptions:
 class T5RelativeBias(Scheme):
     Options = T5BiasOptions
     shift_invariant = True
+    bias_parameters = True  # per-head logit scalars: trainer.bias_lr_scale applies (see Scheme)
 
     def __init__(self, dims: Dims, options: T5BiasOptions | None = None, **flat: Any) -> None:
         super().__init__(dims, options, **flat)

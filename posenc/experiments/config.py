@@ -68,6 +68,10 @@ class OptimConfig:
     min_lr: float | None = 3e-4  # cosine floor; null: lr / 10
     warmup_steps: int | None = 30  # null: 5% of max_steps
     weight_decay: float = 0.1  # on Linear/Embedding weights outside positional schemes only
+    # lr multiplier for schemes' per-head logit scalars (Scheme.bias_parameters: T5 buckets, KERPLE's b, a, p).
+    # Adam moves a scalar about lr per step, so a short run cannot reach biases of a few nats at the
+    # model's lr (FINDINGS-13.md). 1.0: one learning rate for everything, as NeMo.
+    bias_lr_scale: float = 1.0
     beta2: float = 0.95  # AdamW's second-moment decay
     grad_clip: float = 1.0  # max global grad norm; 0 turns clipping off
     section = "trainer"
@@ -83,6 +87,7 @@ class OptimConfig:
                                               or isinstance(self.warmup_steps, bool)):
             raise bad_value(f"{s}.warmup_steps", self.warmup_steps, "an int >= 0, or null for 5% of max_steps")
         number_in(f"{s}.weight_decay", self.weight_decay, 0.0, 10.0)
+        number_in(f"{s}.bias_lr_scale", self.bias_lr_scale, 0.0, 1000.0, low_open=True)
         number_in(f"{s}.beta2", self.beta2, 0.0, 1.0, high_open=True)
         number_in(f"{s}.grad_clip", self.grad_clip, 0.0, 1e9)
 

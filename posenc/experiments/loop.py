@@ -50,15 +50,27 @@ def decayed_parameters(model: nn.Module) -> set[int]:
     return weights - in_schemes
 
 
-def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    decayed = decayed_parameters(model)
+def logit_scalars(model: nn.Module) -> set[int]:
+    """ids of the parameters of schemes whose parameters are per-head logit scalars (Scheme.bias_parameters)."""
+    return {id(p) for m in model.modules() if isinstance(m, Scheme) and m.bias_parameters for p in m.parameters()}
+
+
+def parameter_groups(model: nn.Module, weight_decay: float, bias_lr_scale: float = 1.0) -> list[dict]:
+    """Decayed weights, the rest, and (only when a scheme has them, so other runs keep two groups
+    in their saved optimizer states) the logit scalars with their own lr multiplier, never decayed."""
+    decayed, scalars = decayed_parameters(model), logit_scalars(model)
     params = list(dict(model.named_parameters()).values())  # named_parameters: tied weights once, in order
-    return [{"params": [p for p in params if id(p) in decayed], "weight_decay": weight_decay},
-            {"params": [p for p in params if id(p) not in decayed], "weight_decay": 0.0}]
+    groups = [{"params": [p for p in params if id(p) in decayed], "weight_decay": weight_decay},
+              {"params": [p for p in params if id(p) not in decayed | scalars], "weight_decay": 0.0}]
+    if scalars:
+        groups.append({"params": [p for p in params if id(p) in scalars], "weight_decay": 0.0,
+                       "lr_scale": bias_lr_scale})
+    return groups
 
 
 def make_optimizer(model: nn.Module, o: OptimConfig) -> torch.optim.AdamW:
-    return torch.optim.AdamW(parameter_groups(model, o.weight_decay), lr=o.lr, betas=(0.9, o.beta2))
+    groups = parameter_groups(model, o.weight_decay, o.bias_lr_scale)
+    return torch.optim.AdamW(groups, lr=o.lr, betas=(0.9, o.beta2))
 
 
 @contextlib.contextmanager
@@ -88,7 +100,7 @@ def optimizer_step(model: nn.Module, opt: torch.optim.Optimizer, o: OptimConfig,
     """One update: reseed, set the lr, backward (returns the loss), check it, clip, step."""
     torch.manual_seed(seed * STEP_SEED + step)
     for group in opt.param_groups:
-        group["lr"] = lr_at(step, o)
+        group["lr"] = lr_at(step, o) * group.get("lr_scale", 1.0)
     loss = backward(step)
     if reduce is not None:  # DDP: every rank sees the same (possibly non-finite) mean loss
         loss = reduce(loss)

@@ -14,7 +14,8 @@ import torch
 from posenc.data.tokens import batch_generator, byte_tokens, load_corpus, sample_batch, split
 from posenc.experiments import checkpoint
 from posenc.experiments.config import load_config
-from posenc.experiments.train import lr_at, train
+from posenc.experiments.loop import optimizer_step
+from posenc.experiments.train import lr_at, prepare, train
 
 TINY = ["model.n_layer=2", "model.d_model=32", "model.n_head=2", "data.seq_len=32", "trainer.batch_size=8",
         "trainer.warmup_steps=2", "trainer.eval_interval=4", "trainer.eval_batches=2", "trainer.progress=false",
@@ -37,6 +38,40 @@ def test_learning_rate_schedule_warms_up_then_decays_to_floor():
                              "trainer.min_lr=0.1"]).trainer
     assert lr_at(0, cfg) == pytest.approx(0.1) and lr_at(9, cfg) == pytest.approx(1.0)
     assert lr_at(55, cfg) == pytest.approx(0.55) and lr_at(100, cfg) == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("scheme", ["relative", "kerple"])
+def test_bias_scalars_get_their_own_learning_rate_and_no_decay(scheme):
+    """trainer.bias_lr_scale multiplies the lr of a scheme's per-head logit scalars, and only theirs."""
+    cfg = load_config(None, [*TINY, f"model.position_embedding_type={scheme}", "trainer.bias_lr_scale=10"])
+    run = prepare(cfg)
+    scheme_params = {id(p) for p in run.model.schemes.parameters()}
+    assert scheme_params
+    scaled = [g for g in run.opt.param_groups if g.get("lr_scale", 1.0) != 1.0]
+    assert len(scaled) == 1 and {id(p) for p in scaled[0]["params"]} == scheme_params
+    assert scaled[0]["weight_decay"] == 0.0 and scaled[0]["lr_scale"] == 10
+    others = {id(p) for g in run.opt.param_groups if g is not scaled[0] for p in g["params"]}
+    assert not others & scheme_params
+
+    def backward(step):
+        loss = run.model(run.train_tokens[None, :32]).float().square().mean()
+        loss.backward()
+        return loss.item()
+
+    before = {id(p): p.detach().clone() for p in run.model.schemes.parameters()}
+    optimizer_step(run.model, run.opt, cfg.trainer, 3, 0, backward)
+    for group in run.opt.param_groups:
+        assert group["lr"] == pytest.approx(lr_at(3, cfg.trainer) * group.get("lr_scale", 1.0))
+    # Adam's first step moves every parameter with a gradient by about its group's lr
+    moved = max(float((p.detach() - before[id(p)]).abs().max()) for p in run.model.schemes.parameters())
+    assert moved == pytest.approx(10 * lr_at(3, cfg.trainer), rel=0.05)
+
+
+def test_learned_position_tables_keep_the_common_learning_rate():
+    """learned_absolute's rows are embeddings, not logit scalars: x10 on them cost perplexity (6.08 -> 6.68)."""
+    cfg = load_config(None, [*TINY, "model.position_embedding_type=learned_absolute", "trainer.bias_lr_scale=10"])
+    opt = prepare(cfg).opt
+    assert len(opt.param_groups) == 2 and all("lr_scale" not in g for g in opt.param_groups)
 
 
 def test_resume_after_interruption_equals_uninterrupted_training(tmp_path):
