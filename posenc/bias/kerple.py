@@ -14,7 +14,7 @@ parameter that stepped past a bound returns as soon as the loss asks (`_clamp_in
 An earlier softplus form (b = softplus(raw)) was positive by construction but made Adam's steps
 multiplicative, about lr * b: a head starting at slope 2^-8 could grow at most e^(sum of lr) ~ 1.9x
 in `make demo`'s 400 steps, and KERPLE trailed ALiBi (perplexity 7.47 vs 5.85 at L=64, seed 0);
-with the values as parameters it reached 5.83 (FINDINGS-13.md).
+with the values as parameters it reached 5.83 (COMPARE.md).
 
 At initialisation the log kernel is -slope * log(1 + |m - n|), not ALiBi: it grows with the log of
 the distance. The power kernel starts exactly as ALiBi (p = 1).

@@ -70,7 +70,7 @@ class OptimConfig:
     weight_decay: float = 0.1  # on Linear/Embedding weights outside positional schemes only
     # lr multiplier for schemes' per-head logit scalars (Scheme.bias_parameters: T5 buckets, KERPLE's b, a, p).
     # Adam moves a scalar about lr per step, so a short run cannot reach biases of a few nats at the
-    # model's lr (FINDINGS-13.md). 1.0: one learning rate for everything, as NeMo.
+    # model's lr (COMPARE.md). 1.0: one learning rate for everything, as NeMo.
     bias_lr_scale: float = 1.0
     beta2: float = 0.95  # AdamW's second-moment decay
     grad_clip: float = 1.0  # max global grad norm; 0 turns clipping off

@@ -82,7 +82,9 @@ def flex_attention_path(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, q_pos: 
         from torch.nn.attention.flex_attention import flex_attention
 
         if _flex_state["compiled"] is None:
-            _flex_state["compiled"] = torch.compile(flex_attention, dynamic=True)
+            # Static shapes on CPU: with dynamic=True Inductor 2.13's CPU flex template emits C++ that does
+            # not compile ("'cur_kvSplitSize7' was not declared"); static shapes compile (once per length).
+            _flex_state["compiled"] = torch.compile(flex_attention, dynamic=q.device.type != "cpu")
         mask = _causal_block_mask(q.shape[-2], str(q.device)) if causal else None
         return _flex_state["compiled"](q, k, v, score_mod=score_mod, block_mask=mask,
                                        enable_gqa=k.shape[1] != q.shape[1])

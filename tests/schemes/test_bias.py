@@ -87,7 +87,7 @@ def test_kerple_gradients_flow_and_parameters_stay_in_their_domain(kernel):
 def test_kerple_parameters_take_additive_steps_as_in_nemo():
     """One Adam step moves every b by about lr, the 2^-8 head as much as the 2^-1 head (NeMo and the
     paper's code learn the values directly). The old softplus form moved b by ~lr * b, so in
-    `make demo`'s 400 steps no head could grow more than ~1.9x (FINDINGS-13.md)."""
+    `make demo`'s 400 steps no head could grow more than ~1.9x (COMPARE.md)."""
     kerple = KERPLE(dims())
     before = kerple.b.detach().clone()
     opt = torch.optim.Adam([p for p in kerple.parameters() if p.requires_grad], lr=1e-2)
