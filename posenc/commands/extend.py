@@ -1,5 +1,9 @@
 """`posenc extend`: perplexity and passkey retrieval of a pretrained Llama (SmolLM2-135M by default,
-or any Llama GGUF / Hugging Face checkpoint folder) against length, for each RoPE scaling."""
+or any Llama GGUF / Hugging Face checkpoint folder) against length, for each RoPE scaling.
+
+Options come the way they do for every command (posenc.experiments.config_loader): the preset, then a
+YAML file (`--config`, flat keys), then `key=value` overrides (`lengths=[2048,8192] trials=3`); the
+`--flag` spellings below are shorthands for the same keys (comma lists), applied before the overrides."""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from posenc.errors import bad_value, unknown_name
+from posenc.experiments import config_loader
 from posenc.experiments.extend import RUN_PRESETS, TASKS, ExtendConfig
 from posenc.experiments.long_context import DTYPES
 from posenc.experiments.scalings import PRESETS
@@ -49,6 +54,10 @@ def _parse(field: str, kind: Any, text: str) -> Any:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = "options (set as key=value, or in --config YAML):\n" + config_loader.describe(ExtendConfig)
+    parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. lengths=[2048,8192] trials=3")
+    parser.add_argument("--config", default=None, help="YAML file of options (flat keys, as in key=value)")
     parser.add_argument("--preset", default=None,
                         help=f"{' | '.join(RUN_PRESETS)}: default ~10 min, long ~1 h (to 4x the trained context)")
     for option, (field, _, help_text) in OPTIONS.items():
@@ -59,18 +68,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> ExtendConfig:
-    """Dataclass defaults, then the preset, then every option given explicitly."""
+    """Dataclass defaults, then the preset, then the YAML file, then the flags, then key=value overrides."""
     preset = "quick" if args.quick else args.preset or "default"
     if preset not in RUN_PRESETS:
         raise unknown_name("preset", preset, RUN_PRESETS)
-    values = dict(RUN_PRESETS[preset])
-    if args.lengths is not None:  # explicit lengths serve passkey too, unless it gets its own
-        values.pop("passkey_lengths", None)
-    for field, kind, _ in OPTIONS.values():
-        text = getattr(args, field)
-        if text is not None:
-            values[field] = _parse(field, kind, text)
-    return ExtendConfig(**values)
+    flags = [f"{field}={_yaml_value(_parse(field, kind, text))}" for field, kind, _ in OPTIONS.values()
+             if (text := getattr(args, field)) is not None]
+    overrides = [*flags, *getattr(args, "overrides", [])]
+    preset_values = RUN_PRESETS[preset]
+    cfg = config_loader.load(ExtendConfig, args.config, overrides, base=ExtendConfig(**preset_values))
+    if "passkey_lengths" in preset_values and cfg.lengths != ExtendConfig(**preset_values).lengths:
+        # lengths given explicitly serve passkey too, unless passkey_lengths is given as well
+        unset = {k: v for k, v in preset_values.items() if k != "passkey_lengths"}
+        plain = config_loader.load(ExtendConfig, args.config, overrides, base=ExtendConfig(**unset))
+        if plain.passkey_lengths is None:
+            return plain
+    return cfg
+
+
+def _yaml_value(value: Any) -> str:
+    """A parsed flag as the YAML text of an override (tuples as lists; strings quoted)."""
+    if isinstance(value, tuple):
+        return "[" + ",".join(_yaml_value(v) for v in value) + "]"
+    return repr(value) if isinstance(value, str) else str(value)
 
 
 def _resumed_config(run_dir: Path) -> ExtendConfig:

@@ -67,6 +67,9 @@ class ExtendConfig:
     out_dir: str = "runs"
 
     def __post_init__(self) -> None:
+        for name in ("lengths", "passkey_lengths", "scalings", "depths"):  # YAML and JSON give lists
+            if isinstance(getattr(self, name), list):
+                object.__setattr__(self, name, tuple(getattr(self, name)))
         if self.task not in TASKS:
             raise unknown_name("task", self.task, TASKS)
         _positive_ints("lengths", self.lengths, 2)
