@@ -27,7 +27,7 @@ def nonoverlapping_reference(model, tokens, length: int, max_windows: int, offse
     windows = torch.stack([tokens[i * length : i * length + length + 1] for i in range(count)])  # (W,L+1)
     pos = torch.arange(offset, offset + length).expand(count, length)
     logits = model(windows[:, :-1], position_ids=pos)  # (W,L,V)
-    return math.exp(F.cross_entropy(logits.reshape(-1, VOCAB), windows[:, 1:].reshape(-1)).item())
+    return math.exp(F.cross_entropy(logits.flatten(0, 1), windows[:, 1:].reshape(-1)).item())
 
 
 @torch.no_grad()
