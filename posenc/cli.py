@@ -49,8 +49,15 @@ ENVIRONMENT_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, err
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
     top = parser()
-    args, extra = top.parse_known_args(argv)
+    # A command that hands its arguments on (bench -> benchmarks.run) takes them verbatim: argparse's
+    # REMAINDER drops options that come first (`posenc bench --quick` was "unrecognized arguments").
+    passes_on = bool(argv) and argv[0] in COMMANDS and getattr(
+        importlib.import_module(COMMANDS[argv[0]][0]), "PASSES_ARGUMENTS_ON", False)
+    args, extra = top.parse_known_args(argv[:1] if passes_on else argv)
+    if passes_on:
+        args.args = argv[1:]
     # `posenc train a=1 --run-dir D b=2`: argparse stops the overrides at the option; take the rest too.
     if extra and hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
         args.overrides = [*args.overrides, *extra]

@@ -6,6 +6,8 @@ import argparse
 
 from posenc.errors import bad_value
 
+PASSES_ARGUMENTS_ON = True  # the cli hands every argument after `bench` to the harness untouched
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("args", nargs=argparse.REMAINDER, help="passed to `python -m benchmarks.run` (--quick, ...)")

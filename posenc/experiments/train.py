@@ -95,16 +95,18 @@ def prepare(cfg: RunConfig) -> Prepared:
 
 
 def _backward(model: torch.nn.Module, train_tokens: Tensor, cfg: RunConfig, rank: int, world_size: int):
-    """step -> summed loss of the step's global batch, cut into accumulation chunks, this rank's rows."""
+    """step -> summed loss of the step's global batch, cut into accumulation chunks, this rank's rows.
+    The global batch is drawn once per step, so grad_accum changes memory use, never the data."""
     t = cfg.trainer
     chunk = t.batch_size // t.grad_accum
     per_rank = chunk // world_size
 
     def backward(step: int) -> float:
         total = 0.0
+        inputs, targets = sample_batch(train_tokens, t.batch_size, cfg.data.seq_len, batch_generator(t.seed, step))
         for micro in range(t.grad_accum):
-            x, y = sample_batch(train_tokens, chunk, cfg.data.seq_len, batch_generator(t.seed, step, micro))
-            x, y = x[rank * per_rank : (rank + 1) * per_rank], y[rank * per_rank : (rank + 1) * per_rank]
+            rows = slice(micro * chunk + rank * per_rank, micro * chunk + (rank + 1) * per_rank)
+            x, y = inputs[rows], targets[rows]  # (per_rank, L)
             sync = micro == t.grad_accum - 1 or not hasattr(model, "no_sync")
             with contextlib.nullcontext() if sync else model.no_sync():
                 loss = _loss(model, x, y, t.precision) / t.grad_accum

@@ -14,6 +14,7 @@ import torch
 import posenc.experiments.tasks_run as tasks_run
 from posenc.cli import main as cli_main
 from posenc.data.tasks import TASKS, make_batch
+from posenc.data.tasks.base import END, decode, encode
 from posenc.experiments.loop import lr_at
 from posenc.experiments.tasks_config import TaskOptim
 from posenc.experiments.tasks_contenders import contender_config
@@ -106,18 +107,41 @@ def test_loss_reaches_only_answer_tokens():
     assert torch.equal(touched, predicts_answer)
 
 
-def test_accuracy_counts_exact_matches_of_the_cached_greedy_answer():
-    """Against a slow reference: uncached generation, one problem at a time, compared as text."""
-    model = train_on_task(TINY.replace(d_model=32), "copy", max_len=2, optim=_optim(20, batch_size=16), seed=0)
-    fast = accuracy_by_length(model, "copy", [1, 2, 5], n_samples=8, seed=3)
-    for length, acc in fast.items():
-        rng = random.Random(3 * tasks_run.EVAL_SEED_OFFSET + length + tasks_run.EVAL_SEED_OFFSET)
-        hits = 0
-        for _ in range(8):
-            prompt, answer = TASKS["copy"].sample(length, rng)
-            out = model.generate(torch.tensor([prompt]), len(answer), use_cache=False)
-            hits += out[0, len(prompt):].tolist() == answer
-        assert acc == hits / 8
+class Oracle(torch.nn.Module):
+    """A stand-in model that answers from the task's own solve(): right, or (for the prompts `wrong`
+    picks) with one answer byte changed; it records what it was asked, so the test knows the truth
+    without the evaluation's private seed formula."""
+
+    def __init__(self, task: str, wrong) -> None:
+        super().__init__()
+        self.task, self.wrong, self.asked = TASKS[task], wrong, []
+
+    def generate(self, prompts, max_new_tokens, use_cache=False, **_):
+        rows = []
+        for prompt in prompts.tolist():
+            answer = encode(self.task.solve(decode(prompt)[1:-1]) + END)  # BOS problem SEP -> answer END
+            assert max_new_tokens == len(answer)
+            is_wrong = self.wrong(prompt)
+            if is_wrong:
+                answer[-1 if is_wrong == "end" else 0] ^= 1
+            self.asked.append((not is_wrong, use_cache))
+            rows.append(prompt + answer)
+        return torch.tensor(rows)
+
+
+@pytest.mark.parametrize("task", ["copy", "reverse", "addition"])
+def test_accuracy_is_the_exact_match_rate_of_the_cached_answer_end_byte_included(task):
+    wrong = lambda prompt: {0: "end", 1: False, 2: "first"}[sum(prompt) % 3]  # a third right
+    oracle = Oracle(task, wrong).train()
+    accuracy = accuracy_by_length(oracle, task, [1, 3, 6], n_samples=30, seed=4)
+    assert oracle.training  # put back as it was
+    assert len(oracle.asked) == 90 and all(cached for _, cached in oracle.asked)
+    per_length = [oracle.asked[i * 30 : (i + 1) * 30] for i in range(3)]
+    for (length, value), rows in zip(accuracy.items(), per_length, strict=True):
+        expected = sum(ok for ok, _ in rows) / 30  # the rows of one length, asked in order
+        assert value == pytest.approx(expected, abs=1e-6) and 0 < expected < 1, (length, value, expected)
+    assert accuracy_by_length(Oracle(task, lambda prompt: False), task, [2], n_samples=8) == {2: 1.0}
+    assert accuracy_by_length(Oracle(task, lambda prompt: "end"), task, [2], n_samples=8) == {2: 0.0}
 
 
 def test_lr_schedule_warms_up_then_decays_to_a_tenth():

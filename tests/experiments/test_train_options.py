@@ -1,0 +1,92 @@
+"""Trainer options no other test ran: bf16 autocast trains, gradient accumulation changes memory and
+nothing else (and resumes exactly), checkpoint pruning keeps the configured number, TensorBoard
+writes event files (or is refused up front when the package is missing)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from posenc.data.tokens import sample_batch
+from posenc.experiments import checkpoint
+from posenc.experiments import train as train_module
+from posenc.experiments.config import load_config
+from posenc.experiments.train import train
+from tests.experiments.test_train import TINY
+
+
+def run(tmp_path, name: str, *overrides: str):
+    return train(load_config(None, [*TINY, *overrides]), tmp_path / name)
+
+
+def assert_same_weights(a: torch.nn.Module, b: torch.nn.Module, atol: float) -> None:
+    for (name, p), (_, q) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
+        torch.testing.assert_close(p, q, rtol=0, atol=atol, msg=name)
+
+
+def test_bf16_trains_a_repeated_batch_with_finite_falling_loss_close_to_fp32(tmp_path, monkeypatch):
+    fixed = {}
+
+    def same_batch(tokens, batch_size, seq_len, generator):
+        return fixed.setdefault((batch_size, seq_len), sample_batch(tokens, batch_size, seq_len,
+                                                                    torch.Generator().manual_seed(0)))
+
+    monkeypatch.setattr(train_module, "sample_batch", same_batch)
+    steps = ["trainer.max_steps=6", "trainer.checkpoint_interval=6", "trainer.lr=3e-3"]
+    bf16 = [h["loss"] for h in run(tmp_path, "bf16", *steps, "trainer.precision=bf16").history]
+    fp32 = [h["loss"] for h in run(tmp_path, "fp32", *steps).history]
+    assert all(map(torch.isfinite, torch.tensor(bf16)))
+    assert bf16[-1] < bf16[0] - 0.1, bf16
+    assert bf16 == pytest.approx(fp32, abs=0.05)  # the same training, in lower precision
+    assert bf16 != fp32  # and autocast was really on: bf16 rounding shows in the losses
+
+
+def test_gradient_accumulation_gives_the_same_updates_as_one_batch(tmp_path):
+    steps = ["trainer.max_steps=3", "trainer.checkpoint_interval=3", "trainer.batch_size=8"]
+    whole = run(tmp_path, "whole", *steps, "trainer.grad_accum=1")
+    accumulated = run(tmp_path, "accumulated", *steps, "trainer.grad_accum=2")
+    assert [h["loss"] for h in accumulated.history] == pytest.approx([h["loss"] for h in whole.history], abs=1e-5)
+    assert_same_weights(accumulated.model, whole.model, atol=1e-5)
+
+
+def test_resume_with_gradient_accumulation_equals_an_uninterrupted_run(tmp_path):
+    steps = ["trainer.max_steps=6", "trainer.grad_accum=4"]
+    full = run(tmp_path, "full", *steps, "trainer.checkpoint_interval=6")
+    run(tmp_path, "cut", *steps, "trainer.checkpoint_interval=3")
+    (tmp_path / "cut" / "checkpoints" / "latest").write_text("step-00000003")  # as if it died after step 3
+    resumed = run(tmp_path, "cut", *steps, "trainer.checkpoint_interval=3")
+    assert [h["loss"] for h in resumed.history] == pytest.approx([h["loss"] for h in full.history], abs=1e-6)
+    assert_same_weights(resumed.model, full.model, atol=1e-6)
+
+
+@pytest.mark.parametrize("keep", [1, 3])
+def test_checkpoint_pruning_keeps_exactly_the_configured_number(tmp_path, keep):
+    run(tmp_path, "run", "trainer.max_steps=5", "trainer.checkpoint_interval=1", f"trainer.keep_checkpoints={keep}",
+        "trainer.eval_interval=5")
+    kept = sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("step-*"))
+    assert kept == [f"step-{s:08d}" for s in range(6 - keep, 6)]
+    assert checkpoint.latest(tmp_path / "run").name == "step-00000005"
+
+
+TENSORBOARD = importlib.util.find_spec("tensorboard") is not None
+
+
+@pytest.mark.skipif(not TENSORBOARD, reason="the tensorboard package is not installed (pip install tensorboard)")
+def test_tensorboard_writes_event_files_with_the_losses(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    result = run(tmp_path, "run", "trainer.max_steps=4", "trainer.checkpoint_interval=4", "trainer.tensorboard=true")
+    events = list((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))
+    assert events
+    scalars = EventAccumulator(str(events[0].parent)).Reload()
+    logged = [e.value for e in scalars.Scalars("loss")]
+    assert logged == pytest.approx([h["loss"] for h in result.history], rel=1e-6)
+
+
+@pytest.mark.skipif(TENSORBOARD, reason="tensorboard is installed: the missing-package error cannot occur")
+def test_tensorboard_without_the_package_is_refused_before_any_step(tmp_path):
+    with pytest.raises(ValueError, match=r"trainer.tensorboard=True.*install the `tensorboard` package"):
+        run(tmp_path, "run", "trainer.max_steps=2", "trainer.tensorboard=true")
+    assert not (tmp_path / "run").exists()
