@@ -137,7 +137,7 @@ class EvalConfig:
     length_multipliers: tuple[int, ...] = (1, 2, 4, 8)  # evaluate at L, 2L, 4L, 8L
     mode: str = "nonoverlapping"  # nonoverlapping | sliding (ALiBi paper, Fig. 1)
     stride: int | None = None  # sliding: tokens scored per window (default L / 2)
-    max_windows: int = 16  # per length, so long lengths cost the same tokens as short ones
+    max_windows: int = 16  # windows of the longest length; every length scores that same text
     shift_offsets: tuple[int, ...] = (0, 10, 100, 1000)  # shift test: every position moved by k
 
     def __post_init__(self) -> None:

@@ -59,11 +59,18 @@ def perplexity(model: torch.nn.Module, tokens: Tensor, length: int, mode: str = 
 
 def perplexity_by_length(model: torch.nn.Module, tokens: Tensor, train_len: int, cfg: EvalConfig,
                          progress=None) -> dict[int, Score]:
+    """Perplexity at each length, every length scoring the same text: `max_windows` windows of the
+    longest length (or as many as the text holds), cut into windows of each length. A curve then
+    compares lengths, not passages (with a window count per length, 8x read 8 times the text of 1x
+    and a hard passage showed up as a bump at one length)."""
+    longest = max(cfg.length_multipliers) * train_len
+    windows = min(cfg.max_windows, (len(tokens) - 1) // longest)
+    text = tokens[: windows * longest + 1] if windows >= 1 else tokens  # +1: the last window's next token
     out = {}
     for m in cfg.length_multipliers:
         length = m * train_len
-        out[length] = _guarded(lambda length=length: perplexity(model, tokens, length, cfg.mode, cfg.stride,
-                                                                 cfg.max_windows))
+        out[length] = _guarded(lambda length=length: perplexity(model, text, length, cfg.mode, cfg.stride,
+                                                                 max_windows=len(text)))
         if progress is not None:
             progress.update(1)
     return out

@@ -103,3 +103,23 @@ def test_report_re_renders_from_saved_files(micro, capsys):
     assert next(r for r in results["leaderboard"] if r["scheme"] == "alibi")["ppl@1x"] in \
         (run_dir / "report.html").read_text()
     assert main(["report", str(run_dir.parent)]) == 2  # not a compare folder: one-line error
+
+
+def test_a_resumed_compare_evaluates_the_trained_models_again_without_training(tmp_path, capsys):
+    """--run-dir on a finished run: every model is loaded from its checkpoint (no step is trained) and
+    evaluated with the evaluation settings asked now; settings that change a model are refused."""
+    first = run(tmp_path, "compare.schemes=[alibi]", "compare.seeds=[0]", "compare.jobs=1")[0]
+    unit = first / "alibi" / "seed-0"
+    checkpoints = sorted(p.name for p in (unit / "checkpoints").iterdir())
+    history = json.loads((unit / "train.json").read_text())["history"]
+    code = main(["compare", *MICRO, "compare.schemes=[alibi]", "compare.seeds=[0]", "compare.jobs=1",
+                 "eval.length_multipliers=[1,2]", f"out_dir={tmp_path}", "--run-dir", str(first)])
+    assert code == 0
+    results = json.loads((first / "results.json").read_text())
+    assert set(results["units"][0]["ppl"]) == {"1", "2"}  # evaluated again, at the lengths asked now
+    assert sorted(p.name for p in (unit / "checkpoints").iterdir()) == checkpoints
+    assert json.loads((unit / "train.json").read_text())["history"] == history
+    capsys.readouterr()
+    code = main(["compare", *MICRO, "compare.schemes=[alibi]", "compare.seeds=[0]", "trainer.lr=0.5",
+                 f"out_dir={tmp_path}", "--run-dir", str(first)])
+    assert code == 2 and "trainer.lr: 0.003 -> 0.5" in capsys.readouterr().err

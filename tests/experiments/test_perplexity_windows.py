@@ -78,3 +78,32 @@ def test_sliding_default_stride_is_half_the_window_and_a_full_stride_is_nonoverl
     # more context per scored token: sliding differs from nonoverlapping on a context-dependent model
     assert perplexity(model, TEXT, 16, mode="sliding", stride=4) != pytest.approx(
         perplexity(model, TEXT, 16, mode="nonoverlapping"), rel=1e-3)
+
+
+class _Bigram(torch.nn.Module):
+    """Logits from the current token only: its NLL of a text does not depend on where windows start."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.randn(VOCAB, VOCAB, generator=torch.Generator().manual_seed(0)))
+
+    def forward(self, input_ids, position_ids=None):
+        return self.table[input_ids]
+
+
+@pytest.mark.parametrize("mode", ["nonoverlapping", "sliding"])
+def test_every_length_scores_the_same_text(mode):
+    """A model blind to context gets one perplexity at every length iff every length scores the same
+    tokens (with a window count per length, 8x read 8 times the text of 1x)."""
+    from posenc.experiments.config import EvalConfig
+    from posenc.experiments.evaluate import perplexity_by_length
+
+    tokens = torch.randint(0, VOCAB, (5000,), generator=torch.Generator().manual_seed(1))
+    cfg = EvalConfig(length_multipliers=(1, 2, 4, 8), mode=mode, max_windows=3)
+    ppl = perplexity_by_length(_Bigram(), tokens, 16, cfg)
+    assert len(ppl) == 4
+    for value in ppl.values():
+        assert value == pytest.approx(ppl[16], rel=1e-6)
+    # and that text is max_windows windows of the longest length
+    whole = perplexity(_Bigram(), tokens[: 3 * 128 + 1], 128, "nonoverlapping", max_windows=3)
+    assert ppl[128] == pytest.approx(whole, rel=1e-6)
