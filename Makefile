@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: demo test lint env bench extend tasks clean
+.PHONY: demo test lint env bench mutation extend tasks clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
@@ -29,9 +29,14 @@ bench: $(STAMP)
 	MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=68719476736 $(BIN)/python -m benchmarks.run \
 		$(if $(BASELINE),--baseline $(BASELINE))
 
+# Not in CI: slow. Which packages and tests: [tool.mutmut] in pyproject.toml. Writes MUTATION.md.
+mutation: $(STAMP)
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[mutation]'
+	$(BIN)/python scripts/mutation.py
+
 lint: $(STAMP)
 	$(BIN)/ruff check posenc tests benchmarks
 	$(BIN)/ruff format --check posenc tests benchmarks
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache mutants
