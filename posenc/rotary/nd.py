@@ -55,8 +55,9 @@ class NdRoPEOptions(RotaryOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.seq_len_interpolation_factor is not None or self.rope_scaling is not None:
-            raise bad_value("rope_scaling", self.rope_scaling, "None for N-d RoPE (scalings are 1-D)")
+        for field in ("seq_len_interpolation_factor", "rope_scaling"):  # the message names the one given
+            if getattr(self, field) is not None:
+                raise bad_value(field, getattr(self, field), "None for N-d RoPE (scalings are 1-D)")
 
 
 class NdRoPE(Scheme):
