@@ -1,0 +1,126 @@
+"""Which RoPE kernel runs, and that each equals the float64 reference: float64 tensors (the native
+float32 kernel declines them) reach the complex kernel (interleaved) or, from COMPILE_MIN_ELEMENTS on,
+the compiled half-split kernel; tensors the complex view cannot take (odd strides, other dtypes) do not;
+a failed compile warns once, naming the error, and falls back to the eager path for good."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from posenc.rotary import _core, _fast
+from posenc.rotary._core import apply_rotary, apply_rotary_autograd, apply_rotary_reference, cos_sin, inv_frequencies
+
+
+def case(shape: tuple[int, ...], rot: int, dtype=torch.float64, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*shape, generator=g, dtype=dtype)
+    pos = torch.randint(0, 100_000, (shape[0], shape[2]), generator=g)
+    inv_freq = inv_frequencies(rot, 10000.0)
+    return x, pos, inv_freq, *cos_sin(pos, inv_freq)
+
+
+def test_complex_kernel_in_float64_equals_the_reference():
+    x, pos, inv_freq, cos, sin = case((2, 3, 5, 16), 16)
+    out = _fast.rotate_interleaved_complex(x, cos, sin)
+    assert out.dtype == torch.float64
+    torch.testing.assert_close(out, apply_rotary_reference(x, pos, inv_freq, True), rtol=1e-6, atol=1e-6)
+
+
+def odd_strided(dtype=torch.float64) -> torch.Tensor:
+    """(2,3,4,32) whose first two strides are even and the third odd: no complex view possible."""
+    return torch.randn(2, 3, 4, 33, dtype=dtype)[..., :32]
+
+
+def test_complex_view_only_where_torch_allows_it():
+    assert _fast.can_use_complex(torch.randn(2, 3, 4, 32, dtype=torch.float64))
+    assert not _fast.can_use_complex(odd_strided())  # strides (396, 132, 33, 1)
+    assert not _fast.can_use_complex(torch.randn(2, 3, 4, 32, dtype=torch.float32)[..., ::2])  # stride(-1) = 2
+    assert not _fast.can_use_complex(torch.randn(2, 3, 4, 32, dtype=torch.float32).to(torch.bfloat16))
+    assert not _fast.can_use_complex(torch.randn(2, 3, 4, 32).to(torch.float16))
+
+
+@pytest.mark.parametrize("interleaved", [True, False])
+def test_odd_strided_input_rotates_like_the_reference(interleaved):
+    x = odd_strided()
+    pos = torch.randint(0, 1000, (2, 4))
+    inv_freq = inv_frequencies(24, 10000.0)
+    out = apply_rotary(x, *cos_sin(pos, inv_freq), interleaved)
+    torch.testing.assert_close(out, apply_rotary_reference(x, pos, inv_freq, interleaved), rtol=1e-6, atol=1e-6)
+
+
+@pytest.fixture
+def stand_in_compile(monkeypatch):
+    """torch.compile replaced by the identity (the kernel runs eagerly), from a fresh process state."""
+    calls = []
+
+    def fake_compile(fn, **kwargs):
+        calls.append(fn)
+        return fn
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    monkeypatch.setattr(_fast, "_compiled", None)
+    monkeypatch.setattr(_fast, "_compile_failed", False)
+    return calls
+
+
+def test_large_half_split_tensors_take_the_compiled_kernel(stand_in_compile, monkeypatch):
+    x, pos, inv_freq, cos, sin = case((1, 2, 8, 32), 24)
+    monkeypatch.setattr(_fast, "COMPILE_MIN_ELEMENTS", x.numel())  # exactly at the threshold
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a silent fallback would warn
+        out = _core._rotate(x, cos, sin, False)
+        again = _core._rotate(x, cos, sin, False)  # compiled once, reused
+    assert stand_in_compile == [_fast._half_split] and not _fast._compile_failed
+    want = apply_rotary_reference(x, pos, inv_freq, False)
+    torch.testing.assert_close(out, want, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(again, want, rtol=1e-6, atol=1e-6)
+    back = _core._rotate(out, cos, sin, False, sign=-1.0)  # the backward's rotation by -theta
+    torch.testing.assert_close(back, x, rtol=1e-6, atol=1e-6)
+
+
+def test_a_failed_compile_warns_once_and_falls_back(monkeypatch):
+    def broken_compile(fn, **kwargs):
+        raise RuntimeError("no compiler")
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    monkeypatch.setattr(_fast, "_compiled", None)
+    monkeypatch.setattr(_fast, "_compile_failed", False)
+    x, pos, inv_freq, cos, sin = case((1, 2, 8, 32), 32)
+    monkeypatch.setattr(_fast, "COMPILE_MIN_ELEMENTS", 1)
+    with pytest.warns(UserWarning, match=r"compiled RoPE unavailable \(RuntimeError\)") as caught:
+        first = apply_rotary(x, cos, sin, False)
+        second = apply_rotary(x, cos, sin, False)
+    assert len(caught) == 1 and _fast._compile_failed
+    want = apply_rotary_reference(x, pos, inv_freq, False)
+    torch.testing.assert_close(first, want, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(second, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_real_compiled_kernel_through_apply_rotary_equals_the_reference(monkeypatch):
+    x, pos, inv_freq, cos, sin = case((1, 2, 16, 32), 24)
+    monkeypatch.setattr(_fast, "COMPILE_MIN_ELEMENTS", 1)
+    if _fast._compile_failed:
+        pytest.skip("torch.compile unavailable in this process")
+    out = apply_rotary(x, cos, sin, False)
+    assert _fast._compiled is not None and not _fast._compile_failed
+    torch.testing.assert_close(out, apply_rotary_reference(x, pos, inv_freq, False), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("interleaved", [None, True, False])  # None: the default, half-split as apply_rotary's
+def test_autograd_formula_keeps_unrotated_dims_when_heads_and_length_equal_rot_dim(interleaved):
+    """rot_dim 16 < head_dim 32 with H = T = 16: only the last dim may decide what passes through."""
+    x, pos, inv_freq, cos, sin = case((1, 16, 16, 32), 16)
+    args = () if interleaved is None else (interleaved,)
+    out = apply_rotary_autograd(x, cos, sin, *args)
+    assert out.shape == x.shape
+    torch.testing.assert_close(out, apply_rotary_reference(x, pos, inv_freq, bool(interleaved)), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(out, apply_rotary(x, cos, sin, *args), rtol=1e-6, atol=1e-6)
+
+
+def test_reference_computes_in_float64():
+    x, pos, inv_freq, _, _ = case((1, 2, 3, 8), 8, dtype=torch.float32)
+    assert apply_rotary_reference(x, pos, inv_freq, False).dtype == torch.float64
