@@ -120,7 +120,3 @@ def test_autograd_formula_keeps_unrotated_dims_when_heads_and_length_equal_rot_d
     torch.testing.assert_close(out, apply_rotary_reference(x, pos, inv_freq, bool(interleaved)), rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(out, apply_rotary(x, cos, sin, *args), rtol=1e-6, atol=1e-6)
 
-
-def test_reference_computes_in_float64():
-    x, pos, inv_freq, _, _ = case((1, 2, 3, 8), 8, dtype=torch.float32)
-    assert apply_rotary_reference(x, pos, inv_freq, False).dtype == torch.float64

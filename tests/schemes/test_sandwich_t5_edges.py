@@ -74,6 +74,8 @@ def test_t5_bucket_defaults_are_transformers_defaults():
     offsets = torch.arange(-300, 301)
     theirs = t5_attention._relative_position_bucket(offsets)  # bidirectional, 32 buckets, max distance 128
     assert torch.equal(t5_relative_position_bucket(offsets), theirs.to(torch.int64))
+    causal = t5_attention._relative_position_bucket(offsets, False)  # 32 buckets all serve the past
+    assert torch.equal(t5_relative_position_bucket(offsets, False), causal.to(torch.int64))
 
 
 def test_t5_encoder_buckets_split_the_two_directions():
