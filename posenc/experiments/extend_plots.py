@@ -47,8 +47,9 @@ def _errorbars(ax: Any, series: dict[str, list[tuple[int, float, float, float]]]
         nudge = 2 ** (0.035 * (i - (len(series) - 1) / 2))
         xs = [n * nudge for n, *_ in points]
         ys = [y for _, y, _, _ in points]
-        below = [0.0 if math.isnan(lo) else y - lo for _, y, lo, _ in points]
-        above = [0.0 if math.isnan(hi) else hi - y for _, y, _, hi in points]
+        # max(0, .): an interval's end can miss its point by a rounding error (Wilson's upper end at n/n)
+        below = [0.0 if math.isnan(lo) else max(0.0, y - lo) for _, y, lo, _ in points]
+        above = [0.0 if math.isnan(hi) else max(0.0, hi - y) for _, y, _, hi in points]
         ax.errorbar(xs, ys, yerr=[below, above], marker="o", markersize=3, capsize=2, linewidth=1.2,
                     elinewidth=0.8, label=name)
         lengths.update(n for n, *_ in points)

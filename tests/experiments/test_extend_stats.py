@@ -39,3 +39,21 @@ def test_passkey_summary_counts_cells_and_lengths():
     assert (by_depth[0.1]["correct"], by_depth[0.9]["total"]) == (1, 2)
     table = markdown({"t": ([{"scaling": "yarn", "1024": "3/4"}], ["scaling", "1024"])})
     assert "| yarn | 3/4 |" in table and "|---|---:|" in table
+
+
+def test_error_bars_take_intervals_that_miss_their_point_by_rounding():
+    """Wilson's upper end at 6/6 is 1 - 1e-16: matplotlib refuses a negative error bar, so the plot
+    (and the whole report after a 1-hour run) failed before the clamp."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from posenc.experiments.extend_plots import _errorbars
+    from posenc.experiments.stats import wilson
+
+    assert wilson(6, 6)[1] < 1.0  # the case itself
+    fig, ax = plt.subplots()
+    points = [(1024 * (k + 1), k / 6, *wilson(k, 6)) for k in range(7)]
+    assert _errorbars(ax, {"none": points}) == [p[0] for p in points]
+    plt.close(fig)
