@@ -14,6 +14,7 @@ import argparse
 import collections
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 DETECTED = {"killed", "timeout", "segfault"}  # the suite noticed the change
@@ -41,9 +42,12 @@ def report(status: dict[str, str]) -> str:
     by_package: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     for name, s in status.items():
         by_package[package(name)][s] += 1
+    settings = tomllib.loads(Path("pyproject.toml").read_text(encoding="utf-8"))["tool"]["mutmut"]
     lines = ["# Mutation testing (`make mutation`)", "",
              "Score = mutants detected (killed or timed out) / mutants checked (detected + survived + no tests).",
-             "Settings (packages mutated, tests selected) are in pyproject.toml, [tool.mutmut].", "",
+             f"Mutated: {', '.join(settings.get('only_mutate', settings['source_paths']))}; tests run: "
+             f"{' '.join(settings['pytest_add_cli_args_test_selection'])} (pyproject.toml, [tool.mutmut]).",
+             "'not checked': mutants the run has not reached yet (`make mutation` resumes).", "",
              "| package | checked | detected | survived | no tests | not checked | score |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     total = collections.Counter()
