@@ -84,9 +84,10 @@ def test_eval_perplexity_and_shift_loss_equal_nll_computed_from_the_checkpoint(c
     assert code == 0, err
     results = json.loads(written_file(out).read_text())
     model, val = independent_model_and_text(trained)
-    for length in (16, 32):
-        assert results["ppl_by_length"][str(length)] == pytest.approx(math.exp(mean_nll(model, val, length, 3)),
-                                                                      rel=1e-5)
+    # every length scores the same text: 3 windows of the longest length (32), i.e. 6 windows of 16
+    for length, windows in ((16, 6), (32, 3)):
+        assert results["ppl_by_length"][str(length)] == pytest.approx(
+            math.exp(mean_nll(model, val, length, windows)), rel=1e-5)
     for offset in (0, 10):  # the shift test scores up to 8 windows of the trained length
         assert results["shift_loss"][str(offset)] == pytest.approx(mean_nll(model, val, 16, 8, offset), rel=1e-5)
     assert results["shift_loss"]["0"] != pytest.approx(results["shift_loss"]["10"], rel=1e-4)  # sinusoidal moved
@@ -98,7 +99,8 @@ def test_eval_sliding_mode_equals_the_sliding_reference(capsys, trained):
     assert code == 0, err
     model, val = independent_model_and_text(trained)
     ppl = json.loads(written_file(out).read_text())["ppl_by_length"]["16"]
-    assert ppl == pytest.approx(sliding_reference(model, val, 16, 5, 4), rel=1e-5)
+    # the scored text is max_windows windows of the longest length: 4 x 16 tokens (+1 for the last target)
+    assert ppl == pytest.approx(sliding_reference(model, val[: 4 * 16 + 1], 16, 5, 10**6), rel=1e-5)
 
 
 def test_bench_passes_options_that_come_first_to_the_harness(capsys, monkeypatch):
