@@ -51,21 +51,8 @@ void query_block(const Attention& a, const Bias& bias, const Mass& mass, int64_t
             const int64_t i = q0 + r, n = a.valid(i, k0, kn);
             float* sr = s + r * kn;
             const float top = bias.add(sr, n, a.scale, b, h, i, k0, w.x.data());
-            const float m_new = std::max(w.max[r], top);
-            if (m_new == -INFINITY) {  // no key yet for this query
-                std::fill(sr, sr + kn, 0.0f);
-                continue;
-            }
-            const float alpha = exp_nonpositive(w.max[r] - m_new);
-            float total = 0.0f;
-#pragma omp simd reduction(+ : total)
-            for (int64_t j = 0; j < n; ++j) {
-                sr[j] = exp_nonpositive(sr[j] - m_new);
-                total += sr[j];
-            }
-            std::fill(sr + n, sr + kn, 0.0f);
-            w.sum[r] = w.sum[r] * alpha + total;
-            w.max[r] = m_new;
+            const float alpha = online_softmax_block(sr, n, kn, top, w.max[r], w.sum[r]);
+            if (alpha < 0.0f) continue;  // no key yet for this query
             if (alpha != 1.0f) {
                 for (int64_t c = 0; c < D; ++c) w.acc[r * D + c] *= alpha;
                 mass.rescale(w, r, alpha);

@@ -61,6 +61,30 @@ static inline float exp_nonpositive(float x) {
     return x < -87.0f ? 0.0f : p * scale;
 }
 
+// One key block of an online softmax for one query row: sr[0, n) holds the row's scores (their max is
+// `top`), sr[n, kn) is padding. Exponentiates the scores in place against the new running max, zeroes the
+// padding, folds the block into `max` and `sum`, and returns the factor the row's earlier accumulators must
+// be multiplied by (1 when the max did not move). Returns -1 when the row has no key yet (every score
+// -inf): the block is zeroed and nothing else changes.
+static inline float online_softmax_block(float* sr, int64_t n, int64_t kn, float top, float& max, float& sum) {
+    const float m_new = std::max(max, top);
+    if (m_new == -INFINITY) {
+        std::fill(sr, sr + kn, 0.0f);
+        return -1.0f;
+    }
+    const float alpha = exp_nonpositive(max - m_new);
+    float total = 0.0f;
+#pragma omp simd reduction(+ : total)
+    for (int64_t j = 0; j < n; ++j) {
+        sr[j] = exp_nonpositive(sr[j] - m_new);
+        total += sr[j];
+    }
+    std::fill(sr + n, sr + kn, 0.0f);
+    sum = sum * alpha + total;
+    max = m_new;
+    return alpha;
+}
+
 // The bias of query row i over keys j in [j0, j1) reads row[clamp(e - i + j, 0, S - 1)] (a row of S
 // values in key order). Split [j0, j1) where the index is below 0 (reads row[0]), inside, and above
 // S - 1 (reads row[S - 1]), so each part is a broadcast or a contiguous run.

@@ -84,21 +84,8 @@ void forward_block(const Attention& a, const CopeArgs& c, int64_t b, int64_t h, 
             float* sr = s + r * kn;
             const float* rows = c.rows + ((b * a.H + h) * a.Tq + i) * P;
             w.carry[r] = logits_row(w.row(sr, n), a.scale, rows, P, w.carry[r]);
-            const float m_new = std::max(w.max[r], row_max(sr, n));
-            if (m_new == -INFINITY) {
-                std::fill(sr, sr + kn, 0.0f);
-                continue;
-            }
-            const float alpha = exp_nonpositive(w.max[r] - m_new);
-            float total = 0.0f;
-#pragma omp simd reduction(+ : total)
-            for (int64_t j = 0; j < n; ++j) {
-                sr[j] = exp_nonpositive(sr[j] - m_new);
-                total += sr[j];
-            }
-            std::fill(sr + n, sr + kn, 0.0f);
-            w.sum[r] = w.sum[r] * alpha + total;
-            w.max[r] = m_new;
+            const float alpha = online_softmax_block(sr, n, kn, row_max(sr, n), w.max[r], w.sum[r]);
+            if (alpha < 0.0f) continue;  // no key yet for this query
             if (alpha != 1.0f)
                 for (int64_t d = 0; d < D; ++d) w.acc[r * D + d] *= alpha;
         }
