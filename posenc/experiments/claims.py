@@ -98,16 +98,19 @@ CLAIMS: tuple[ClaimSpec, ...] = (
 )
 
 
-def _needed_values(runs: Runs, schemes: tuple[str, ...], n: int) -> str | None:
+def _needed_values(runs: Runs, schemes: tuple[str, ...], n: int, labels: Sequence[int]) -> str | None:
     for scheme in schemes:
-        for seed, values in enumerate(runs[scheme]):
+        for i, values in enumerate(runs[scheme]):
             for m in (1, n):
                 if not math.isfinite(values.get(m, math.nan)):
-                    return f"{scheme} has no ppl@{m}x on seed {seed} (diverged or past its table)"
+                    return f"{scheme} has no ppl@{m}x on seed {labels[i]} (diverged or past its table)"
     return None
 
 
-def judge(spec: ClaimSpec, runs: Runs, multipliers: Sequence[int], converged: set[str]) -> Verdict:
+def judge(spec: ClaimSpec, runs: Runs, multipliers: Sequence[int], converged: set[str],
+          seeds: Sequence[int] | None = None) -> Verdict:
+    """seeds: the seed number of each position in a scheme's list, for the evidence (default 0, 1, ...)."""
+    labels = list(seeds) if seeds is not None else list(range(max(map(len, runs.values()), default=0)))
     n = spec.length(multipliers)
     rule = spec.rule(n) if n is not None else spec.rule(0)
     missing = [s for s in spec.schemes if s not in runs]
@@ -115,21 +118,22 @@ def judge(spec: ClaimSpec, runs: Runs, multipliers: Sequence[int], converged: se
            else "no length past the training length was evaluated" if n is None
            else next((f"{s} did not converge" for s in (spec.schemes if spec.must_converge is None
                                                          else spec.must_converge) if s not in converged), None)
-           or _needed_values(runs, spec.schemes, n))
+           or _needed_values(runs, spec.schemes, n, labels))
     if why:
         return Verdict(spec.source, spec.claim, rule, "inconclusive", why)
     seeds = min(len(runs[s]) for s in spec.schemes)
     outcomes = [spec.test(runs, seed, n) for seed in range(seeds)]
     satisfied = [ok for ok, _ in outcomes]
     verdict = "held" if all(satisfied) else "failed" if not any(satisfied) else "inconclusive"
-    evidence = "; ".join(f"seed {i}: {text}" for i, (_, text) in enumerate(outcomes))
+    evidence = "; ".join(f"seed {labels[i]}: {text}" for i, (_, text) in enumerate(outcomes))
     if verdict == "inconclusive":
         evidence = f"seeds disagree ({evidence})"
     return Verdict(spec.source, spec.claim, rule, verdict, evidence)
 
 
-def judge_all(runs: Runs, multipliers: Sequence[int], converged: set[str]) -> list[Verdict]:
-    return [judge(spec, runs, multipliers, converged) for spec in CLAIMS]
+def judge_all(runs: Runs, multipliers: Sequence[int], converged: set[str],
+              seeds: Sequence[int] | None = None) -> list[Verdict]:
+    return [judge(spec, runs, multipliers, converged, seeds) for spec in CLAIMS]
 
 
 def converged_schemes(runs: Runs, tolerance: float = CLOSE) -> tuple[set[str], float]:

@@ -19,7 +19,7 @@ from posenc.data.tasks import get_task
 from posenc.data.tokens import byte_tokens, load_corpus, split
 from posenc.errors import RunFailed
 from posenc.experiments import preflight
-from posenc.experiments.config import RunConfig, boolean, int_list, name_list
+from posenc.experiments.config import RunConfig, boolean, int_list, name_list, run_device
 from posenc.experiments.evaluate import loss_change, perplexity_by_length, shift_test
 from posenc.experiments.parallel import default_workers, run_units
 from posenc.experiments.report import is_number
@@ -104,6 +104,7 @@ class CompareConfig(RunConfig):
 def check(cfg: CompareConfig) -> dict[str, str]:
     """Every scheme's model and task model built (on paper) and sized against memory and the text,
     before any training. Returns the corpus record."""
+    run_device(cfg.trainer.device)
     corpus = load_corpus(cfg.data.corpus)
     train_tokens, val_tokens = split(byte_tokens(corpus.text), cfg.data.val_fraction)
     L = cfg.data.seq_len

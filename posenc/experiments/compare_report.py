@@ -116,13 +116,14 @@ def report(units: Sequence[dict[str, Any]], cfg: Any, wall_seconds: float) -> Re
     L, e, c = cfg.data.seq_len, cfg.eval, cfg.compare
     multipliers = list(e.length_multipliers)
     rows, converged, best = leaderboard(units, c.schemes, multipliers)
-    verdicts = judge_all(runs_for_claims(per_scheme(units, c.schemes), multipliers), multipliers, converged)
+    verdicts = judge_all(runs_for_claims(per_scheme(units, c.schemes), multipliers), multipliers, converged,
+                         sorted(c.seeds))
     claims = [v.__dict__ for v in verdicts]
     longest = max(multipliers)
     columns = ["scheme", "rank", *[f"ppl@{m}x" for m in multipliers], *[f"{m}x/1x" for m in multipliers if m > 1],
                "shift_dloss", "diverged"]
-    corpus = f"corpus {cfg.data.corpus}" + (f" ({SOURCES[cfg.data.corpus].__doc__.splitlines()[0]})"
-                                            if cfg.data.corpus in SOURCES else "")
+    about = SOURCES[cfg.data.corpus].__doc__.splitlines()[0].rstrip(".") if cfg.data.corpus in SOURCES else None
+    corpus = f"corpus {cfg.data.corpus}" + (f" ({about})" if about else "")
     intro = (f"{corpus}; per scheme {len(c.seeds)} models (seeds {', '.join(map(str, c.seeds))}), each trained "
              f"{cfg.trainer.max_steps} steps x {cfg.trainer.batch_size} windows of {L} bytes; model "
              f"{cfg.model.n_layer} layers, d_model {cfg.model.d_model}, {cfg.model.n_head} heads; wall time "

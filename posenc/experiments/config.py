@@ -7,9 +7,12 @@ owns it, raised before any work starts.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from posenc.checks import number_in, positive_int
 from posenc.errors import bad_value, unknown_name
@@ -48,12 +51,13 @@ def set_field(obj: Any, name: str, value: Any) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class DataConfig:
-    corpus: str = "python_docs"  # built-in offline text (python_docs, python_source) or a UTF-8 text file
+    corpus: str = "python_docs"  # built-in: python_docs, python_source, wikipedia_sample; or a UTF-8 text file
     seq_len: int = 64  # the training length L; evaluation goes to multiples of it
     val_fraction: float = 0.1  # the last 10% of the bytes: deterministic, never trained on
 
     def __post_init__(self) -> None:
-        path_text("data.corpus", self.corpus, "a built-in corpus (python_docs, python_source) or a text file path")
+        path_text("data.corpus", self.corpus,
+                  "a built-in corpus (python_docs, python_source, wikipedia_sample) or a text file path")
         positive_int("data.seq_len", self.seq_len)
         number_in("data.val_fraction", self.val_fraction, 0.0, 0.5, low_open=True)
 
@@ -112,9 +116,13 @@ class TrainerConfig(OptimConfig):
     tensorboard: bool = False
     progress: bool = True
     init_from: str | None = None  # a posenc run folder, or gguf:smollm2 / gguf:PATH (fine-tuning)
+    # Checked against the machine when a run starts, not here: a GPU run's saved config loads on a CPU machine.
+    device: str = "cpu"  # cpu | cuda | cuda:N | auto (cuda when one is visible)
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if not isinstance(self.device, str) or not DEVICE_NAME.fullmatch(self.device):
+            raise bad_value("trainer.device", self.device, "cpu, cuda, cuda:N or auto")
         for name in ("grad_accum", "eval_interval", "eval_batches", "checkpoint_interval", "keep_checkpoints"):
             positive_int(f"trainer.{name}", getattr(self, name))
         if self.batch_size % self.grad_accum:
@@ -130,6 +138,20 @@ class TrainerConfig(OptimConfig):
 
 
 PRECISIONS = ("fp32", "bf16")
+DEVICE_NAME = re.compile(r"cpu|auto|cuda(:\d+)?")
+
+
+def run_device(name: str) -> torch.device:
+    """The torch device a run with trainer.device=name uses on this machine; a ValueError naming the
+    field when it asks for a GPU this machine does not have."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (device.index or 0) >= count:
+            raise bad_value("trainer.device", name, f"cpu or auto: this machine has {count} CUDA device(s)")
+    return device
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -36,8 +36,9 @@ def _window_starts(n_tokens: int, length: int, step: int, max_windows: int) -> l
 def window_nll(model: torch.nn.Module, tokens: Tensor, start: int, length: int, score_from: int,
                position_offset: int = 0) -> tuple[float, int]:
     """Summed next-token NLL of tokens[start+score_from+1 : start+length+1] given the window."""
-    window = tokens[start : start + length + 1][None]  # (1,T+1)
-    pos = torch.arange(position_offset, position_offset + length)[None]
+    device = next(model.parameters()).device
+    window = tokens[start : start + length + 1][None].to(device)  # (1,T+1)
+    pos = torch.arange(position_offset, position_offset + length, device=device)[None]
     logits = model(window[:, :-1], position_ids=pos)  # (1,T,V)
     nll = F.cross_entropy(logits[0, score_from:].float(), window[0, score_from + 1 :], reduction="sum")
     return nll.item(), length - score_from

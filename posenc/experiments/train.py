@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +25,7 @@ from tqdm import tqdm
 from posenc.data.tokens import batch_generator, load_corpus, sample_batch, split
 from posenc.errors import Interrupted, RunFailed, bad_value
 from posenc.experiments import checkpoint, manifest, preflight
-from posenc.experiments.config import RunConfig
+from posenc.experiments.config import RunConfig, run_device
 from posenc.experiments.loop import Diverged, fit, lr_at, make_optimizer
 from posenc.experiments.model_source import build_model, corpus_record
 from posenc.experiments.resume import start_point
@@ -53,6 +54,10 @@ class Prepared:
     corpus: dict[str, str]
 
 
+def model_device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
 def world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
@@ -60,7 +65,7 @@ def world() -> tuple[int, int]:
 
 
 def _loss(model: torch.nn.Module, x: Tensor, y: Tensor, precision: str) -> Tensor:
-    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
+    ctx = torch.autocast(x.device.type, dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
     with ctx:
         logits = model(x)
     return F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
@@ -69,9 +74,11 @@ def _loss(model: torch.nn.Module, x: Tensor, y: Tensor, precision: str) -> Tenso
 @torch.no_grad()
 def validation_loss(model: GPT, val: Tensor, cfg: RunConfig) -> float:
     model.eval()
-    t = cfg.trainer
-    losses = [_loss(model, *sample_batch(val, t.batch_size, cfg.data.seq_len, batch_generator(t.seed, -1 - i)),
-                    t.precision).item() for i in range(t.eval_batches)]
+    t, device = cfg.trainer, model_device(model)
+    losses = []
+    for i in range(t.eval_batches):
+        x, y = sample_batch(val, t.batch_size, cfg.data.seq_len, batch_generator(t.seed, -1 - i))
+        losses.append(_loss(model, x.to(device), y.to(device), t.precision).item())
     model.train()
     return sum(losses) / len(losses)
 
@@ -88,7 +95,11 @@ def prepare(cfg: RunConfig) -> Prepared:
     if t.init_from is None or not t.init_from.startswith("gguf:"):
         meta = preflight.check_model_fits(cfg.model, training=True)
         preflight.check_sequences_fit(meta, micro // world_size, cfg.data.seq_len, "data.seq_len", cfg.data.seq_len)
+    device = run_device(t.device)
+    if device.type == "cuda" and world_size > 1:  # torchrun: one GPU per process
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     model, tokens = build_model(cfg, corpus)
+    model.to(device)
     train_tokens, val_tokens = split(tokens, cfg.data.val_fraction)
     preflight.check_text_lengths(cfg.data.seq_len, len(val_tokens), len(train_tokens))
     return Prepared(model, make_optimizer(model, t), train_tokens, val_tokens, corpus_record(cfg, corpus))
@@ -100,13 +111,14 @@ def _backward(model: torch.nn.Module, train_tokens: Tensor, cfg: RunConfig, rank
     t = cfg.trainer
     chunk = t.batch_size // t.grad_accum
     per_rank = chunk // world_size
+    device = model_device(model)
 
     def backward(step: int) -> float:
         total = 0.0
         inputs, targets = sample_batch(train_tokens, t.batch_size, cfg.data.seq_len, batch_generator(t.seed, step))
         for micro in range(t.grad_accum):
             rows = slice(micro * chunk + rank * per_rank, micro * chunk + (rank + 1) * per_rank)
-            x, y = inputs[rows], targets[rows]  # (per_rank, L)
+            x, y = inputs[rows].to(device), targets[rows].to(device)  # (per_rank, L)
             sync = micro == t.grad_accum - 1 or not hasattr(model, "no_sync")
             with contextlib.nullcontext() if sync else model.no_sync():
                 loss = _loss(model, x, y, t.precision) / t.grad_accum

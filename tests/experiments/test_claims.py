@@ -92,3 +92,12 @@ def test_nope_lagging_is_a_failed_claim_not_an_inconclusive_one():
     converged, _ = converged_schemes(far)
     assert "none" not in converged
     assert judge(spec("without positions"), far, MULTIPLIERS, converged).verdict == "failed"
+
+
+def test_evidence_names_the_runs_seeds_not_their_positions():
+    claim = spec("ALiBi")
+    flat = runs(alibi=[(5.0, 1.01), (5.1, 1.02)])
+    evidence = judge(claim, flat, MULTIPLIERS, {"alibi"}, seeds=[1, 2]).evidence
+    assert "seed 1:" in evidence and "seed 2:" in evidence and "seed 0" not in evidence
+    flat["alibi"][1][8] = math.nan  # the second run (seed 2) has no number at 8x
+    assert "on seed 2 " in judge(claim, flat, MULTIPLIERS, {"alibi"}, seeds=[1, 2]).evidence

@@ -1,0 +1,51 @@
+"""trainer.device: the name is checked when the config is built, the machine when a run starts (so a
+GPU run's saved config still loads on a CPU machine), and a missing GPU is a ValueError naming the
+field before any folder or step exists."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from posenc.experiments.compare import CompareConfig, check
+from posenc.experiments.config import TrainerConfig, from_plain, load_config, run_device
+from posenc.experiments.train import train
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+
+
+@pytest.mark.parametrize("name", ["gpu", "CUDA", "cuda:", "cuda:x", "", 0, None])
+def test_a_device_name_that_is_not_one_of_the_forms_is_refused(name):
+    with pytest.raises(ValueError, match=r"trainer\.device=.*cpu, cuda, cuda:N or auto"):
+        TrainerConfig(device=name)
+
+
+def test_auto_is_the_gpu_when_there_is_one_else_the_cpu(no_gpu, monkeypatch):
+    assert run_device("auto") == torch.device("cpu")
+    assert run_device("cpu") == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert run_device("auto") == torch.device("cuda")
+    assert run_device("cuda:1") == torch.device("cuda", 1)
+    with pytest.raises(ValueError, match=r"trainer\.device='cuda:2'.*2 CUDA device"):
+        run_device("cuda:2")
+
+
+def test_asking_for_a_gpu_on_a_machine_without_one_fails_before_any_work(no_gpu, tmp_path):
+    cfg = load_config(None, ["trainer.device=cuda", "trainer.max_steps=2", "model.n_layer=1", "model.d_model=32",
+                             "model.n_head=2", "data.seq_len=16"])
+    with pytest.raises(ValueError, match=r"trainer\.device='cuda'.*0 CUDA device"):
+        train(cfg, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+    compare = CompareConfig(trainer=cfg.trainer, data=cfg.data)
+    with pytest.raises(ValueError, match=r"trainer\.device='cuda'"):
+        check(compare)
+
+
+def test_a_gpu_runs_saved_config_loads_on_a_cpu_machine(no_gpu):
+    saved = load_config(None, ["trainer.device=cuda:0"]).to_dict()
+    assert from_plain(saved).trainer.device == "cuda:0"
