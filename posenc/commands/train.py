@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from posenc.experiments.config import describe_options, load_config
+from posenc.experiments.config import describe_options, load_config, run_device
 from posenc.experiments.rundir import check_writable, new_run_dir
 
 
@@ -34,7 +34,7 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError("--fork needs --run-dir: the run to continue")
     if not args.run_dir or args.fork:
         check_writable(cfg.out_dir, "out_dir")
-    with distributed() as rank:
+    with distributed(run_device(cfg.trainer.device)) as rank:
         fork_from = Path(args.run_dir) if args.fork else None
         if args.run_dir and not args.fork:
             result = train(cfg, run_dir := Path(args.run_dir))

@@ -1,4 +1,4 @@
-"""DDP set-up under torchrun: a process group when WORLD_SIZE > 1 (gloo on CPU, nccl on GPU)."""
+"""DDP set-up under torchrun: a process group when WORLD_SIZE > 1 (gloo for a CPU run, nccl for a GPU run)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,13 @@ import torch.distributed as dist
 
 
 @contextlib.contextmanager
-def distributed() -> Iterator[int]:
-    """Yields this process's rank; a single process yields 0 and sets nothing up."""
+def distributed(device: torch.device | str = "cpu") -> Iterator[int]:
+    """Yields this process's rank; a single process yields 0 and sets nothing up. The backend follows the
+    run's device (trainer.device), not what the machine has: a CPU run on a GPU machine needs gloo."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         yield 0
         return
-    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    dist.init_process_group("nccl" if torch.device(device).type == "cuda" else "gloo")
     try:
         yield dist.get_rank()
     finally:

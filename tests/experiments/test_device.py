@@ -49,3 +49,28 @@ def test_asking_for_a_gpu_on_a_machine_without_one_fails_before_any_work(no_gpu,
 def test_a_gpu_runs_saved_config_loads_on_a_cpu_machine(no_gpu):
     saved = load_config(None, ["trainer.device=cuda:0"]).to_dict()
     assert from_plain(saved).trainer.device == "cuda:0"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run on a GPU machine)")
+@pytest.mark.parametrize("scheme", ["rope", "alibi", "relative", "learned_absolute"])
+def test_training_and_evaluation_on_a_gpu_match_the_cpu(scheme, tmp_path):
+    """Same seed, same batches: the GPU run's losses and perplexity agree with the CPU run's (float32;
+    only summation order differs), and the model is on the GPU throughout."""
+    from posenc.experiments.config import EvalConfig
+    from posenc.experiments.evaluate import perplexity_by_length
+
+    base = ["trainer.max_steps=30", "trainer.warmup_steps=3", "trainer.eval_interval=15", "trainer.progress=false",
+            "model.n_layer=2", "model.d_model=32", "model.n_head=2", "data.seq_len=32", "trainer.batch_size=8",
+            f"model.position_embedding_type={scheme}"]
+    runs = {}
+    for device in ("cpu", "cuda"):
+        cfg = load_config(None, [*base, f"trainer.device={device}"])
+        result = train(cfg, tmp_path / device)
+        assert next(result.model.parameters()).device.type == device
+        tokens = torch.arange(2000) % 251
+        runs[device] = ([h["loss"] for h in result.history],
+                        perplexity_by_length(result.model, tokens, 32, EvalConfig(length_multipliers=(1, 4),
+                                                                                     max_windows=4)))
+    (cpu_loss, cpu_ppl), (gpu_loss, gpu_ppl) = runs["cpu"], runs["cuda"]
+    assert gpu_loss == pytest.approx(cpu_loss, rel=1e-3)
+    assert gpu_ppl == pytest.approx(cpu_ppl, rel=1e-3)

@@ -128,6 +128,8 @@ BAD = [
      "rope_scaling.high_freq_factor"),
     ({"rope_type": "longrope", "short_factor": [1.0] * 3, "long_factor": [1.0] * 32}, "rope_scaling.short_factor"),
     ({"rope_type": "longrope", "short_factor": [1.0] * 32, "long_factor": [0.0] * 32}, "rope_scaling.long_factor"),
+    ({"rope_type": "longrope", "long_factor": [1.0] * 32}, "rope_scaling.short_factor"),  # missing: not a TypeError
+    ({"rope_type": "longrope", "short_factor": [1.0] * 32, "long_factor": 2.0}, "rope_scaling.long_factor"),
     ({"rope_type": "linear", "factor": 2.0, "rope_theta": 500000.0}, "rope_scaling.rope_theta"),
     ({"rope_type": "yarnn", "factor": 2.0}, "did you mean 'yarn'"),
 ]
