@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
 import math
 import random
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -108,7 +110,8 @@ def report(status: dict[str, str]) -> str:
         c = by_package[name]
         total.update(c)
         lines.append(_row(name, c))
-    lines += [_row("**all**", total), "", "## Survivors by function", ""]
+    lines += [_row("**all**", total), "", "## Survivors by function", "",
+              "Each survivor judged (equivalent, harmless, or matters and now tested): docs/mutation-survivors.md.", ""]
     survivors = collections.defaultdict(list)
     for name, s in sorted(status.items()):
         if s in MISSED:
@@ -125,6 +128,28 @@ def _row(name: str, c: collections.Counter) -> str:
     return f"| {name} | {checked} | {detected} | {c['survived']} | {c['no tests']} | {unchecked} | {score} |"
 
 
+# mutmut 3.8 has no generate-only command: the first step of `mutmut run`, called directly (seconds),
+# so the sample can be drawn before the one run that collects coverage (many minutes) and tests it.
+GENERATE = """
+from mutmut import __main__ as m
+m.set_mutant_under_test("mutant_generation")
+m.copy_src_dir(); m.copy_also_copy_files(); m.setup_source_paths(); m.store_lines_covered_by_tests()
+m.create_mutants(2)
+"""
+
+
+def fresh_state_for(settings: dict) -> None:
+    """Removes mutants/ when it was made with other [tool.mutmut] settings. mutmut 3.8 keeps a file's
+    old copy when that copy is newer than the source, so a file added to only_mutate after a run was
+    silently never mutated (seen: nn/ and models/ had no mutants)."""
+    state, stamp = Path("mutants"), Path("mutants") / ".posenc-settings.json"
+    wanted = json.dumps(settings, sort_keys=True)
+    if state.exists() and (not stamp.exists() or stamp.read_text(encoding="utf-8") != wanted):
+        shutil.rmtree(state)
+    state.mkdir(exist_ok=True)
+    stamp.write_text(wanted, encoding="utf-8")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--report", action="store_true", help="only write the report from an earlier run")
@@ -133,11 +158,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="the sample's seed")
     args = parser.parse_args(argv)
     mutmut = str(Path(sys.executable).with_name("mutmut"))
+    if not args.report:
+        fresh_state_for(tomllib.loads(Path("pyproject.toml").read_text(encoding="utf-8"))["tool"]["mutmut"])
     sample = None
     if args.sample:
-        # mutmut 3.8 has no generate-only command: a pattern that matches no mutant generates them all,
-        # collects which tests cover which function, then stops.
-        subprocess.run([mutmut, "run", "posenc.__no_such_mutant__*"], check=False, capture_output=True)
+        subprocess.run([sys.executable, "-c", GENERATE], check=True)
         status = results(mutmut)
         sample = draw(status, args.sample, args.seed)
         todo = [n for names in sample.values() for n in names if status[n] not in DETECTED | MISSED]
