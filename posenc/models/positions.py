@@ -52,7 +52,7 @@ class SchemeStack(nn.ModuleList):
         start = cache.length if cache is not None else 0
         check_fits(b, self.dims.n_head, self.dims.d_model, t, start + t, self.layer(0))
         if position_ids is not None:
-            query = check_positions(position_ids.to(input_ids.device), input_ids)
+            query = check_positions(position_ids, input_ids).to(input_ids.device)  # checked first: a list has no .to
         elif random_range is not None and cache is None:
             query = random_positions(b, t, random_range, input_ids.device)  # (B,T)
         else:

@@ -77,6 +77,8 @@ def test_ctrl_c_saves_a_checkpoint_and_the_run_resumes_exactly(tmp_path, capsys,
     code, _, err = cli(capsys, "train", "--run-dir", tmp_path / "run", *args)
     assert code == 130 and "interrupted" in one_line(err) and "step 3" in one_line(err)
     assert checkpoint.latest(tmp_path / "run").name == "step-00000003"
+    record = json.loads((tmp_path / "run" / "train.json").read_text())
+    assert record["status"] == "interrupted" and [h["step"] for h in record["history"]] == [1, 2, 3]
     monkeypatch.setattr(torch.optim.AdamW, "step", real)
     assert cli(capsys, "train", "--run-dir", tmp_path / "run", *args)[0] == 0
     resumed = json.loads((tmp_path / "run" / "train.json").read_text())["history"]

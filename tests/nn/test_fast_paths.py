@@ -136,6 +136,8 @@ def test_complex_rope_kernel_equals_reference(percentage):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif("mutants" in Path(posenc.__file__).parts,
+                    reason="under mutmut's coverage tracing and trampolines, dynamo cannot compile")
 def test_compiled_half_split_rope_kernel_equals_reference():
     inv_freq = inv_frequencies(24, 10000.0)
     x = torch.randn(1, 4, 64, 32)

@@ -53,6 +53,7 @@ LAYOUTS = {  # name: (Tq, Tk, first key position of each row, extra query offset
     "decode": (1, 70, (3, 3), (0, 0)),
     "rows_apart": (30, 30, (2, 1000), (0, 0)),
     "queries_shifted_per_row": (12, 30, (0, 0), (0, 3)),  # m - n differs between rows: one e per row
+    "decode_shifted_per_row": (1, 70, (3, 3), (0, 3)),  # a decode step whose rows sit at different offsets
 }
 
 
