@@ -52,7 +52,7 @@ def test_a_gpu_runs_saved_config_loads_on_a_cpu_machine(no_gpu):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run on a GPU machine)")
-@pytest.mark.parametrize("scheme", ["rope", "alibi", "relative", "learned_absolute"])
+@pytest.mark.parametrize("scheme", ["rope", "alibi", "relative", "learned_absolute", "sinusoidal", "transformer_xl"])
 def test_training_and_evaluation_on_a_gpu_match_the_cpu(scheme, tmp_path):
     """Same seed, same batches: the GPU run's losses and perplexity agree with the CPU run's (float32;
     only summation order differs), and the model is on the GPU throughout."""
@@ -74,3 +74,23 @@ def test_training_and_evaluation_on_a_gpu_match_the_cpu(scheme, tmp_path):
     (cpu_loss, cpu_ppl), (gpu_loss, gpu_ppl) = runs["cpu"], runs["cuda"]
     assert gpu_loss == pytest.approx(cpu_loss, rel=1e-3)
     assert gpu_ppl == pytest.approx(cpu_ppl, rel=1e-3)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run on a GPU machine)")
+@pytest.mark.parametrize("scheme", ["alibi", "relative"])
+def test_long_inference_on_a_gpu_takes_the_flex_path_and_matches_the_cpu(scheme):
+    """1,024 x 1,024 scores per head: on CUDA the bias reaches attention as a flex_attention score_mod."""
+    import warnings
+
+    from posenc.models import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=61, n_layer=1, n_head=4, d_model=64, max_seq_len=2048,
+                          position_embedding_type=scheme)).eval()  # head dim 16: flex's smallest
+    ids = torch.randint(0, 61, (1, 1024))
+    with torch.no_grad():
+        cpu = model(ids)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message="posenc: flex_attention failed")  # it warns, then falls back
+            gpu = model.cuda()(ids.cuda()).cpu()
+    torch.testing.assert_close(gpu, cpu, rtol=1e-3, atol=1e-3)

@@ -48,3 +48,31 @@ def test_positions_that_are_not_an_integer_tensor_are_a_value_error_naming_them(
 @pytest.mark.skipif(shutil.which("g++") is None or not native.enabled(), reason="no C++ compiler, or POSENC_NATIVE=0")
 def test_the_native_kernels_load_where_a_compiler_exists():
     assert native.library() is not None and native.has_gemm()
+
+
+def test_a_gguf_without_a_rope_dimension_count_rotates_the_whole_head():
+    from posenc.models.gguf import _config_fields
+
+    meta = {"general.architecture": "llama", "llama.attention.head_count": 4, "llama.embedding_length": 64,
+            "llama.block_count": 2, "llama.feed_forward_length": 128, "llama.context_length": 256,
+            "llama.attention.layer_norm_rms_epsilon": 1e-5}
+    fields = _config_fields(meta, 100)
+    assert fields["rotary_percentage"] == 1.0 and fields["n_kv_head"] == 4 and fields["rotary_base"] == 10000.0
+    assert _config_fields(meta | {"llama.rope.dimension_count": 8}, 100)["rotary_percentage"] == 0.5
+
+
+def test_a_cross_decoder_block_has_no_dropout_unless_asked():
+    from posenc.nn.seq2seq_blocks import CrossDecoderBlock
+
+    block = CrossDecoderBlock(32, 4, 4, 64, 0)
+    rates = [m.p for m in block.modules() if isinstance(m, nn.Dropout)]
+    rates += [m.dropout for m in block.modules() if isinstance(getattr(m, "dropout", None), float)]
+    assert rates and set(rates) == {0.0}
+
+
+def test_learned_positions_follow_the_activations_dtype():
+    from posenc.absolute.learned import LearnedAbsolute
+
+    table = LearnedAbsolute(Dims(32, 4, 8, 64))
+    x = torch.zeros(1, 5, 32, dtype=torch.bfloat16)
+    assert table.embed(x, torch.arange(5)[None]).dtype == torch.bfloat16
