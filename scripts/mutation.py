@@ -9,9 +9,10 @@ checked, and every survivor by function. `mutmut show NAME` prints a survivor's 
 runs the tests that cover its function), so not part of `make test` or CI.
 
 Sampling: every package's mutants are drawn uniformly at random (seeded), so the sample's detected
-fraction estimates the package's score without running all of them (a full run over posenc/ is about
-ten hours on 2 cores). Mutants checked earlier count where the sample draws them. The report gives each
-package's estimate with a 95% Wilson interval and the overall score weighted by each package's mutant count.
+fraction estimates the package's score without running all of them. Measured: 280 mutants in 17 min on
+2 cores (about 6 min of coverage collection, then 0.41 mutants/s); all 9,225 would take about 6.5 hours.
+Mutants checked earlier count where the sample draws them. The report gives each package's estimate with
+a 95% Wilson interval and the overall score weighted by each package's mutant count.
 """
 
 from __future__ import annotations
@@ -67,10 +68,10 @@ def draw(status: dict[str, str], per_package: int, seed: int) -> dict[str, list[
     return {p: sorted(rng.sample(ns, min(per_package, len(ns)))) for p, ns in sorted(names.items())}
 
 
-def sample_report(status: dict[str, str], sample: dict[str, list[str]], seed: int) -> str:
+def sample_report(status: dict[str, str], sample: dict[str, list[str]], per_package: int, seed: int) -> str:
     """Per package: all mutants, the sample, its detected share with a Wilson interval; the weighted total."""
     lines = ["## Estimated score per package (random sample)", "",
-             f"A seeded uniform sample (`--sample {max(map(len, sample.values()))} --seed {seed}`) of each package's "
+             f"A seeded uniform sample (`--sample {per_package} --seed {seed}`) of each package's "
              "mutants; score = detected / checked in the sample, with a 95% Wilson interval. 'all' weights each "
              "package's score by its number of mutants.", "",
              "| package | mutants | sampled | checked | detected | score | 95% interval |",
@@ -93,15 +94,19 @@ def sample_report(status: dict[str, str], sample: dict[str, list[str]], seed: in
     return "\n".join(lines) + "\n"
 
 
+def settings() -> dict:
+    return tomllib.loads(Path("pyproject.toml").read_text(encoding="utf-8"))["tool"]["mutmut"]
+
+
 def report(status: dict[str, str]) -> str:
     by_package: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     for name, s in status.items():
         by_package[package(name)][s] += 1
-    settings = tomllib.loads(Path("pyproject.toml").read_text(encoding="utf-8"))["tool"]["mutmut"]
+    mutmut = settings()
     lines = ["# Mutation testing (`make mutation`)", "",
              "Score = mutants detected (killed or timed out) / mutants checked (detected + survived + no tests).",
-             f"Mutated: {', '.join(settings.get('only_mutate', settings['source_paths']))}; tests run: "
-             f"{' '.join(settings['pytest_add_cli_args_test_selection'])} (pyproject.toml, [tool.mutmut]).",
+             f"Mutated: {', '.join(mutmut.get('only_mutate', mutmut['source_paths']))}; tests run: "
+             f"{' '.join(mutmut['pytest_add_cli_args_test_selection'])} (pyproject.toml, [tool.mutmut]).",
              "'not checked': mutants the run has not reached yet (`make mutation` resumes).", "",
              "| package | checked | detected | survived | no tests | not checked | score |",
              "|---|---:|---:|---:|---:|---:|---:|"]
@@ -159,22 +164,24 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     mutmut = str(Path(sys.executable).with_name("mutmut"))
     if not args.report:
-        fresh_state_for(tomllib.loads(Path("pyproject.toml").read_text(encoding="utf-8"))["tool"]["mutmut"])
-    sample = None
-    if args.sample:
-        subprocess.run([sys.executable, "-c", GENERATE], check=True)
+        fresh_state_for(settings())
+    if not args.sample:
+        if not args.report:
+            subprocess.run([mutmut, "run"], check=False)  # a non-zero exit still leaves results to report
+        sample = None
+    else:
+        if not args.report:
+            subprocess.run([sys.executable, "-c", GENERATE], check=True)
         status = results(mutmut)
         sample = draw(status, args.sample, args.seed)
         todo = [n for names in sample.values() for n in names if status[n] not in DETECTED | MISSED]
         if todo and not args.report:
             subprocess.run([mutmut, "run", *todo], check=False)
-    elif not args.report:
-        subprocess.run([mutmut, "run"], check=False)  # a non-zero exit still leaves results to report
     status = results(mutmut)
     text = report(status)
     if sample is not None:
         head, _, rest = text.partition("## Survivors by function")
-        text = head + sample_report(status, sample, args.seed) + "\n## Survivors by function" + rest
+        text = head + sample_report(status, sample, args.sample, args.seed) + "\n## Survivors by function" + rest
     Path(args.out).write_text(text, encoding="utf-8")
     print(text.split("\n## ")[0])
     return 0

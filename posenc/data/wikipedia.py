@@ -21,6 +21,7 @@ import xml.etree.ElementTree as ET
 import zipfile
 from pathlib import Path
 
+from posenc.cache import cache_dir
 from posenc.errors import RunFailed
 
 GENSIM_WHEEL = ("gensim==4.4.0", "manylinux_2_28_x86_64", "3.11")  # any wheel holds the same file: pin one
@@ -36,11 +37,6 @@ class CorpusUnavailable(RunFailed):
     """The dump could not be fetched or did not match its pinned fingerprint (a one-line error, exit 1)."""
 
 
-def cache_dir() -> Path:
-    root = os.environ.get("POSENC_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "posenc"
-    return Path(root)
-
-
 def articles(xml_bytes: bytes) -> list[tuple[str, str]]:
     """(title, wikitext) of every main-namespace page that is not a redirect, in dump order."""
     root = ET.fromstring(xml_bytes)
@@ -48,9 +44,8 @@ def articles(xml_bytes: bytes) -> list[tuple[str, str]]:
     out = []
     for page in root.iter(f"{ns}page"):
         text = page.findtext(f"{ns}revision/{ns}text") or ""
-        if page.findtext(f"{ns}ns") != "0" or page.find(f"{ns}redirect") is not None or not text.strip():
-            continue
-        if text.lstrip().lower().startswith("#redirect"):
+        redirect = page.find(f"{ns}redirect") is not None or text.lstrip().lower().startswith("#redirect")
+        if page.findtext(f"{ns}ns") != "0" or redirect or not text.strip():
             continue
         out.append((page.findtext(f"{ns}title") or "", text))
     return out

@@ -121,8 +121,8 @@ def judge(spec: ClaimSpec, runs: Runs, multipliers: Sequence[int], converged: se
            or _needed_values(runs, spec.schemes, n, labels))
     if why:
         return Verdict(spec.source, spec.claim, rule, "inconclusive", why)
-    seeds = min(len(runs[s]) for s in spec.schemes)
-    outcomes = [spec.test(runs, seed, n) for seed in range(seeds)]
+    paired = min(len(runs[s]) for s in spec.schemes)
+    outcomes = [spec.test(runs, i, n) for i in range(paired)]
     satisfied = [ok for ok, _ in outcomes]
     verdict = "held" if all(satisfied) else "failed" if not any(satisfied) else "inconclusive"
     evidence = "; ".join(f"seed {labels[i]}: {text}" for i, (_, text) in enumerate(outcomes))

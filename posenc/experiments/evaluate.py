@@ -25,6 +25,10 @@ NOT_FINITE = "not finite"  # the loss overflowed at this length
 Score = float | str  # a number, or one of the labels above
 
 
+def model_device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
 def _window_starts(n_tokens: int, length: int, step: int, max_windows: int) -> list[int]:
     starts = list(range(0, n_tokens - length, step))
     if not starts:
@@ -36,7 +40,7 @@ def _window_starts(n_tokens: int, length: int, step: int, max_windows: int) -> l
 def window_nll(model: torch.nn.Module, tokens: Tensor, start: int, length: int, score_from: int,
                position_offset: int = 0) -> tuple[float, int]:
     """Summed next-token NLL of tokens[start+score_from+1 : start+length+1] given the window."""
-    device = next(model.parameters()).device
+    device = model_device(model)
     window = tokens[start : start + length + 1][None].to(device)  # (1,T+1)
     pos = torch.arange(position_offset, position_offset + length, device=device)[None]
     logits = model(window[:, :-1], position_ids=pos)  # (1,T,V)

@@ -26,6 +26,7 @@ from posenc.data.tokens import batch_generator, load_corpus, sample_batch, split
 from posenc.errors import Interrupted, RunFailed, bad_value
 from posenc.experiments import checkpoint, manifest, preflight
 from posenc.experiments.config import RunConfig, run_device
+from posenc.experiments.evaluate import model_device
 from posenc.experiments.loop import Diverged, fit, lr_at, make_optimizer
 from posenc.experiments.model_source import build_model, corpus_record
 from posenc.experiments.resume import start_point
@@ -52,10 +53,6 @@ class Prepared:
     train_tokens: Tensor
     val_tokens: Tensor
     corpus: dict[str, str]
-
-
-def model_device(model: torch.nn.Module) -> torch.device:
-    return next(model.parameters()).device
 
 
 def world() -> tuple[int, int]:

@@ -27,7 +27,7 @@ from posenc.scheme import Scheme
 
 CHUNK_ROWS = 256
 MIN_FAST_SCORES = 1 << 20  # below ~1M scores per head the reference path is already cheap
-FLEX_MIN_HEAD_DIM = 16  # torch 2.11-2.13 flex_attention: "embedding dimension ... must be at least 16"
+FLEX_MIN_HEAD_DIM = 16  # flex_attention's Triton kernels (not CPU/MPS): "embedding dimension ... at least 16"
 # "failed": flex unusable in this process; "failed_schemes": scheme classes whose score_mod did not compile.
 _flex_state = {"compiled": None, "failed": False, "failed_schemes": set()}
 
@@ -99,6 +99,12 @@ def flex_attention_path(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, q_pos: 
         return None
 
 
+def flex_fits(q: Tensor, v: Tensor) -> bool:
+    """Inductor's Triton template for flex_attention refuses head dims below 16 ("NYI"); its CPU and MPS
+    templates take any. Asking anyway would cost a failed compile and a warning before the same fallback."""
+    return q.device.type in ("cpu", "mps") or min(q.shape[-1], v.shape[-1]) >= FLEX_MIN_HEAD_DIM
+
+
 def needs_grad(q: Tensor, scheme: Scheme) -> bool:
     return torch.is_grad_enabled() and (q.requires_grad or any(p.requires_grad for p in scheme.parameters()))
 
@@ -109,10 +115,7 @@ def biased_attention(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, q_pos: Ten
     if dropout == 0.0 and (out := row_paths.attend(q, k, v, scheme, q_pos, k_pos, causal)) is not None:
         return out
     large = q.shape[-2] * k.shape[-2] >= MIN_FAST_SCORES
-    # flex_attention's kernels need a head dimension of at least 16 (Inductor: "NYI"); smaller heads
-    # would pay a failed compile and a warning before the same fallback.
-    flex_fits = q.shape[-1] >= FLEX_MIN_HEAD_DIM and v.shape[-1] >= FLEX_MIN_HEAD_DIM
-    if large and dropout == 0.0 and flex_fits and not needs_grad(q, scheme) and flex_enabled(q.device):
+    if large and dropout == 0.0 and not needs_grad(q, scheme) and flex_enabled(q.device) and flex_fits(q, v):
         out = flex_attention_path(q, k, v, scheme, q_pos, k_pos, causal)
         if out is not None:
             return out

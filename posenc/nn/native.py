@@ -4,7 +4,7 @@ Built on first use with the system C++ compiler (g++ -O3 -march=native -fopenmp,
 into a per-machine cache keyed by a hash of the sources, flags, compiler and CPU, and loaded with ctypes.
 Matrix products call torch's own BLAS (its exported sgemm_), so no other library is linked. Everything has a
 pure-PyTorch fallback: with no compiler, a failed build, or POSENC_NATIVE=0, library() returns None.
-Cache folder: $POSENC_CACHE_DIR, else $XDG_CACHE_HOME/posenc, else ~/.cache/posenc.
+Cache folder: posenc.cache.cache_dir().
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ import warnings
 from pathlib import Path
 
 import torch
+
+from posenc.cache import cache_dir
 
 SOURCE_DIR = Path(__file__).parent / "csrc"
 SOURCES = ("rotary.cpp", "attention_forward.cpp", "attention_backward.cpp", "cope.cpp")
@@ -55,13 +57,6 @@ def threads() -> int:
     return torch.get_num_threads()
 
 
-def _cache_dir() -> Path:
-    if os.environ.get("POSENC_CACHE_DIR"):
-        return Path(os.environ["POSENC_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "posenc"
-
-
 def _compiler() -> str:
     compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
     if compiler is None:
@@ -87,7 +82,7 @@ def _fingerprint(compiler: str) -> str:
 
 def _build() -> Path:
     compiler = _compiler()
-    target = _cache_dir() / f"posenc_native_{_fingerprint(compiler)}.so"
+    target = cache_dir() / f"posenc_native_{_fingerprint(compiler)}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -61,7 +61,7 @@ def _fake_pip(monkeypatch, payload: bytes) -> list[list[str]]:
 
 
 def test_a_dump_that_does_not_match_the_pin_is_refused(monkeypatch, tmp_path):
-    monkeypatch.setenv("POSENC_CACHE", str(tmp_path))
+    monkeypatch.setenv("POSENC_CACHE_DIR", str(tmp_path))
     _fake_pip(monkeypatch, bz2.compress(dump(page("Alpha", "Alpha text."))))
     with pytest.raises(wikipedia.CorpusUnavailable, match="not the pinned"):
         wikipedia.wikipedia_sample_text()
@@ -69,7 +69,7 @@ def test_a_dump_that_does_not_match_the_pin_is_refused(monkeypatch, tmp_path):
 
 
 def test_the_cleaned_text_is_built_once_cached_and_reused(monkeypatch, tmp_path):
-    monkeypatch.setenv("POSENC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("POSENC_CACHE_DIR", str(tmp_path / "cache"))
     payload = bz2.compress(dump(page("Alpha", "'''Alpha''' text."), page("Beta", "Beta [[text]].")))
     monkeypatch.setattr(wikipedia, "MEMBER_SHA256", hashlib.sha256(payload).hexdigest())
     calls = _fake_pip(monkeypatch, payload)
@@ -81,7 +81,7 @@ def test_the_cleaned_text_is_built_once_cached_and_reused(monkeypatch, tmp_path)
 
 
 def test_a_failed_download_is_a_one_line_error(monkeypatch, tmp_path):
-    monkeypatch.setenv("POSENC_CACHE", str(tmp_path))
+    monkeypatch.setenv("POSENC_CACHE_DIR", str(tmp_path))
 
     class Failed:
         returncode, stderr = 1, "ERROR: No matching distribution found for gensim==4.4.0"
@@ -93,7 +93,7 @@ def test_a_failed_download_is_a_one_line_error(monkeypatch, tmp_path):
 
 def test_the_pinned_wheel_on_pypi_still_holds_the_pinned_dump(tmp_path, monkeypatch):
     """Downloads the real wheel (~28 MB from PyPI, the one hub this project may reach)."""
-    monkeypatch.setenv("POSENC_CACHE", str(tmp_path))
+    monkeypatch.setenv("POSENC_CACHE_DIR", str(tmp_path))
     corpus = load_corpus("wikipedia_sample")
     assert corpus.text.startswith("Anarchism\n\nAnarchism is a political philosophy")
     assert corpus.text.count("\n\n") > 200 and 2_500_000 < len(corpus.text.encode()) < 3_500_000

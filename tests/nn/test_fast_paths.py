@@ -146,3 +146,11 @@ def test_compiled_half_split_rope_kernel_equals_reference():
     out = _fast.rotate_half_split_compiled(x, cos, sin)
     assert out is not None, "torch.compile failed on this machine"
     torch.testing.assert_close(out.double(), apply_rotary_reference(x, pos, inv_freq, False), rtol=1e-5, atol=1e-5)
+
+
+def test_the_flex_head_dim_limit_is_tritons_only():
+    """Inductor's CPU template takes any head dim; its Triton one (CUDA; meta stands in here) needs 16."""
+    assert bias_paths.flex_fits(torch.empty(1, 1, 4, 8), torch.empty(1, 1, 4, 8))
+    small, ok = torch.empty(1, 1, 4, 8, device="meta"), torch.empty(1, 1, 4, 16, device="meta")
+    assert not bias_paths.flex_fits(small, small) and not bias_paths.flex_fits(ok, small)
+    assert bias_paths.flex_fits(ok, ok)

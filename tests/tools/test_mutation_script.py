@@ -35,5 +35,5 @@ def test_the_sample_is_seeded_per_package_and_capped():
 def test_the_weighted_total_weights_packages_by_their_mutant_count():
     status = {f"posenc.bias.a.x_f__mutmut_{i}": "killed" for i in range(90)}
     status |= {f"posenc.nn.b.x_g__mutmut_{i}": "survived" for i in range(10)}
-    text = mutation.sample_report(status, mutation.draw(status, 10, 0), 0)
+    text = mutation.sample_report(status, mutation.draw(status, 10, 0), 10, 0)
     assert "| posenc.bias | 90 | 10 | 10 | 10 | 100.0% |" in text and "**90.0%**" in text
