@@ -1,0 +1,46 @@
+"""Triton kernels for the GPU: attention whose bias is built per tile from one row per head, and RoPE.
+
+They mirror the native CPU kernels (posenc/nn/csrc) and serve where those do not: CUDA tensors in bf16, fp16 or
+fp32. Triton is optional: without it (or without a GPU) every caller falls back to the paths it had before.
+On a machine without a GPU, TRITON_INTERPRET=1 runs the same kernels on CPU tensors through Triton's
+interpreter, which is how `make test` checks them against the reference paths (tests/nn/test_triton_*.py).
+
+The kernel modules are imported lazily, on the first call that can use them: Triton decides at decoration time
+whether a kernel is compiled or interpreted, and a CPU-only process should not pay for importing it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import torch
+from torch import Tensor
+
+_found: list[bool] = []  # importlib's answer, asked once per process
+
+
+def installed() -> bool:
+    """True when the triton package can be imported here (a GPU is a separate question)."""
+    if not _found:
+        _found.append(importlib.util.find_spec("triton") is not None)
+    return _found[0]
+
+
+def interpreting() -> bool:
+    """True when TRITON_INTERPRET=1: the kernels then run on CPU tensors (slowly; for tests)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def serves(*tensors: Tensor) -> bool:
+    """The Triton kernels can run on these tensors: triton installed, and all on one CUDA device (or all on the
+    CPU under the interpreter), in bf16, fp16 or fp32."""
+    if not tensors or not installed():
+        return False
+    device = tensors[0].device
+    if any(t.device != device or t.dtype not in (torch.bfloat16, torch.float16, torch.float32) for t in tensors):
+        return False
+    return device.type == "cuda" or (device.type == "cpu" and interpreting())
+
+
+__all__ = ["installed", "interpreting", "serves"]

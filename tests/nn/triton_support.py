@@ -1,0 +1,47 @@
+"""Run posenc's Triton kernels on the CPU through Triton's interpreter (TRITON_INTERPRET=1).
+
+Triton reads the setting when it is imported (its own library functions, tl.zeros among them, are decorated
+then) and when each kernel is decorated, so the kernels cannot switch to the interpreter inside a process that
+imported Triton already (torch.compile does). The kernel tests (tests/nn/triton_cases.py) therefore run in a
+fresh Python process with the setting made before anything imports Triton."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_interpreted(test_file: Path, timeout: float = 300.0) -> None:
+    """Run test_file's tests under the interpreter in a fresh process; fail with its report if any fails."""
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-p", "no:xdist",
+               "--durations=5", str(test_file)]
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    if result.returncode != 0:
+        pytest.fail(f"{test_file.name} under TRITON_INTERPRET=1 failed:\n{result.stdout[-8000:]}\n"
+                    f"{result.stderr[-2000:]}", pytrace=False)
+
+
+def patch_interpreter_for_numpy() -> None:
+    """Triton 3.6's interpreter turns a scalar into a Python int with int(array of shape (1,)), which NumPy 2.4
+    refuses ('only 0-dimensional arrays can be converted'): a loop bound computed in a kernel then fails. The
+    compiled kernels never see NumPy; only the interpreter needs this. Call before any kernel runs."""
+    from triton.runtime import interpreter
+
+    original = interpreter._patch_lang_tensor
+    if getattr(original, "posenc_patched", False):
+        return
+
+    def patched(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    patched.posenc_patched = True
+    interpreter._patch_lang_tensor = patched
