@@ -2,7 +2,8 @@
 with the bias materialised (the reference, NeMo's way).
 
 rows:    posenc.nn.row_paths: the bias computed per block inside one native kernel, forward and backward,
-         for schemes that give it as rows, pieces or CoPE rows (CPU, float32; positions counting up by one).
+         for schemes that give it as rows, pieces or CoPE rows (CPU, float32; positions counting up by one);
+         on CUDA, a Triton kernel for rows per head (posenc.nn.triton: bf16, fp16, fp32).
          The default wherever it serves, training included.
 flex:    torch.nn.attention.flex_attention with the scheme's score_mod and a causal block mask,
          compiled once per process with dynamic shapes; no (H,Tq,Tk) tensor exists. Inference only

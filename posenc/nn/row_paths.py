@@ -4,6 +4,10 @@ Scheme.piecewise_bias (FIRE), Scheme.relative_rows (one row per query: Shaw, Tra
 Scheme.contextual_rows (CoPE).
 Notation as in attention.py.
 
+On a CUDA device (posenc.nn.triton, when triton imports) rows per head run in a Triton kernel, training
+included; FIRE's pieces, rows per query (Shaw, Transformer-XL) and CoPE have no GPU kernel yet and return None
+there (the caller's flex or chunked path serves them), except FIRE's decode step, which needs one bias row.
+
 Rows are indexed by r = n - m (key minus query). They serve when every row of positions counts up by one
 (n - m = j - i - delta for key j, query i): the usual training, prompt and cached-decoding layout. Any other
 layout (packed or randomized positions), another dtype or device, or dropout, returns None: the caller
@@ -20,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from posenc.nn import fused_attention
+from posenc.nn import triton as gpu
 from posenc.scheme import PiecewiseBias, Scheme
 
 QUERY_CHUNK = 256  # queries per chunk for rows per query (Transformer-XL's span every key the chunk sees)
@@ -91,9 +96,10 @@ def _distance_rows(scheme: Scheme, low: int, high: int, device: torch.device) ->
 def attend(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, q_pos: Tensor, k_pos: Tensor,
            causal: bool) -> Tensor | None:
     """q (B,H,Tq,Dh), k/v (B,Hkv,Tk,Dh) -> (B,H,Tq,Dh) with the scheme's bias (and value term), or None."""
-    if not fused_attention.can_run(q, k, v):
+    on_gpu = gpu.attention_fits(q, k, v, causal)
+    if not on_gpu and not fused_attention.can_run(q, k, v):
         return None
-    if causal and (contextual := scheme.contextual_rows(q)) is not None:  # CoPE reads no positions
+    if not on_gpu and causal and (contextual := scheme.contextual_rows(q)) is not None:  # CoPE reads no positions
         return fused_attention.attend_contextual(q, k, v, contextual)
     offsets = position_offsets(q_pos, k_pos)
     if offsets is None:
@@ -105,13 +111,15 @@ def attend(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, q_pos: Tensor, k_pos
     span = (low, high)
     rows = _per_forward(scheme, "rows", q_pos, k_pos, span, lambda: _distance_rows(scheme, low, high, q.device))
     if rows is not None:
-        return _attend(q, k, v, rows, offsets, low, causal)
+        return _attend(q, k, v, rows, offsets, low, causal, on_gpu)
     pieces = _per_forward(scheme, "pieces", q_pos, k_pos, span, lambda: scheme.piecewise_bias(q_pos, low, high))
     if pieces is None:
-        return _relative_in_chunks(q, k, v, scheme, offsets, causal)
+        return None if on_gpu else _relative_in_chunks(q, k, v, scheme, offsets, causal)
     if tq == 1 and not _needs_grad(q, k, scheme):  # a decode step: one bias row for all layers, then SDPA
         bias = _per_forward(scheme, "pieces_row", q_pos, k_pos, span, lambda: _one_query(pieces, offsets, tk))
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=k.shape[1] != q.shape[1])
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), enable_gqa=k.shape[1] != q.shape[1])
+    if on_gpu:
+        return None
     return fused_attention.attend_piecewise(q, k, v, pieces.feature, pieces.divisor, pieces.knots, pieces.slopes,
                                             pieces.intercepts, -offsets.delta - pieces.low, causal)
 
@@ -162,10 +170,16 @@ def _relative(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, offsets: Offsets,
     return out + mass @ relative.values.to(q.dtype)  # (B,H,Tq,S) @ (S,Dh)
 
 
-def _attend(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, offsets: Offsets, low: int, causal: bool) -> Tensor:
-    """The kernel; for one query per row without gradients (a decode step), SDPA with the bias as a mask: its
-    single-query kernel is faster, and the bias is one row slice, (B|1,H,1,Tk)."""
+def _attend(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, offsets: Offsets, low: int, causal: bool,
+            on_gpu: bool = False) -> Tensor:
+    """The kernel (native on the CPU, Triton on the GPU); for one query per row without gradients (a decode
+    step), SDPA with the bias as a mask: its single-query kernel is faster, and the bias is one row slice,
+    (B|1,H,1,Tk)."""
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or rows.requires_grad)
+    if (q.shape[-2] > 1 or needs_grad) and on_gpu and rows.shape[0] == rows.shape[2] == 1:  # rows per head
+        from posenc.nn.triton.attention import attend_rows  # imports triton: only once a GPU tensor shows up
+
+        return attend_rows(q, k, v, rows, -offsets.delta - low, causal)
     if q.shape[-2] > 1 or needs_grad:
         return fused_attention.attend_rows(q, k, v, rows, -offsets.delta - low, causal)[0]  # e: index of key j - i
     tk, length = k.shape[-2], rows.shape[-1]

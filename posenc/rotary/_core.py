@@ -49,6 +49,11 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False)
     rotation by the opposite angle, so it saves only cos/sin and runs the same kernel twice. Left to
     autograd, the slices and cat of the plain formula cost ~5x more (zero-filled slice gradients).
     """
+    learned_tables = torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad)
+    if not learned_tables and _fast.triton_fits(x, cos, sin):  # GPU: one pass in x's own dtype, tables kept float32
+        if torch.is_grad_enabled() and x.requires_grad:
+            return _Rotate.apply(x, cos, sin, interleaved)
+        return _rotate(x, cos, sin, interleaved)
     if x.element_size() < 4:  # bf16/fp16: rotate in float32, round once (cos/sin keep 24 bits)
         return apply_rotary(x.float(), cos, sin, interleaved).to(x.dtype)
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
@@ -73,8 +78,11 @@ class _Rotate(torch.autograd.Function):
 
 
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, sign: float = 1.0) -> Tensor:
-    """No autograd: the native one-pass kernel, else each half written once into a fresh output."""
+    """No autograd: the native one-pass kernel (CPU) or the Triton one (GPU), else each half written once into a
+    fresh output."""
     native = _fast.rotate_native(x, cos, sin, interleaved, sign)
+    if native is None:
+        native = _fast.rotate_triton(x, cos, sin, interleaved, sign)
     if native is not None:
         return native
     sin = sin if sign > 0 else -sin

@@ -2,6 +2,7 @@
 tested equal to the reference path.
 
 native: posenc/nn/csrc/rotary.cpp, one pass over x for either pairing, float32 on CPU (posenc.nn.native).
+triton: posenc/nn/triton/rotary.py, its GPU twin: one pass for either pairing in bf16, fp16 or fp32 (CUDA).
 interleaved pairs (x[2i], x[2i+1]) are complex numbers in memory already: one complex multiply
 reads x once and writes once (the memory-copy floor). half-split pairs (x[i], x[i+R/2]) are not
 adjacent; a torch.compile'd kernel fuses the four products into one pass. Compilation costs ~20 s
@@ -55,6 +56,26 @@ def rotate_half_split_compiled(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor | 
         _compile_failed = True
         warnings.warn(f"posenc: compiled RoPE unavailable ({type(err).__name__}); using eager path", stacklevel=2)
         return None
+
+
+def triton_fits(x: Tensor, cos: Tensor, sin: Tensor) -> bool:
+    """The Triton kernel rotates x (B,H,T,Dh) with these tables (B|1,1,T,R/2): triton installed, x on a CUDA
+    device (or the interpreter's CPU); tables per head or in another layout take the eager path."""
+    from posenc.nn import triton as gpu
+
+    if x.dim() != 4 or cos.dim() != 4 or cos.shape != sin.shape or not gpu.serves(x):
+        return False
+    b, _, t, d = x.shape
+    return cos.shape[0] in (1, b) and cos.shape[1:3] == (1, t) and 2 * cos.shape[-1] <= d
+
+
+def rotate_triton(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, sign: float = 1.0) -> Tensor | None:
+    """x (B,H,T,Dh) rotated by sign * angle in one Triton pass, or None where it does not serve."""
+    if not triton_fits(x, cos, sin):
+        return None
+    from posenc.nn.triton import rotary  # imports triton: only once a tensor it serves shows up
+
+    return rotary.rotate(x, cos, sin, interleaved, sign)
 
 
 def can_use_complex(x: Tensor) -> bool:

@@ -43,4 +43,15 @@ def serves(*tensors: Tensor) -> bool:
     return device.type == "cuda" or (device.type == "cpu" and interpreting())
 
 
-__all__ = ["installed", "interpreting", "serves"]
+MAX_HEAD_DIM = 256  # the attention kernel keeps a (BM, Dh) tile per operand in registers
+
+
+def attention_fits(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> bool:
+    """The attention kernel serves q (B,H,Tq,Dh), k/v (B,Hkv,Tk,Dh): one dtype, H a multiple of Hkv, one head
+    dim up to MAX_HEAD_DIM, and (causal) queries that are the last Tq of the keys, Tq <= Tk."""
+    return (q.dim() == k.dim() == v.dim() == 4 and q.dtype == k.dtype == v.dtype and serves(q, k, v)
+            and q.shape[-1] == k.shape[-1] == v.shape[-1] <= MAX_HEAD_DIM and q.shape[1] % k.shape[1] == 0
+            and not (causal and q.shape[2] > k.shape[2]))
+
+
+__all__ = ["attention_fits", "installed", "interpreting", "serves"]

@@ -1,0 +1,55 @@
+"""posenc.attention: a scheme's attention for a model of one's own (a nanoGPT- or litgpt-style block), with the
+same fast paths posenc's SelfAttention takes. Notation as in attention.py."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from posenc.errors import bad_value
+from posenc.nn.attention_core import attend
+from posenc.nn.bias_paths import biased_attention, weights_attention
+from posenc.scheme import Scheme, materialises_bias
+
+
+def _positions(pos: Tensor | None, b: int, t: int, first: int, field: str, device: torch.device) -> Tensor:
+    if pos is None:
+        return torch.arange(first, first + t, device=device).expand(b, t)
+    if not isinstance(pos, Tensor) or pos.dtype.is_floating_point or pos.shape not in ((b, t), (1, t)):
+        shape = tuple(pos.shape) if isinstance(pos, Tensor) else type(pos).__name__
+        raise bad_value(field, shape, f"an integer tensor of shape ({b}, {t}) or (1, {t})")
+    return pos.to(device).expand(b, t)
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, q_pos: Tensor | None = None,
+              k_pos: Tensor | None = None, causal: bool = True) -> Tensor:
+    """softmax(q k^T / sqrt(Dh) + the scheme's bias + mask) v, with q and k rotated as the scheme says.
+
+    q (B,H,Tq,Dh) and k, v (B,Hkv,Tk,Dh), before any rotation (GQA when Hkv < H); scheme from posenc.build.
+    q_pos (B,Tq), k_pos (B,Tk): integer positions; by default the keys sit at 0..Tk-1 and the queries are the
+    last Tq keys (a cache before them). Returns (B,H,Tq,Dh). The fastest path that serves: the native kernels on
+    the CPU (float32), the Triton kernels on CUDA (rows per head; RoPE), flex or chunked attention, SDPA.
+    Absolute schemes (learned_absolute, sinusoidal, ...) act on the token embeddings, not here: call
+    scheme.embed(x, pos) on the block's input; for them this is plain SDPA.
+    """
+    if q.dim() != 4 or k.dim() != 4 or v.shape != k.shape:
+        raise bad_value("q, k, v shapes", (tuple(q.shape), tuple(k.shape), tuple(v.shape)),
+                        "q (B, H, Tq, Dh) and k, v (B, Hkv, Tk, Dh) of one shape")
+    b, h, tq, _ = q.shape
+    if k.shape[0] != b or h % k.shape[1] or k.shape[-1] != q.shape[-1]:
+        raise bad_value("k shape", tuple(k.shape), f"(B={b}, a divisor of H={h}, Tk, Dh={q.shape[-1]})")
+    tk = k.shape[2]
+    if causal and tq > tk:
+        raise bad_value("q length", tq, f"at most the key length Tk={tk} with causal=True (queries are the last keys)")
+    k_pos = _positions(k_pos, b, tk, 0, "k_pos", q.device)  # (B,Tk)
+    q_pos = _positions(q_pos, b, tq, tk - tq, "q_pos", q.device) if q_pos is not None else k_pos[:, tk - tq:]
+    q_pos, k_pos = scheme.frame(q_pos, k_pos)
+    q, k = scheme.rotate(q, k, q_pos, k_pos)
+    if scheme.needs_weights:  # Shaw's value term reads the weights
+        return weights_attention(q, k, v, scheme, q_pos, k_pos, causal)
+    if materialises_bias(scheme):
+        return biased_attention(q, k, v, scheme, q_pos, k_pos, causal)
+    return attend(q, k, v, None, causal)  # (B,H,Tq,Dh)
+
+
+__all__ = ["attention"]
