@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -46,6 +47,11 @@ def plan(quick: bool) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a == "--device" or a.startswith("--device=") for a in argv):  # the GPU harness: benchmarks/gpu.py
+        from benchmarks.gpu import main as gpu_main
+
+        return gpu_main(argv)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny sizes: checks the harness, measures nothing")
     parser.add_argument("--out", default=".", help="folder for BENCHMARKS.md (results.json goes to benchmarks/)")
