@@ -175,6 +175,15 @@ def _piecewise_args(feature, divisor, slope, intercept, knots, e, grads=None) ->
                          knots.shape[0], native.ptr(slope), native.ptr(intercept), *g)
 
 
+def _per_batch_row(e: Tensor, q: Tensor) -> Tensor:
+    """e (1|B,) -> (B,) int64: the kernels read e[b] for every batch row of q (positions given once for the
+    whole batch, (1,T), would otherwise be read past their end)."""
+    if e.dim() != 1 or e.shape[0] not in (1, q.shape[0]):
+        raise ValueError(f"row offsets e have shape {tuple(e.shape)}; expected (1,) or ({q.shape[0]},): "
+                         "one per batch row")
+    return e.to(torch.int64).expand(q.shape[0]).contiguous()
+
+
 def can_run(q: Tensor, k: Tensor, v: Tensor) -> bool:
     return (q.device.type == "cpu" and q.dtype == k.dtype == v.dtype == torch.float32 and q.dim() == 4
             and q.shape[-1] == k.shape[-1] == v.shape[-1] and q.shape[1] % k.shape[1] == 0 and native.has_gemm())
@@ -184,7 +193,7 @@ def attend_rows(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, e: Tensor, causal
                 want_mass: bool = False) -> tuple[Tensor, Tensor | None]:
     """q (B,H,Tq,Dh), k/v (B,Hkv,Tk,Dh), rows (B|1,H,Tq|1,S), e (B,) int64 -> out (B,H,Tq,Dh) and, if asked,
     mass (B,H,Tq,S). Only where can_run(q, k, v)."""
-    rows, e = rows.to(torch.float32), e.to(torch.int64).contiguous()
+    rows, e = rows.to(torch.float32), _per_batch_row(e, q)
     out, mass = _RowBiasAttention.apply(q, k, v, rows, e, causal, q.shape[-1] ** -0.5, want_mass)
     return out, (mass if want_mass else None)
 
@@ -195,7 +204,7 @@ def attend_piecewise(q: Tensor, k: Tensor, v: Tensor, feature: Tensor, divisor: 
     -> (B,H,Tq,Dh). Only where can_run(q, k, v)."""
     f32 = [t.to(torch.float32) for t in (feature, divisor, slope, intercept)]
     return _PiecewiseAttention.apply(q, k, v, *f32, knots.detach().to(torch.float32).contiguous(),
-                                     e.to(torch.int64).contiguous(), causal, q.shape[-1] ** -0.5)
+                                     _per_batch_row(e, q), causal, q.shape[-1] ** -0.5)
 
 
 def attend_contextual(q: Tensor, k: Tensor, v: Tensor, rows: Tensor) -> Tensor:

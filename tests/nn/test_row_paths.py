@@ -78,6 +78,23 @@ def test_rows_equal_reference_with_gradients(name, layout, gqa):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("name", [n for n in ALL if has_rows(build(n))])
+def test_positions_given_once_for_the_whole_batch(name):
+    """(1,T) positions with a batch of 3: the kernels read one key offset per batch row, so this once read past
+    the end of a one-element tensor (FIRE crashed the process, the row schemes took a wrong bias)."""
+    scheme = build(name)
+    g = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(3, 4, 40, 16, generator=g, requires_grad=True) for _ in range(3))
+    pos = torch.arange(40)[None] + 5
+    fast = row_paths.attend(q, k, v, scheme, pos, pos, True)
+    assert fast is not None, "the row path must serve this layout"
+    ref = reference(q, k, v, scheme, pos, pos, True)
+    torch.testing.assert_close(fast, ref, rtol=1e-5, atol=1e-5)
+    inputs = [q, k, v, *(p for p in scheme.parameters() if p.requires_grad)]
+    for a, b in zip(torch.autograd.grad(fast.sum(), inputs), torch.autograd.grad(ref.sum(), inputs), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=5e-5)  # sums over 3 x 40 queries: float32 rounding
+
+
 @pytest.mark.parametrize("name", [n for n in ALL if SCHEMES[n].relative_rows is not Scheme.relative_rows])
 def test_rows_per_query_in_query_chunks_equal_reference(name, monkeypatch):
     """Long inference inputs run rows per query in chunks of queries, each spanning only the keys it sees."""
