@@ -105,7 +105,7 @@ def _rope_peers(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> dict:
     try:
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-        full_cos, full_sin = (torch.cat((c, c), -1).to(x.dtype) for c in (cos, sin))  # (1,1,T,Dh)
+        full_cos, full_sin = (torch.cat((c, c), -1)[:, 0].to(x.dtype) for c in (cos, sin))  # (1,T,Dh): unsqueezed at 1
         peers["transformers rotate_half"] = lambda: apply_rotary_pos_emb(x, x, full_cos, full_sin)[0]
     except ImportError:
         pass
