@@ -1,29 +1,29 @@
 """One benchmark run: training steps, inference forwards, attention with biases, cached decoding, RoPE vs peers.
 
     MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=68719476736 python -m benchmarks.run
-    (or `make bench`, `posenc bench`); --quick for a smoke run. Writes BENCHMARKS.md and benchmarks/results.json.
+    (or `make bench`, `posenc bench`); --quick for a smoke run; --isa avx2 emulates an AVX2 machine on an AVX-512
+    one. Writes benchmarks/results-cpu-<isa>.json, then BENCHMARKS.md from every such file (a section per ISA).
 Ratios are measured side by side in this one run (medians of interleaved rounds, warm-up excluded).
 --baseline RESULTS.json adds a "was" value to every ratio from an earlier run of this harness, e.g. on the
 commit before a change (the harness only uses APIs that commit has):
     git worktree add /tmp/before <commit> && cp -r benchmarks /tmp/before/ && cd /tmp/before && \
         MALLOC_...=... <repo>/.venv/bin/python -m benchmarks.run --out /tmp/before   # imports /tmp/before/posenc
-    cd <repo> && make bench BASELINE=/tmp/before/benchmarks/results.json
+    cd <repo> && make bench BASELINE=/tmp/before/benchmarks/results-cpu-avx512.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
+import os
 import sys
 import time
 from pathlib import Path
 
-import torch
-
 from benchmarks.bench_attention import attention_rows
 from benchmarks.bench_model import decode_rows, forward_rows, train_rows
 from benchmarks.bench_rope import rope_rows
+from benchmarks.machine import AVX2_EMULATION, cpu_flags, describe, emulating_avx2
 from benchmarks.report import markdown
 
 ALL_SCHEMES = ["none", "learned_absolute", "sinusoidal", "rope", "xpos", "p_rope", "alibi", "kerple", "sandwich",
@@ -54,15 +54,22 @@ def main(argv: list[str] | None = None) -> int:
         return gpu_main(argv)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny sizes: checks the harness, measures nothing")
-    parser.add_argument("--out", default=".", help="folder for BENCHMARKS.md (results.json goes to benchmarks/)")
+    parser.add_argument("--out", default=".", help="folder for BENCHMARKS.md (results go to benchmarks/)")
     parser.add_argument("--sections", default="train,forward,attention,decode,rope")
-    parser.add_argument("--baseline", help="results.json of an earlier run: its ratios are shown as 'was'")
+    parser.add_argument("--baseline", help="results-cpu-<isa>.json of an earlier run: its ratios are shown as 'was'")
     parser.add_argument("--baseline-label", default="the commit before issue 15's fast paths")
+    parser.add_argument("--isa", choices=("native", "avx2"), default="native",
+                        help="avx2: on an AVX-512 machine, emulate an AVX2 one (benchmarks/machine.py)")
     args = parser.parse_args(argv)
+    if args.isa == "avx2" and "avx512f" not in cpu_flags():
+        print("this machine has no AVX-512: the plain run measures AVX2 itself (results-cpu-avx2.json)")
+        return 0
+    if args.isa == "avx2" and not emulating_avx2():
+        # torch and MKL read these when they load: run the harness again in a process that starts with them.
+        os.execve(sys.executable, [sys.executable, "-m", "benchmarks.run", *argv], {**os.environ, **AVX2_EMULATION})
     p, sections = plan(args.quick), set(args.sections.split(","))
     started = time.perf_counter()
-    results = {"machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
-                          f"torch {torch.__version__}", "quick": args.quick}
+    results = {"machine": describe(), "quick": args.quick}
     if "train" in sections:
         results["train"] = train_rows(p["train"], p["train_shapes"], p["train_repeats"])
     if "forward" in sections:
@@ -79,10 +86,14 @@ def main(argv: list[str] | None = None) -> int:
         baseline = {**json.loads(Path(args.baseline).read_text()), "label": args.baseline_label}
     out = Path(args.out)
     (out / "benchmarks").mkdir(parents=True, exist_ok=True)
-    json_path = out / "benchmarks" / ("results-quick.json" if args.quick else "results.json")
+    kind = f"{'quick-' if args.quick else ''}cpu-{results['machine']['isa']}"
+    json_path = out / "benchmarks" / f"results-{kind}.json"
     json_path.write_text(json.dumps(results, indent=2))
+    prefix = "results-quick-cpu-" if args.quick else "results-cpu-"
+    by_isa = {path.stem.removeprefix(prefix): json.loads(path.read_text())
+              for path in sorted((out / "benchmarks").glob(f"{prefix}*.json"))}
     md_path = out / ("BENCHMARKS-quick.md" if args.quick else "BENCHMARKS.md")
-    md_path.write_text(markdown(results, baseline))
+    md_path.write_text(markdown(by_isa, {results["machine"]["isa"]: baseline} if baseline else {}))
     print(md_path.read_text())
     print(f"wrote {md_path} and {json_path}")
     return 0

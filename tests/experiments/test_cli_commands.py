@@ -118,8 +118,12 @@ def test_bench_passes_options_that_come_first_to_the_harness(capsys, monkeypatch
 def test_bench_quick_runs_every_section_and_writes_its_files(capsys, tmp_path):
     code, _, err = cli(capsys, "bench", "--quick", "--out", tmp_path)
     assert code == 0, err
-    results = json.loads((tmp_path / "benchmarks" / "results-quick.json").read_text())
+    from benchmarks.machine import isa
+
+    results = json.loads((tmp_path / "benchmarks" / f"results-quick-cpu-{isa()}.json").read_text())
     assert results["quick"] is True
     for section in ("train", "forward", "attention", "decode", "rope"):
         assert results[section], f"section {section} is empty"
-    assert (tmp_path / "BENCHMARKS-quick.md").read_text().startswith("# posenc benchmarks")
+    text = (tmp_path / "BENCHMARKS-quick.md").read_text()
+    assert text.startswith("# posenc benchmarks")
+    assert f"## CPU: {isa().upper()}, measured on {results['machine']['cpu']}" in text  # the machine is named

@@ -1,0 +1,64 @@
+"""Which CPU a benchmark ran on, and which vector instructions its code used (measured or emulated).
+
+The same x86 code runs at very different speeds with AVX-512/AMX or with AVX2 only (issue 22: a demo of 9 min on
+one, 24 min on the other), so every CPU result names the CPU model, its vector extensions and the instruction
+set torch and posenc's kernels ran at. An AVX2 machine is emulated on an AVX-512 one by AVX2_EMULATION: torch's
+kernels at their AVX2 level, MKL limited to AVX2, posenc's kernels built for x86-64-v3 (Haswell-class: AVX2, FMA).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+
+import torch
+
+AVX2_EMULATION = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "POSENC_NATIVE_MARCH": "x86-64-v3"}
+VECTOR_EXTENSIONS = ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
+                     "amx_tile", "amx_bf16")
+
+
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's fields of /proc/cpuinfo ({} where there is none)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {}
+    fields = {}
+    for line in text.split("\n\n")[0].splitlines():
+        key, _, value = line.partition(":")
+        fields[key.strip()] = value.strip()
+    return fields
+
+
+def cpu_flags() -> set[str]:
+    return set(_cpuinfo().get("flags", "").split())
+
+
+def emulating_avx2() -> bool:
+    return all(os.environ.get(k) == v for k, v in AVX2_EMULATION.items())
+
+
+def isa() -> str:
+    """The instruction set this process computes at: 'avx512' or 'avx2' (x86), else the machine's name."""
+    capability = torch.backends.cpu.get_cpu_capability().lower()  # "avx512", "avx2", "default", ...
+    return capability if capability in ("avx512", "avx2") else platform.machine()
+
+
+def describe() -> dict:
+    info, flags = _cpuinfo(), cpu_flags()
+    return {"cpu": info.get("model name") or platform.processor() or platform.machine(),
+            "cpu_family": info.get("cpu family", ""), "extensions": [x for x in VECTOR_EXTENSIONS if x in flags],
+            "isa": isa(), "emulated": emulating_avx2() and "avx512f" in flags,
+            "native_march": os.environ.get("POSENC_NATIVE_MARCH", "native"), "threads": torch.get_num_threads(),
+            "torch": torch.__version__}
+
+
+def label(m: dict) -> str:
+    """One line for a report: what ran, on what."""
+    extensions = ", ".join(m["extensions"]) or "none listed"
+    how = (f"emulated on {m['cpu']} (family {m['cpu_family']}; {extensions}) with "
+           + ", ".join(f"{k}={v}" for k, v in AVX2_EMULATION.items())) if m["emulated"] else \
+        f"measured on {m['cpu']} (family {m['cpu_family']}; {extensions})"
+    return f"{m['isa'].upper()}, {how}; {m['threads']} threads, torch {m['torch']}"
