@@ -175,7 +175,7 @@ def _piecewise_args(feature, divisor, slope, intercept, knots, e, grads=None) ->
                          knots.shape[0], native.ptr(slope), native.ptr(intercept), *g)
 
 
-def _per_batch_row(e: Tensor, q: Tensor) -> Tensor:
+def per_batch_row(e: Tensor, q: Tensor) -> Tensor:
     """e (1|B,) -> (B,) int64: the kernels read e[b] for every batch row of q (positions given once for the
     whole batch, (1,T), would otherwise be read past their end)."""
     if e.dim() != 1 or e.shape[0] not in (1, q.shape[0]):
@@ -193,7 +193,7 @@ def attend_rows(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, e: Tensor, causal
                 want_mass: bool = False) -> tuple[Tensor, Tensor | None]:
     """q (B,H,Tq,Dh), k/v (B,Hkv,Tk,Dh), rows (B|1,H,Tq|1,S), e (B,) int64 -> out (B,H,Tq,Dh) and, if asked,
     mass (B,H,Tq,S). Only where can_run(q, k, v)."""
-    rows, e = rows.to(torch.float32), _per_batch_row(e, q)
+    rows, e = rows.to(torch.float32), per_batch_row(e, q)
     out, mass = _RowBiasAttention.apply(q, k, v, rows, e, causal, q.shape[-1] ** -0.5, want_mass)
     return out, (mass if want_mass else None)
 
@@ -204,7 +204,7 @@ def attend_piecewise(q: Tensor, k: Tensor, v: Tensor, feature: Tensor, divisor: 
     -> (B,H,Tq,Dh). Only where can_run(q, k, v)."""
     f32 = [t.to(torch.float32) for t in (feature, divisor, slope, intercept)]
     return _PiecewiseAttention.apply(q, k, v, *f32, knots.detach().to(torch.float32).contiguous(),
-                                     _per_batch_row(e, q), causal, q.shape[-1] ** -0.5)
+                                     per_batch_row(e, q), causal, q.shape[-1] ** -0.5)
 
 
 def attend_contextual(q: Tensor, k: Tensor, v: Tensor, rows: Tensor) -> Tensor:
@@ -213,4 +213,4 @@ def attend_contextual(q: Tensor, k: Tensor, v: Tensor, rows: Tensor) -> Tensor:
     return _ContextualAttention.apply(q, k, v, rows.to(torch.float32), q.shape[-1] ** -0.5)
 
 
-__all__ = ["attend_contextual", "attend_piecewise", "attend_rows", "blocks", "can_run"]
+__all__ = ["attend_contextual", "attend_piecewise", "attend_rows", "blocks", "can_run", "per_batch_row"]

@@ -161,6 +161,17 @@ def test_every_distance_scheme_trains_through_the_kernel(name, layout, monkeypat
         close(a, b, torch.float32, f"{name} {what}")
 
 
+def test_positions_given_once_for_the_whole_batch():
+    """(1,T) positions with a batch of 3: the kernel reads one key offset per batch row (a (1,) offset was
+    read past its end)."""
+    t = 24 * SCALE
+    scheme = build("alibi", True)
+    q, k, v = inputs(3, 4, 4, t, t, torch.float32, seed=5)
+    pos = (torch.arange(t) + 5)[None].to(DEVICE)
+    fast = row_paths.attend(q, k, v, scheme, pos, pos, True)
+    close(fast, attend(q, k, v, scheme.bias(pos, pos, q, k), True), torch.float32, "output")
+
+
 @pytest.mark.parametrize("interleaved", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_rope_kernel_equals_the_plain_formula_both_ways(interleaved, dtype):

@@ -35,12 +35,13 @@ def interpreting() -> bool:
 def serves(*tensors: Tensor) -> bool:
     """The Triton kernels can run on these tensors: triton installed, and all on one CUDA device (or all on the
     CPU under the interpreter), in bf16, fp16 or fp32."""
-    if not tensors or not installed():
+    if not tensors:
         return False
     device = tensors[0].device
-    if any(t.device != device or t.dtype not in (torch.bfloat16, torch.float16, torch.float32) for t in tensors):
+    # The device first: on a CPU without the interpreter this is asked per layer of every forward (decode too).
+    if not (device.type == "cuda" or (device.type == "cpu" and interpreting())) or not installed():
         return False
-    return device.type == "cuda" or (device.type == "cpu" and interpreting())
+    return all(t.device == device and t.dtype in (torch.bfloat16, torch.float16, torch.float32) for t in tensors)
 
 
 MAX_HEAD_DIM = 256  # the attention kernel keeps a (BM, Dh) tile per operand in registers

@@ -21,6 +21,7 @@ import torch
 import triton
 from torch import Tensor
 
+from posenc.nn.fused_attention import per_batch_row
 from posenc.nn.triton import attention_kernels as kernels
 
 REDUCE_BLOCK = 256  # row elements per program of the row-gradient reduction
@@ -108,7 +109,7 @@ def attend_rows(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, e: Tensor, causal
     if causal and q.shape[2] > k.shape[2]:
         raise ValueError(f"causal attention with Tq={q.shape[2]} queries: expected Tq <= Tk={k.shape[2]}")
     rows = rows.reshape(q.shape[1], rows.shape[-1]).to(torch.float32).contiguous()  # (H,S)
-    return _RowBiasAttention.apply(q, k, v, rows, e.to(device=q.device, dtype=torch.int64).contiguous(), causal)
+    return _RowBiasAttention.apply(q, k, v, rows, per_batch_row(e.to(q.device), q), causal)
 
 
 __all__ = ["attend_rows", "blocks"]
