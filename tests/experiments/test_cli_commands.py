@@ -126,4 +126,4 @@ def test_bench_quick_runs_every_section_and_writes_its_files(capsys, tmp_path):
         assert results[section], f"section {section} is empty"
     text = (tmp_path / "BENCHMARKS-quick.md").read_text()
     assert text.startswith("# posenc benchmarks")
-    assert f"## CPU: {isa().upper()}, measured on {results['machine']['cpu']}" in text  # the machine is named
+    assert f"## CPU: {isa().upper()}, " in text and results["machine"]["cpu"] in text  # the machine is named
