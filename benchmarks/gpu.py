@@ -6,7 +6,7 @@
     decode      one token against a 16k cache, per scheme, ratio to `none`
     train       one AdamW step of a GPT-2-small-sized model (12 layers, d_model 768, 12 heads, T = 1024), tokens/s
 
-Writes BENCHMARKS-gpu.md and benchmarks/results-gpu.json (the GPU section of BENCHMARKS.md is taken from them).
+Writes BENCHMARKS-gpu.md and benchmarks/results-gpu.json (BENCHMARKS.md, the CPU sections, points to them).
 --quick runs every code path at toy sizes, on the CPU too (--device cpu), and measures nothing.
 Never run on a GPU yet when written (no device was lent to that session): the first run is its test.
 """
