@@ -37,7 +37,13 @@ def cpu_flags() -> set[str]:
 
 
 def emulating_avx2() -> bool:
+    """Every setting of AVX2_EMULATION is in force (the harness re-runs itself until it is)."""
     return all(os.environ.get(k) == v for k, v in AVX2_EMULATION.items())
+
+
+def _settings() -> dict[str, str]:
+    """The emulation settings this process runs with (any of them: a partial emulation is named as such)."""
+    return {k: os.environ[k] for k in AVX2_EMULATION if k in os.environ}
 
 
 def isa() -> str:
@@ -50,7 +56,7 @@ def describe() -> dict:
     info, flags = _cpuinfo(), cpu_flags()
     return {"cpu": info.get("model name") or platform.processor() or platform.machine(),
             "cpu_family": info.get("cpu family", ""), "extensions": [x for x in VECTOR_EXTENSIONS if x in flags],
-            "isa": isa(), "emulated": emulating_avx2() and "avx512f" in flags,
+            "isa": isa(), "emulated": "avx512f" in flags and bool(_settings()), "settings": _settings(),
             "native_march": os.environ.get("POSENC_NATIVE_MARCH", "native"), "threads": torch.get_num_threads(),
             "torch": torch.__version__}
 
@@ -58,7 +64,7 @@ def describe() -> dict:
 def label(m: dict) -> str:
     """One line for a report: what ran, on what."""
     extensions = ", ".join(m["extensions"]) or "none listed"
-    how = (f"emulated on {m['cpu']} (family {m['cpu_family']}; {extensions}) with "
-           + ", ".join(f"{k}={v}" for k, v in AVX2_EMULATION.items())) if m["emulated"] else \
-        f"measured on {m['cpu']} (family {m['cpu_family']}; {extensions})"
+    settings = ", ".join(f"{k}={v}" for k, v in m.get("settings", AVX2_EMULATION).items())
+    how = (f"emulated on {m['cpu']} (family {m['cpu_family']}; {extensions}) with {settings}" if m["emulated"]
+           else f"measured on {m['cpu']} (family {m['cpu_family']}; {extensions})")
     return f"{m['isa'].upper()}, {how}; {m['threads']} threads, torch {m['torch']}"

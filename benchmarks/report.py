@@ -102,9 +102,8 @@ ISA_ORDER = ("avx512", "avx2")
 
 def section(results: dict, baseline: dict | None = None) -> str:
     """One machine kind's section: what it ran on, then a table per benchmark."""
-    machine = results["machine"]
-    where = label(machine) if isinstance(machine, dict) else machine  # results written before machine.py
-    parts = [f"\n## CPU: {where}\n\n", f"{results['seconds']:.0f} s. Every ratio comes from this one run"]
+    parts = [f"\n## CPU: {label(results['machine'])}\n\n",
+             f"{results['seconds']:.0f} s. Every ratio comes from this one run"]
     parts.append(f"; `(was x)`: the same harness on {baseline['label']}.\n" if baseline else ".\n")
     for key, (title, note, shape) in SECTIONS.items():
         if key in results:

@@ -86,10 +86,9 @@ def main(argv: list[str] | None = None) -> int:
         baseline = {**json.loads(Path(args.baseline).read_text()), "label": args.baseline_label}
     out = Path(args.out)
     (out / "benchmarks").mkdir(parents=True, exist_ok=True)
-    kind = f"{'quick-' if args.quick else ''}cpu-{results['machine']['isa']}"
-    json_path = out / "benchmarks" / f"results-{kind}.json"
+    prefix = f"results-{'quick-' if args.quick else ''}cpu-"  # one file per ISA; BENCHMARKS.md shows them all
+    json_path = out / "benchmarks" / f"{prefix}{results['machine']['isa']}.json"
     json_path.write_text(json.dumps(results, indent=2))
-    prefix = "results-quick-cpu-" if args.quick else "results-cpu-"
     by_isa = {path.stem.removeprefix(prefix): json.loads(path.read_text())
               for path in sorted((out / "benchmarks").glob(f"{prefix}*.json"))}
     md_path = out / ("BENCHMARKS-quick.md" if args.quick else "BENCHMARKS.md")

@@ -38,6 +38,10 @@ def test_describe_reads_the_cpu_and_its_extensions(monkeypatch):
     assert not machine.describe()["emulated"], "an AVX2 machine runs AVX2 natively: nothing is emulated"
     monkeypatch.setattr(machine, "_cpuinfo", lambda: {"flags": "avx2 fma avx512f"})
     assert machine.describe()["emulated"]
+    monkeypatch.delenv("MKL_ENABLE_INSTRUCTIONS")
+    m = machine.describe()  # a partial emulation is still emulated, and says which settings it had
+    assert m["emulated"] and "MKL_ENABLE_INSTRUCTIONS" not in machine.label(m)
+    assert "ATEN_CPU_CAPABILITY=avx2" in machine.label(m)
 
 
 def test_isa_avx2_on_an_avx512_machine_runs_again_with_the_emulation_settings(monkeypatch):
