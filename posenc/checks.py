@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from posenc.errors import bad_value, unknown_key
 
 T = TypeVar("T")
+
+
+def is_finite_number(value: Any) -> bool:
+    """A real number a config may hold: not a bool, NaN or +-inf. JSON has no spelling for the last
+    three, so a saved run would read them back as null: nothing non-finite enters a config."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def positive_int(field: str, value: Any) -> None:
@@ -23,10 +30,11 @@ def non_negative_int(field: str, value: Any) -> None:
 
 def number_in(field: str, value: Any, low: float, high: float, low_open: bool = False,
               high_open: bool = False) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if ok:
-        ok = (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
+    ok = is_finite_number(value) and (value > low if low_open else value >= low) and (
+        value < high if high_open else value <= high)
     if not ok:
+        if math.isinf(high):
+            raise bad_value(field, value, f"a finite number {'>' if low_open else '>='} {low:g}")
         left, right = "(" if low_open else "[", ")" if high_open else "]"
         raise bad_value(field, value, f"a number in {left}{low:g}, {high:g}{right}")
 
@@ -34,7 +42,7 @@ def number_in(field: str, value: Any, low: float, high: float, low_open: bool = 
 def optional_number_at_least(field: str, value: Any, low: float, allowed: str) -> None:
     if value is None:
         return
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or value < low:
+    if not is_finite_number(value) or value < low:
         raise bad_value(field, value, allowed)
 
 

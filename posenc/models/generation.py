@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from posenc.checks import is_finite_number
 from posenc.errors import bad_value
 from posenc.models.inputs import check_positions, check_token_ids
 
@@ -12,8 +13,8 @@ from posenc.models.inputs import check_positions, check_token_ids
 def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None) -> None:
     if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
         raise bad_value("max_new_tokens", max_new_tokens, "a non-negative integer")
-    if not isinstance(temperature, (int, float)) or not temperature >= 0:
-        raise bad_value("temperature", temperature, "a number >= 0 (0 = greedy)")
+    if not is_finite_number(temperature) or temperature < 0:
+        raise bad_value("temperature", temperature, "a finite number >= 0 (0 = greedy)")
     if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1):
         raise bad_value("top_k", top_k, "None or a positive integer")
 

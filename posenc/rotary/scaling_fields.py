@@ -6,13 +6,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from posenc.checks import is_finite_number as _is_number
 from posenc.errors import bad_value
 
 _MISSING = object()
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def number(scaling: Mapping[str, Any], key: str, default: Any = _MISSING, *, above: float | None = None,
