@@ -11,7 +11,9 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.metadata
+import os
 import re
+import sys
 import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -115,12 +117,23 @@ def _load_entry_points() -> None:
 
 
 def import_plugins(modules: Iterable[str]) -> None:
-    """Import modules that call posenc.register (the --import flag; spawned worker processes)."""
+    """Import modules that call posenc.register (the --import flag; spawned worker processes). They are
+    looked up from the current folder first, as `python -m` does: the `posenc` script's own search path
+    starts at its bin folder, where `mymodule.py` never is. Any failure is one line naming the module."""
+    here = os.getcwd()
+    if here not in sys.path:
+        sys.path.insert(0, here)
     for module in modules:
+        if not isinstance(module, str) or not module or module.startswith("."):
+            raise bad_value("--import", module, "an absolute module name, e.g. mymodule or mypackage.schemes "
+                            "(a relative one has no package to be relative to)")
         try:
             importlib.import_module(module)
         except ImportError as err:
             raise bad_value("--import", module, f"an importable module ({err})") from None
+        except Exception as err:  # the module itself raised: say so in one line, with where to look
+            why = f"{type(err).__name__}: {err} (`python -c 'import {module}'` shows the traceback)"
+            raise bad_value("--import", module, f"a module that imports cleanly; importing it raised {why}") from None
 
 
 def plugin_modules() -> list[str]:

@@ -7,7 +7,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from posenc.errors import bad_value
 from posenc.masks import causal_mask
+
+
+def check_bias_shape(bias: Tensor, q: Tensor, k: Tensor) -> None:
+    """A scheme's bias must be (B|1, H|1, Tq, Tk): a user scheme of the wrong shape is named here, in one
+    line, rather than as a broadcasting error deep inside SDPA (or, worse, broadcast silently)."""
+    b, h, tq, tk = q.shape[0], q.shape[1], q.shape[-2], k.shape[-2]
+    shape = tuple(bias.shape)
+    if len(shape) != 4 or shape[0] not in (1, b) or shape[1] not in (1, h) or shape[2:] != (tq, tk):
+        raise bad_value("the scheme's bias shape", shape, f"(B|1, H|1, Tq, Tk) = ({b}|1, {h}|1, {tq}, {tk}): "
+                        "one value per query and key, for every or each head and batch row")
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, causal: bool, dropout: float = 0.0) -> Tensor:
@@ -22,6 +33,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, causal: bool, d
             return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, enable_gqa=gqa)
         mask = causal_mask(tq, tk, q.device)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, enable_gqa=gqa)
+    check_bias_shape(bias, q, k)
     bias = bias.to(q.dtype)
     if needs_mask:
         # A 4-D float mask keeps SDPA on its fast kernel; -inf where the future is.
@@ -39,6 +51,7 @@ def attend_eager(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, causal: b
         k, v = k.repeat_interleave(h // hkv, 1), v.repeat_interleave(h // hkv, 1)
     scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5  # (B,H,Tq,Tk)
     if bias is not None:
+        check_bias_shape(bias, q, k)
         scores = scores + bias.to(scores.dtype)
     if causal and q.shape[-2] > 1:
         scores = scores.masked_fill(~causal_mask(q.shape[-2], k.shape[-2], q.device), float("-inf"))

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import subprocess
 import sys
 import textwrap
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -157,3 +159,41 @@ def test_posenc_check_and_import_run_a_users_module(tmp_path):
     assert leaky.returncode == 1 and "fails" in leaky.stdout and "earlier outputs moved" in leaky.stdout
     unknown = run("nope_scheme")
     assert unknown.returncode == 2 and "nope_scheme" in unknown.stderr and "Traceback" not in unknown.stderr
+
+
+def test_import_finds_a_module_in_the_current_folder_and_every_failure_is_one_line(tmp_path):
+    """The installed `posenc` script (its search path starts at its bin folder, not at the current one) with
+    the README's `--import mymodule`; a module that raises, a relative name and a bias of the wrong shape
+    each end in one line naming what is wrong, never a traceback."""
+    (tmp_path / "my_schemes.py").write_text(textwrap.dedent("""
+        import torch
+        import posenc
+
+        class Fine(posenc.Scheme):
+            def bias(self, q_pos, k_pos, q=None, k=None):
+                return -0.1 * (q_pos[:, :, None] - k_pos[:, None, :]).abs().float()[:, None]
+
+        class Wide(posenc.Scheme):  # one key too many: (Tq, Tk + 1)
+            def bias(self, q_pos, k_pos, q=None, k=None):
+                return torch.zeros(q_pos.shape[-1], k_pos.shape[-1] + 1)
+
+        posenc.register("fine_bias", Fine)
+        posenc.register("wide_bias", Wide)
+    """))
+    (tmp_path / "raises.py").write_text("raise RuntimeError('broken at import')\n")
+    script = Path(sys.executable).parent / "posenc"
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    run = lambda scheme, module: subprocess.run(
+        [str(script), "check", scheme, "--import", module, "--models", "gpt", "--properties", "causal"],
+        cwd=tmp_path, capture_output=True, text=True, env=env)
+    good = run("fine_bias", "my_schemes")
+    assert good.returncode == 0 and "every property holds" in good.stdout, good.stdout + good.stderr
+    for scheme, module, message in [
+        ("rope", "raises", "importing it raised RuntimeError: broken at import"),
+        ("rope", ".my_schemes", "an absolute module name"),
+        ("wide_bias", "my_schemes", "bias shape=(24, 25) is not allowed: (B|1, H|1, Tq, Tk)"),
+    ]:
+        result = run(scheme, module)
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert message in result.stderr and "Traceback" not in result.stderr, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
