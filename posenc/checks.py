@@ -53,5 +53,8 @@ def from_dict(cls: type[T], data: Mapping[str, Any], section: str = "") -> T:
     names = accepted() if accepted is not None else {f.name for f in dataclasses.fields(cls)}
     for key in data:
         if key not in names:
-            raise unknown_key(section, key, names)
+            err = unknown_key(section, key, names)
+            if accepted is not None:  # a model config: the key may be an option of a scheme not imported yet
+                err = type(err)(f"{err} (an option of a scheme of your own: pass --import MODULE)")
+            raise err
     return cls(**data)

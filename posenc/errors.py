@@ -34,8 +34,10 @@ class RunFailed(RuntimeError):
     prints the message as one line and exits 1; what was saved before it stays valid."""
 
 
-class Interrupted(RunFailed):
-    """Ctrl-C: the command saved what it could and exits 130, the shell's code for SIGINT."""
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C: the command saved what it could and exits 130, the shell's code for SIGINT. A
+    KeyboardInterrupt, not a RunFailed: an interruption is never a result, so no handler of failures
+    (a unit recorded as diverged, a run marked failed) may catch it on its way out."""
 
     def __init__(self, message: str, step: int | None = None) -> None:
         super().__init__(message)

@@ -148,7 +148,8 @@ def available() -> list[str]:
 def scheme_class(name: str, field: str = "position_embedding_type") -> type[Scheme]:
     _load_entry_points()
     if not isinstance(name, str) or name not in SCHEMES:
-        raise unknown_name(field, str(name), SCHEMES)
+        err = unknown_name(field, str(name), SCHEMES)
+        raise type(err)(f"{err} (a scheme of your own: pass --import MODULE, the module that registers it)")
     return SCHEMES[name]
 
 

@@ -197,3 +197,13 @@ def test_import_finds_a_module_in_the_current_folder_and_every_failure_is_one_li
         assert result.returncode == 2, result.stdout + result.stderr
         assert message in result.stderr and "Traceback" not in result.stderr, result.stderr
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_an_unknown_scheme_or_model_key_hints_at_import():
+    """Issue 24, item 10: the scheme or option of a module not imported names the flag that fixes it."""
+    with pytest.raises(ValueError, match=r"log_decay.*is unknown.*pass --import MODULE"):
+        GPTConfig(vocab_size=64, n_layer=1, n_head=2, d_model=16, position_embedding_type="log_decay")
+    from posenc.checks import from_dict
+
+    with pytest.raises(ValueError, match=r"unknown key 'model.decay_rate'.*pass --import MODULE"):
+        from_dict(GPTConfig, {"decay_rate": 0.3}, "model")

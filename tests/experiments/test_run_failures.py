@@ -183,3 +183,28 @@ def test_written_files_get_the_usual_permissions_not_owner_only(tmp_path):
     finally:
         os.umask(old)
     assert stat.S_IMODE(path.stat().st_mode) == 0o644
+
+
+def test_ctrl_c_in_an_in_process_compare_is_an_interruption_not_a_divergence(tmp_path, capsys, monkeypatch):
+    """Issue 24, item 1: with units in this process (compare.jobs=1), Ctrl-C inside alibi's unit stops the
+    whole command with 130; alibi is not recorded as diverged and rope never starts."""
+    calls: list[int] = []
+    real = torch.optim.AdamW.step
+
+    def interrupt_third(self, *a, **k):
+        if len(calls) == 2:
+            signal.raise_signal(signal.SIGINT)
+        calls.append(1)
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", interrupt_third)
+    compare = ["compare", "--run-dir", tmp_path / "run", "compare.schemes=[alibi,rope]", "compare.seeds=[0]",
+               "compare.jobs=1", "compare.progress=false", "trainer.progress=false", "trainer.max_steps=6",
+               "trainer.eval_interval=3", "model.n_layer=1", "model.d_model=32", "model.n_head=2",
+               "model.max_seq_len=64", "data.seq_len=16", "eval.max_windows=2", "eval.shift_offsets=[0,10]"]
+    code, out, err = cli(capsys, *compare)
+    assert code == 130, err
+    assert "diverged" not in (out + err).lower()
+    assert len(calls) == 3  # stopped in alibi's third step: rope never trained
+    for path in (tmp_path / "run").rglob("*.json"):
+        assert "diverged" not in path.read_text().lower(), path
