@@ -26,7 +26,8 @@ def normalised_options(given: Mapping[str, Any], model_fields: set[str]) -> dict
     owners = option_owners()
     for key in given:
         if key not in owners:
-            raise unknown_key("", key, model_fields | set(owners))
+            err = unknown_key("", key, model_fields | set(owners))
+            raise type(err)(f"{err} (an option of a scheme of your own: pass --import MODULE)")
     values: dict[str, Any] = {}
     seen: set[type] = set()
     for cls in SCHEMES.values():
