@@ -6,11 +6,15 @@ import argparse
 import time
 from pathlib import Path
 
+from posenc.atomic_files import write_json
 from posenc.errors import RunFailed, bad_value
-from posenc.experiments import config_loader, manifest, report
-from posenc.experiments.compare import DIVERGED, CompareConfig, check, compare
-from posenc.experiments.compare_report import report as compare_report
-from posenc.experiments.rundir import check_writable, new_run_dir, removed_if_unused, write_json
+from posenc.experiments import report_writer
+from posenc.experiments.compare.config import CompareConfig
+from posenc.experiments.compare.report import report as compare_report
+from posenc.experiments.compare.run import DIVERGED, check, compare
+from posenc.experiments.config import loader as config_loader
+from posenc.experiments.runs import manifest
+from posenc.experiments.runs.files import check_writable, new_run_dir, removed_if_unused
 
 # What a resumed compare may change: how it runs and how it evaluates (every model is evaluated again).
 RESUMABLE_CHANGES = ("compare.jobs", "compare.progress", "trainer.progress", "trainer.tensorboard",
@@ -54,7 +58,7 @@ def main(args: argparse.Namespace) -> int:
         units = compare(cfg, run_dir, on_unit=lambda done: write_json(run_dir / "results.json", {"units": done}))
     wall = time.perf_counter() - started
     manifest.write(run_dir, "compare", cfg.to_dict(), corpus, wall_seconds=wall)  # `posenc report` shows it
-    files = report.write(run_dir, compare_report(units, cfg, wall))
+    files = report_writer.write(run_dir, compare_report(units, cfg, wall))
     print(f"run folder: {run_dir}\nreport:     {files[-1]}")
     failed = [f"{u['scheme']} seed {u['seed']}" for u in units if DIVERGED in (u["status"], u.get("task_status"))]
     if failed:

@@ -1,7 +1,7 @@
 """`posenc extend`: perplexity and passkey retrieval of a pretrained Llama (SmolLM2-135M by default,
 or any Llama GGUF / Hugging Face checkpoint folder) against length, for each RoPE scaling.
 
-Options come the way they do for every command (posenc.experiments.config_loader): the preset, then a
+Options come the way they do for every command (posenc.experiments.config.loader): the preset, then a
 YAML file (`--config`, flat keys), then `key=value` overrides (`lengths=[2048,8192] trials=3`); the
 `--flag` spellings below are shorthands for the same keys (comma lists), applied before the overrides."""
 
@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from posenc.errors import bad_value, unknown_name
-from posenc.experiments import config_loader
-from posenc.experiments.extend import RUN_PRESETS, TASKS, ExtendConfig
-from posenc.experiments.long_context import DTYPES
-from posenc.experiments.scalings import PRESETS
+from posenc.experiments.config import loader as config_loader
+from posenc.experiments.extend.config import RUN_PRESETS, TASKS, ExtendConfig
+from posenc.experiments.extend.long_context import DTYPES
+from posenc.experiments.extend.scalings import PRESETS
 
 # option -> (ExtendConfig field, parser of the option's text, help)
 OPTIONS: dict[str, tuple[str, Any, str]] = {
@@ -94,7 +94,7 @@ def _yaml_value(value: Any) -> str:
 
 
 def _resumed_config(run_dir: Path) -> ExtendConfig:
-    from posenc.experiments.extend_state import saved_config
+    from posenc.experiments.extend.progress import saved_config
 
     saved = saved_config(run_dir)
     tuples = {f.name for f in dataclasses.fields(ExtendConfig) if "tuple" in str(f.type)}
@@ -102,7 +102,7 @@ def _resumed_config(run_dir: Path) -> ExtendConfig:
 
 
 def main(args: argparse.Namespace) -> int:
-    from posenc.experiments.extend_run import run
+    from posenc.experiments.extend.run import run
 
     if args.resume:
         run_dir = Path(args.resume)

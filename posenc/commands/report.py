@@ -16,11 +16,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from posenc.experiments import config_loader, manifest, report
-    from posenc.experiments.compare import CompareConfig
-    from posenc.experiments.compare_report import report as compare_report
-    from posenc.experiments.rundir import check_writable
-    from posenc.experiments.tasks_summary import leaderboard_report, summarize
+    from posenc.experiments import report_writer
+    from posenc.experiments.compare.config import CompareConfig
+    from posenc.experiments.compare.report import report as compare_report
+    from posenc.experiments.config import loader as config_loader
+    from posenc.experiments.runs import manifest
+    from posenc.experiments.runs.files import check_writable
+    from posenc.experiments.tasks.report import leaderboard_report, summarize
 
     run_dir = Path(args.run_dir)
     stored = manifest.read(run_dir) if run_dir.is_dir() else None
@@ -31,7 +33,7 @@ def main(args: argparse.Namespace) -> int:
     data = json.loads(results.read_text(encoding="utf-8"))
     if stored["command"] == "tasks":
         summary = data.get("summary") or summarize(data["rows"], stored["config"]["leaderboard"]["train_len"])
-        path = report.write(run_dir, leaderboard_report(data["rows"], summary, stored["config"], data),
+        path = report_writer.write(run_dir, leaderboard_report(data["rows"], summary, stored["config"], data),
                             markdown="leaderboard.md")[-1]
     else:
         units = data["units"]
@@ -40,6 +42,6 @@ def main(args: argparse.Namespace) -> int:
                 if key in unit:
                     unit[key] = {int(k): v for k, v in unit[key].items()}
         cfg = config_loader.build(CompareConfig, stored["config"])
-        path = report.write(run_dir, compare_report(units, cfg, float(stored.get("wall_seconds", 0.0))))[-1]
+        path = report_writer.write(run_dir, compare_report(units, cfg, float(stored.get("wall_seconds", 0.0))))[-1]
     print(f"report: {path}")
     return 0

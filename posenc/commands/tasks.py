@@ -14,13 +14,16 @@ import argparse
 import contextlib
 from pathlib import Path
 
-from posenc.experiments import config_loader, manifest, report
-from posenc.experiments.parallel import default_workers
-from posenc.experiments.rundir import check_writable, new_run_dir, removed_if_unused, write_json
-from posenc.experiments.tasks_config import TasksConfig, load_tasks_config
-from posenc.experiments.tasks_resume import previous_rows, units_in
-from posenc.experiments.tasks_run import run_leaderboard
-from posenc.experiments.tasks_summary import leaderboard_report, summarize
+from posenc.atomic_files import write_json
+from posenc.experiments import report_writer
+from posenc.experiments.config import loader as config_loader
+from posenc.experiments.runs import manifest
+from posenc.experiments.runs.files import check_writable, new_run_dir, removed_if_unused
+from posenc.experiments.tasks.config import TasksConfig, load_tasks_config
+from posenc.experiments.tasks.report import leaderboard_report, summarize
+from posenc.experiments.tasks.results import previous_rows, units_in
+from posenc.experiments.tasks.run import run_leaderboard
+from posenc.experiments.training.parallel import default_workers
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,7 +61,7 @@ def main(args: argparse.Namespace) -> int:
     rows.sort(key=lambda r: (b.schemes.index(r["scheme"]), b.tasks.index(r["task"]), b.seeds.index(r["seed"]),
                              r["length"]))
     summary = summarize(rows, b.train_len)
-    report.write(out, leaderboard_report(rows, summary, config, results(True) | {"summary": summary}),
+    report_writer.write(out, leaderboard_report(rows, summary, config, results(True) | {"summary": summary}),
                  markdown="leaderboard.md")
     print(f"run folder: {out} (leaderboard.md, report.html, results.json, results.csv, accuracy_<task>.png)")
     return 0

@@ -14,11 +14,12 @@ import torch.nn.functional as F
 from posenc.cli import main as cli_main
 from posenc.cli import parser
 from posenc.commands.extend import config_from_args
-from posenc.experiments.extend import RUN_PRESETS, ExtendConfig, NllMemo, perplexities, planned_tokens
-from posenc.experiments.extend_passkey import cells, run_passkey
-from posenc.experiments.extend_state import RunState
-from posenc.experiments.passkey import PromptBuilder
-from posenc.experiments.scalings import PRESETS
+from posenc.experiments.extend.config import RUN_PRESETS, ExtendConfig
+from posenc.experiments.extend.passkey import cells, run_passkey
+from posenc.experiments.extend.passkey_prompts import PromptBuilder
+from posenc.experiments.extend.perplexity import NllMemo, perplexities, planned_tokens
+from posenc.experiments.extend.progress import RunState
+from posenc.experiments.extend.scalings import PRESETS
 from posenc.models import Llama, LlamaConfig
 from tests.conftest import smollm2_gguf
 

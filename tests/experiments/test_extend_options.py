@@ -6,7 +6,7 @@ import pytest
 
 from posenc.cli import parser
 from posenc.commands.extend import config_from_args
-from posenc.experiments.extend import RUN_PRESETS, ExtendConfig
+from posenc.experiments.extend.config import RUN_PRESETS, ExtendConfig
 
 
 def config(*argv):

@@ -9,7 +9,8 @@ import json
 import pytest
 import torch
 
-from posenc.experiments.extend import ExtendConfig, load_model
+from posenc.experiments.extend.config import ExtendConfig
+from posenc.experiments.extend.model import load_model
 from posenc.models import Llama, LlamaConfig
 from posenc.models.hf_llama import config_fields, save_hf_llama
 from tests.conftest import smollm2_gguf

@@ -1,0 +1,86 @@
+"""One `posenc extend` run from a validated config: load the model, plan and print the cost, run
+perplexity and/or passkey (resumable), write the results."""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from posenc.errors import bad_value
+from posenc.experiments.extend.config import ExtendConfig
+from posenc.experiments.extend.long_context import bfloat16_linears, estimated_cpu_seconds, inference
+from posenc.experiments.extend.model import load_model, model_name
+from posenc.experiments.extend.passkey import planned_passkey_tokens, planned_prompts, run_passkey
+from posenc.experiments.extend.passkey_prompts import PromptBuilder
+from posenc.experiments.extend.perplexity import planned_forwards, planned_tokens, run_perplexity, token_windows
+from posenc.experiments.extend.progress import CONFIG_FILE, RunState
+from posenc.experiments.extend.report import write_results
+from posenc.models.llama import Llama
+
+
+def _check_passkey_lengths(cfg: ExtendConfig, builder: PromptBuilder) -> None:
+    short = [n for n in cfg.key_lengths if n < builder.min_length()]
+    if short:
+        raise bad_value("passkey_lengths", tuple(short), f"lengths >= {builder.min_length()} (instructions, "
+                        "needle and question alone take that many tokens of this tokenizer)")
+
+
+def estimate_minutes(cfg: ExtendConfig, model: Llama) -> float:
+    """Rough wall minutes on 2 idle cores for the planned forwards (bfloat16; float32 takes roughly 2-3x)."""
+    lengths = planned_forwards(model, cfg) + planned_prompts(cfg, model)
+    return sum(estimated_cpu_seconds(n, cfg.prefill_chunk) for n in lengths) / 2 / 60
+
+
+def _longest_forward(forwards: list[dict[str, Any]]) -> dict[str, Any]:
+    return max(forwards, key=lambda f: (f["length"], f["peak_rss_gib"]), default={})
+
+
+def run(cfg: ExtendConfig, run_dir: Path | None, started: float) -> int:
+    from tqdm import tqdm
+
+    from posenc.atomic_files import write_json
+    from posenc.data.corpus import load_builtin
+    from posenc.experiments.runs.files import new_run_dir
+
+    model = load_model(cfg)
+    if cfg.dtype == "bfloat16":
+        bfloat16_linears(model)
+    encode = lambda text: model.tokenizer.encode(text, add_special_tokens=False)
+    builder = PromptBuilder(encode)
+    _check_passkey_lengths(cfg, builder)
+    corpus = load_builtin(cfg.corpus)
+    windows = token_windows(encode, corpus.text, max(cfg.ppl_lengths), cfg.windows) if cfg.ppl_lengths else None
+    if run_dir is None:
+        run_dir = new_run_dir(cfg.out_dir, "extend")
+        write_json(run_dir / CONFIG_FILE, cfg.to_dict())
+    state = RunState.load(run_dir)
+    state.session_started = started  # count the model load too
+    done = f"; done before: {len(state.ppl)} perplexity rows, {len(state.passkey)} prompts" if state.forwards else ""
+    print(f"run folder: {run_dir}\nplan: about {estimate_minutes(cfg, model):.0f} min on 2 idle cores for the whole "
+          f"run ({cfg.dtype}, prefill chunk {cfg.prefill_chunk}){done}; progress is saved after every step")
+    total = planned_tokens(model, cfg) + planned_passkey_tokens(cfg, model)
+    with inference(cfg.dtype), tqdm(total=total, unit="tok", dynamic_ncols=True) as bar:
+        if windows is not None:
+            run_perplexity(cfg, model, windows, state, bar)
+        if cfg.key_lengths:
+            run_passkey(cfg, model, builder, state, bar)
+    state.save()
+    trained = model.cfg.max_seq_len
+    longest = _longest_forward(state.forwards)
+    meta = {"model": model_name(cfg, model), "context_length": trained, "factor": cfg.scaling_factor(trained),
+            "corpus": corpus.name, "corpus_sha256": corpus.sha256, "dtype": cfg.dtype,
+            "prefill_chunk": cfg.prefill_chunk, "longest_forward_tokens": longest.get("length"),
+            "longest_forward_s": longest.get("seconds"), "longest_forward_cpu_s": longest.get("cpu_seconds"),
+            "longest_forward_peak_rss_gib": longest.get("peak_rss_gib"),
+            "torch": torch.__version__, "threads": torch.get_num_threads(), "cpu": platform.processor(),
+            "wall_s": state.wall_s}  # every session of a resumed run
+    for path in write_results(state, cfg, meta):
+        print(f"wrote {path}")
+    if longest:
+        print(f"longest forward: {longest['length']} tokens in {longest['seconds']:.0f} s "
+              f"({longest['cpu_seconds']:.0f} CPU s), peak RSS {longest['peak_rss_gib']:.2f} GiB")
+    print(f"run folder: {run_dir}  ({meta['wall_s']:.0f} s)")
+    return 0
