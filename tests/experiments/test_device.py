@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from posenc.experiments.compare.config import CompareConfig
-from posenc.experiments.compare.run import check
+from posenc.experiments.compare.run import preflight_all
 from posenc.experiments.config.sections import TrainerConfig, run_device
 from posenc.experiments.config.training_run import from_plain, load_config
 from posenc.experiments.training.language_model import train
@@ -45,7 +45,7 @@ def test_asking_for_a_gpu_on_a_machine_without_one_fails_before_any_work(no_gpu,
     assert not (tmp_path / "run").exists()
     compare = CompareConfig(trainer=cfg.trainer, data=cfg.data)
     with pytest.raises(ValueError, match=r"trainer\.device='cuda'"):
-        check(compare)
+        preflight_all(compare)
 
 
 def test_a_gpu_runs_saved_config_loads_on_a_cpu_machine(no_gpu):

@@ -12,6 +12,7 @@ from posenc.data.tasks import get_task
 from posenc.experiments.config.fields import boolean, int_list, name_list
 from posenc.experiments.config.sections import TaskOptim
 from posenc.experiments.config.training_run import RunConfig
+from posenc.experiments.runs.rule import RunRule
 from posenc.experiments.training.task_model import longest_sequence
 from posenc.models import GPTConfig
 from posenc.registry import scheme_class
@@ -84,3 +85,9 @@ class CompareConfig(RunConfig):
         trainer = self.trainer if seed is None else dataclasses.replace(self.trainer, seed=seed, progress=False)
         return RunConfig(model=self.model.replace(position_embedding_type=scheme), data=self.data,
                          trainer=trainer, eval=self.eval, out_dir=self.out_dir)
+
+
+# What a continued compare may change: how it runs and how it evaluates (every model is evaluated again).
+RULE = RunRule("compare", keeps_results=(
+    "compare.jobs", "compare.progress", "trainer.progress", "trainer.tensorboard", "trainer.checkpoint_interval",
+    "trainer.keep_checkpoints", "trainer.eval_interval", "eval", "out_dir"))

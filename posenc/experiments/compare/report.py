@@ -7,15 +7,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from posenc.data.tokens import SOURCES
+from posenc.experiments import report_writer
 from posenc.experiments.compare.claims import CLOSE, converged_schemes, judge_all
+from posenc.experiments.compare.config import CompareConfig
+from posenc.experiments.compare.results import DIVERGED, load_units
+from posenc.experiments.config import loader as config_loader
 from posenc.experiments.evaluation.perplexity import BEYOND_TABLE, NOT_FINITE
 from posenc.experiments.evaluation.statistics import Spread, ratios, tied_ranks
 from posenc.experiments.report_writer import Plot, Report, Table, is_number
 
-DIVERGED = "diverged"
 NOT_CONVERGED = "not converged"
 
 
@@ -155,4 +159,11 @@ def report(units: Sequence[dict[str, Any]], cfg: Any, wall_seconds: float) -> Re
     return Report("posenc: train short, test long", intro, tables, _plots(units, c.schemes, multipliers, L), results)
 
 
-__all__ = ["NOT_CONVERGED", "leaderboard", "report", "runs_for_claims"]
+__all__ = ["NOT_CONVERGED", "leaderboard", "report", "rerender", "runs_for_claims"]
+
+
+def rerender(run_dir: Path, stored: dict[str, Any]) -> Path:
+    """`posenc report`: the report again from the saved units and run.json (its settings and wall time)."""
+    cfg = config_loader.build(CompareConfig, stored["config"])
+    wall = float(stored.get("wall_seconds") or 0.0)
+    return report_writer.write(run_dir, report(load_units(run_dir), cfg, wall))[-1]

@@ -15,6 +15,7 @@ from tqdm import tqdm
 from posenc.data.tokens import byte_tokens, load_corpus, split
 from posenc.errors import RunFailed
 from posenc.experiments.compare.config import CompareConfig
+from posenc.experiments.compare.results import DIVERGED
 from posenc.experiments.config.sections import run_device
 from posenc.experiments.evaluation.perplexity import perplexity_by_length
 from posenc.experiments.evaluation.shift import loss_change, shift_test
@@ -25,10 +26,8 @@ from posenc.experiments.training.language_model import train
 from posenc.experiments.training.parallel import default_workers, run_units
 from posenc.experiments.training.task_model import train_on_task
 
-DIVERGED = "diverged"  # a training loss that stopped being finite: the unit has no results
 
-
-def check(cfg: CompareConfig) -> dict[str, str]:
+def preflight_all(cfg: CompareConfig) -> dict[str, str]:
     """Every scheme's model and task model built (on paper) and sized against memory and the text,
     before any training. Returns the corpus record."""
     run_device(cfg.trainer.device)
@@ -61,9 +60,8 @@ def run_unit(job: tuple[CompareConfig, str, int, Path]) -> dict[str, Any]:
         result = train(cfg.run_config(scheme, seed), run_dir / scheme / f"seed-{seed}")
     except RunFailed as err:
         return unit | {"status": DIVERGED, "error": str(err), "seconds": time.perf_counter() - started}
-    _, val_tokens = split(byte_tokens(load_corpus(cfg.data.corpus).text), cfg.data.val_fraction)
-    ppl = perplexity_by_length(result.model, val_tokens, L, cfg.eval)
-    change = loss_change(shift_test(result.model, val_tokens, L, cfg.eval.shift_offsets))
+    ppl = perplexity_by_length(result.model, result.val_tokens, L, cfg.eval)  # the text train() read and split
+    change = loss_change(shift_test(result.model, result.val_tokens, L, cfg.eval.shift_offsets))
     numbers = [abs(v) for v in change.values() if is_number(v)]
     unit |= {"status": "ok", "params": sum(p.numel() for p in result.model.parameters()),
              "final_train_loss": result.history[-1]["loss"], "ppl": {length // L: v for length, v in ppl.items()},
@@ -98,4 +96,4 @@ def compare(cfg: CompareConfig, run_dir: Path, on_unit=None) -> list[dict[str, A
     return units
 
 
-__all__ = ["DIVERGED", "check", "compare", "run_unit"]
+__all__ = ["compare", "preflight_all", "run_unit"]

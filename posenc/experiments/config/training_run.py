@@ -31,9 +31,6 @@ class RunConfig:
                 for f in dataclasses.fields(self)}
 
 
-# Keys that can differ between a run and its resume without changing a single number it computes.
-NOT_RESULT_KEYS = ("trainer.progress", "trainer.tensorboard", "trainer.checkpoint_interval",
-                   "trainer.keep_checkpoints", "trainer.eval_interval", "eval", "out_dir")
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:

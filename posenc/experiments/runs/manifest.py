@@ -32,7 +32,11 @@ def read(run_dir: Path) -> dict[str, Any] | None:
 
 def write(run_dir: Path, command: str, config: dict[str, Any], corpus: dict[str, str] | None,
           **extra: Any) -> Path:
-    return write_json(Path(run_dir) / MANIFEST, {"command": command, "config": config, "corpus": corpus, **extra})
+    return write_record(run_dir, {"command": command, "config": config, "corpus": corpus, **extra})
+
+
+def write_record(run_dir: Path, record: dict[str, Any]) -> Path:
+    return write_json(Path(run_dir) / MANIFEST, record)
 
 
 def holds_results(folder: Path) -> bool:

@@ -14,6 +14,7 @@ from posenc.data.tasks import TASKS, get_task
 from posenc.experiments.config import loader as config_loader
 from posenc.experiments.config.fields import boolean, int_list, name_list, path_text
 from posenc.experiments.config.sections import TaskOptim
+from posenc.experiments.runs.rule import RunRule
 from posenc.models import GPTConfig
 
 
@@ -95,6 +96,8 @@ def load_tasks_config(path: str | None, overrides: list[str]) -> TasksConfig:
     return resolved(config_loader.load(TasksConfig, path, overrides))
 
 
-# Keys that choose which runs exist or how they are scheduled: a resume may change them.
-NOT_RESULT_KEYS = ("leaderboard.schemes", "leaderboard.tasks", "leaderboard.seeds", "leaderboard.jobs",
-                   "leaderboard.progress", "out_dir")
+# Keys that choose which runs exist or how they are scheduled: a continued leaderboard may change them.
+RULE = RunRule("tasks", keeps_results=("leaderboard.schemes", "leaderboard.tasks", "leaderboard.seeds",
+                                       "leaderboard.jobs", "leaderboard.progress", "out_dir"),
+               hint="only leaderboard.schemes, .tasks, .seeds, .jobs and .progress may change; use a new folder "
+                    "for the rest")

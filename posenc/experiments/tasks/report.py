@@ -3,10 +3,13 @@ mean and spread over seeds, per size the mean and min..max band; and the Report 
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
+from pathlib import Path
 
+from posenc.experiments import report_writer
 from posenc.experiments.report_writer import Plot, Report, Table
 
 FIELDS = ["scheme", "task", "seed", "length", "accuracy"]
@@ -85,3 +88,11 @@ def leaderboard_report(rows: Sequence[dict], summary: Sequence[dict], config: di
                   [Table("leaderboard", "exact-match accuracy: mean ± std over seeds", columns, table, group="task"),
                    Table("results", "every test size", FIELDS, list(rows), shown=False)],
                   [accuracy_plot(rows, task, b["train_len"]) for task in b["tasks"]], results)
+
+
+def rerender(run_dir: Path, stored: dict) -> Path:
+    """`posenc report`: the leaderboard again from results.json (its rows, and its summary when complete)."""
+    data = json.loads((Path(run_dir) / "results.json").read_text(encoding="utf-8"))
+    summary = data.get("summary") or summarize(data["rows"], stored["config"]["leaderboard"]["train_len"])
+    return report_writer.write(run_dir, leaderboard_report(data["rows"], summary, stored["config"], data),
+                               markdown="leaderboard.md")[-1]

@@ -1,5 +1,5 @@
-"""Resume a task leaderboard from its folder: keep finished runs when the settings that shape
-their numbers are the same (only which schemes, tasks and seeds run may change)."""
+"""The rows a task leaderboard has saved (results.json), read back when it is continued: a unit's rows
+are saved all at once, so any row of a (scheme, task, seed) means that unit is done."""
 
 from __future__ import annotations
 
@@ -7,23 +7,11 @@ import json
 from pathlib import Path
 
 from posenc.errors import bad_value
-from posenc.experiments.runs import manifest
-from posenc.experiments.tasks.config import NOT_RESULT_KEYS
 from posenc.experiments.tasks.run import Unit
-
-HINT = "only leaderboard.schemes, .tasks, .seeds, .jobs and .progress may change; use a new folder for the rest"
 
 
 def previous_rows(run_dir: Path, config: dict) -> list[dict]:
-    """Rows of earlier runs in run_dir that this leaderboard asks for; [] for a new or empty folder."""
-    stored = manifest.read(run_dir)
-    if stored is None:
-        if not manifest.is_empty(run_dir):
-            names = ", ".join(sorted(p.name for p in run_dir.iterdir())[:5])
-            raise bad_value("run_dir", str(run_dir), f"a new or empty folder, or a posenc tasks run (this one holds "
-                                                     f"files posenc did not write: {names})")
-        return []
-    manifest.check_same_run(run_dir, stored, "tasks", config, NOT_RESULT_KEYS, HINT)
+    """Rows of earlier sessions in run_dir that this leaderboard asks for; [] when none were saved."""
     results = run_dir / "results.json"
     if not results.is_file():
         return []
@@ -37,5 +25,5 @@ def previous_rows(run_dir: Path, config: dict) -> list[dict]:
 
 
 def units_in(rows: list[dict]) -> set[Unit]:
-    """Runs already finished: a run's rows are saved all at once, so any row means it is done."""
+    """Runs already finished."""
     return {Unit(row["scheme"], row["task"], row["seed"]) for row in rows}

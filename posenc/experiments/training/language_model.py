@@ -30,10 +30,11 @@ from posenc.experiments.config.training_run import RunConfig
 from posenc.experiments.evaluation.perplexity import model_device
 from posenc.experiments.runs import checkpoint, manifest
 from posenc.experiments.runs.files import removed_if_unused
+from posenc.experiments.runs.rule import Run, open_run
 from posenc.experiments.training import preflight
 from posenc.experiments.training.loop import Diverged, fit, lr_at, make_optimizer
 from posenc.experiments.training.model_source import build_model, corpus_record
-from posenc.experiments.training.start_point import start_point
+from posenc.experiments.training.start_point import RULE, fork_point, stored_train_run
 from posenc.models import GPT
 
 __all__ = ["TrainResult", "lr_at", "prepare", "train"]
@@ -45,6 +46,7 @@ class TrainResult:
     history: list[dict[str, Any]] = field(default_factory=list)
     tokens_per_second: float = 0.0
     run_dir: Path | None = None
+    val_tokens: Tensor | None = None  # the validation split it read: evaluation needs no second read
 
 
 @dataclass
@@ -155,16 +157,22 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = True, fork_from: s
 def _train(cfg: RunConfig, run_dir: Path, resume: bool, fork_from: str | Path | None) -> TrainResult:
     rank, world_size = world()
     prepared = prepare(cfg)
+    parent = fork_point(Path(fork_from), cfg, prepared.corpus) if fork_from is not None else None
+    # Rank 0 holds the folder (lock, checks, run.json); the other ranks wait until it has.
+    opened = open_run(run_dir, RULE, cfg.to_dict(), prepared.corpus, read=stored_train_run,
+                      **({"forked_from": parent[1]} if parent else {})) if rank == 0 else contextlib.nullcontext()
     if world_size > 1 and rank != 0:
-        dist.barrier()  # rank 0 checks the folder and writes run.json first
-    start_ckpt, forked = start_point(run_dir, cfg, prepared.corpus, fork_from, write=rank == 0)
-    if world_size > 1 and rank == 0:
         dist.barrier()
-    return _run(cfg, run_dir, prepared, start_ckpt if resume else None, forked, rank, world_size)
+    with opened as run:
+        if world_size > 1 and rank == 0:
+            dist.barrier()
+        start_ckpt = parent[0] if parent else checkpoint.latest(run_dir)
+        forked = parent[1] if parent else (manifest.read(run_dir) or {}).get("forked_from")
+        return _run(cfg, run_dir, prepared, start_ckpt if resume else None, forked, rank, world_size, run)
 
 
 def _run(cfg: RunConfig, run_dir: Path, p: Prepared, start_ckpt: Path | None, forked: dict | None,
-         rank: int, world_size: int) -> TrainResult:
+         rank: int, world_size: int, run: Run | None) -> TrainResult:
     t, model, opt = cfg.trainer, p.model, p.opt
     start, history = 0, []
     if rank == 0:
@@ -195,6 +203,8 @@ def _run(cfg: RunConfig, run_dir: Path, p: Prepared, start_ckpt: Path | None, fo
                     writer.add_scalar(key, record[key], step)
         if rank == 0 and (step % t.checkpoint_interval == 0 or step == t.max_steps):
             checkpoint.save(run_dir, step, model, opt, meta(), t.keep_checkpoints)
+        if run is not None:
+            run.tick()  # run.json's wall time, every few seconds
 
     backward = _backward(step_model, p.train_tokens, cfg, rank, world_size)
     try:
@@ -216,7 +226,7 @@ def _run(cfg: RunConfig, run_dir: Path, p: Prepared, start_ckpt: Path | None, fo
     finally:
         bar.close()
     elapsed = time.perf_counter() - clock
-    result = TrainResult(model.eval(), history, seen[0] / elapsed if seen[0] else 0.0, run_dir)
+    result = TrainResult(model.eval(), history, seen[0] / elapsed if seen[0] else 0.0, run_dir, p.val_tokens)
     if seen[0] or not (run_dir / "train.json").exists():  # a finished run resumed keeps its record (tok/s)
         _record(run_dir, rank, meta() | {"status": "complete", "tokens_per_second": result.tokens_per_second})
     return result

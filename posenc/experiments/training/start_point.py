@@ -1,6 +1,6 @@
-"""Where a training run starts: step 0 of a new folder, the newest checkpoint of the same run, or
-(with --fork) another run's newest checkpoint continued in a new folder. Everything that would mix
-two runs in one folder is refused here, before any step."""
+"""What a `posenc train` folder holds and where a training run starts: step 0 of a new folder, the
+newest checkpoint of the same run (runs.rule decides whether it may continue), or (with --fork)
+another run's newest checkpoint continued in a new folder."""
 
 from __future__ import annotations
 
@@ -9,11 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from posenc.errors import bad_value
-from posenc.experiments.config.training_run import NOT_RESULT_KEYS, RunConfig, from_plain
+from posenc.experiments.config.training_run import RunConfig, from_plain
 from posenc.experiments.runs import checkpoint, manifest
-from posenc.experiments.runs.files import check_writable
+from posenc.experiments.runs.rule import RunRule
 
-FORK_HINT = "add --fork to continue it with these settings as a new run under out_dir"
+# Keys that can differ between a run and its continuation without changing a single number it computes.
+RULE = RunRule("train", keeps_results=("trainer.progress", "trainer.tensorboard", "trainer.checkpoint_interval",
+                                       "trainer.keep_checkpoints", "trainer.eval_interval", "eval", "out_dir"),
+               hint="add --fork to continue it with these settings as a new run under out_dir")
 
 
 def stored_run(run_dir: Path) -> dict[str, Any] | None:
@@ -40,37 +43,20 @@ def stored_run(run_dir: Path) -> dict[str, Any] | None:
     return None
 
 
-def start_point(run_dir: Path, cfg: RunConfig, corpus: dict[str, str], fork_from: Path | None = None,
-                write: bool = True) -> tuple[Path | None, dict[str, Any] | None]:
-    """(checkpoint to load or None, fork record or None). Writes run.json for a new run if `write`."""
-    check_writable(run_dir, "run_dir")
-    config = cfg.to_dict()
-    if fork_from is not None:
-        return _fork(run_dir, cfg, corpus, Path(fork_from), write)
+def stored_train_run(run_dir: Path) -> dict[str, Any] | None:
+    """stored_run, its config read through today's schema: keys added since compare at their defaults."""
     stored = stored_run(run_dir)
-    if stored is None:
-        if write:
-            manifest.write(run_dir, "train", config, corpus)
-        return None, None
-    # Through the schema: keys added since the run was made compare at their defaults.
-    stored = stored | {"config": from_plain(stored["config"]).to_dict()}
-    manifest.check_same_run(run_dir, stored, "train", config, NOT_RESULT_KEYS, FORK_HINT)
-    manifest.check_corpus(stored.get("corpus"), corpus)
-    if write and manifest.read(run_dir) is None:  # a folder from before run.json: record it now
-        manifest.write(run_dir, "train", stored["config"], corpus)
-    return checkpoint.latest(run_dir), stored.get("forked_from")
+    return None if stored is None else stored | {"config": from_plain(stored["config"]).to_dict()}
 
 
-def _fork(run_dir: Path, cfg: RunConfig, corpus: dict[str, str], parent: Path,
-          write: bool) -> tuple[Path, dict[str, Any]]:
+def fork_point(parent: Path, cfg: RunConfig, corpus: dict[str, str]) -> tuple[Path, dict[str, Any]]:
+    """(the parent's newest checkpoint, the record of what the fork changes) for --fork."""
     stored = stored_run(parent)
     last = checkpoint.latest(parent) if stored is not None else None
     if last is None:
         raise bad_value("run_dir", str(parent), "a posenc train run with a checkpoint to fork from")
     record = {"run_dir": str(parent), "step": checkpoint.step_of(last),
-              "changed": manifest.differences(stored["config"], cfg.to_dict(), NOT_RESULT_KEYS)}
+              "changed": manifest.differences(stored["config"], cfg.to_dict(), RULE.keeps_results)}
     if stored.get("corpus") and stored["corpus"].get("sha256") != corpus["sha256"]:
         record["changed"].append(f"corpus sha256: {stored['corpus']['sha256'][:12]}... -> {corpus['sha256'][:12]}...")
-    if write:
-        manifest.write(run_dir, "train", cfg.to_dict(), corpus, forked_from=record)
     return last, record
