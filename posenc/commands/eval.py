@@ -30,6 +30,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from posenc.errors import bad_value
+    from posenc.experiments.runs.lock import locked
+
+    run_dir = Path(args.run_dir)
+    for item in args.overrides:
+        if not item.startswith("eval."):
+            raise bad_value("override", item, "eval.* only (the model and data come from the run)")
+    if not run_dir.is_dir():
+        raise bad_value("run_dir", str(run_dir), "a `posenc train` run folder holding a checkpoint")
+    with locked(run_dir):  # a training run writing this folder could prune the checkpoint read here
+        return _evaluate(run_dir, args)
+
+
+def _evaluate(run_dir: Path, args: argparse.Namespace) -> int:
     from posenc.atomic_files import to_json, write_new
     from posenc.data.tokens import byte_tokens, load_corpus, split
     from posenc.errors import bad_value
@@ -44,11 +58,7 @@ def main(args: argparse.Namespace) -> int:
     from posenc.experiments.training.start_point import stored_run
     from posenc.models import GPT
 
-    run_dir = Path(args.run_dir)
-    for item in args.overrides:
-        if not item.startswith("eval."):
-            raise bad_value("override", item, "eval.* only (the model and data come from the run)")
-    stored = stored_run(run_dir) if run_dir.is_dir() else None
+    stored = stored_run(run_dir)
     last = checkpoint.latest(run_dir) if stored is not None else None
     if last is None:
         raise bad_value("run_dir", str(run_dir), "a `posenc train` run folder holding a checkpoint")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import time
 from pathlib import Path
 from typing import Any
 
@@ -94,10 +93,14 @@ def _yaml_value(value: Any) -> str:
 
 
 def _resumed_config(run_dir: Path) -> ExtendConfig:
-    from posenc.experiments.extend.progress import saved_config
+    """The settings an unfinished run was started with (its run.json, or an older folder's config.json)."""
+    from posenc.experiments.extend.run import stored_extend_run
 
-    saved = saved_config(run_dir)
+    stored = stored_extend_run(run_dir) if run_dir.is_dir() else None
+    if stored is None or stored.get("command") != "extend":
+        raise bad_value("resume", str(run_dir), "an extend run folder (holding run.json)")
     tuples = {f.name for f in dataclasses.fields(ExtendConfig) if "tuple" in str(f.type)}
+    saved = stored["config"]
     return ExtendConfig(**{k: tuple(v) if k in tuples and v is not None else v for k, v in saved.items()})
 
 
@@ -106,6 +109,6 @@ def main(args: argparse.Namespace) -> int:
 
     if args.resume:
         run_dir = Path(args.resume)
-        return run(_resumed_config(run_dir), run_dir, time.perf_counter())
+        return run(_resumed_config(run_dir), run_dir)
     cfg = config_from_args(args)  # every bad option fails here, before the model loads
-    return run(cfg, None, time.perf_counter())
+    return run(cfg, None)

@@ -88,7 +88,6 @@ def test_passkey_sweep_resumes_without_redoing_prompts(tmp_path):
     assert counter.n == 2 * sum(n for n, _, _ in cells(cfg))
     resumed = RunState.load(tmp_path)
     assert resumed.passkey == json.loads(json.dumps(state.passkey))
-    assert 0 < resumed.earlier_wall_s <= resumed.wall_s  # a resumed run counts its earlier sessions
     again = Counter()
     with torch.no_grad():
         run_passkey(cfg, model, builder, resumed, again)
@@ -168,3 +167,6 @@ def test_quick_run_writes_results(tmp_path, capsys):
     assert all(math.isfinite(s["ppl"]) and s["ppl"] > 1 for row in by_name.values() for s in row.values())
     assert by_name["dynamic"] == by_name["none"]  # 64 and 128 tokens: far inside the trained 8192
     assert {r["scaling"] for r in results["passkey"]} == {"none", "dynamic", "yarn"}
+    record = json.loads((run_dir / "run.json").read_text())  # extend's folder holds run.json like every other
+    assert record["command"] == "extend" and record["config"]["scalings"] == ["none", "dynamic", "yarn"]
+    assert record["wall_seconds"] == pytest.approx(results["wall_s"], abs=1.0)

@@ -11,6 +11,7 @@ from posenc.data.corpus import SOURCES
 from posenc.errors import bad_value, unknown_name
 from posenc.experiments.extend.long_context import DTYPES
 from posenc.experiments.extend.scalings import PRESETS
+from posenc.experiments.runs.rule import RunRule
 
 TASKS = ("ppl", "passkey", "both")
 
@@ -107,3 +108,8 @@ class ExtendConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+# An extend run is continued with the settings it was started with (its run.json): only where it goes may differ.
+RULE = RunRule("extend", keeps_results=("out_dir",), hint="--resume continues a run with its own settings")
+OLD_CONFIG_FILE = "config.json"  # where extend kept its settings before it wrote run.json: read, never written

@@ -3,6 +3,8 @@ perplexity and/or passkey (resumable), write the results."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import platform
 from pathlib import Path
 from typing import Any
@@ -10,14 +12,17 @@ from typing import Any
 import torch
 
 from posenc.errors import bad_value
-from posenc.experiments.extend.config import ExtendConfig
+from posenc.experiments.extend.config import OLD_CONFIG_FILE, RULE, ExtendConfig
 from posenc.experiments.extend.long_context import bfloat16_linears, estimated_cpu_seconds, inference
 from posenc.experiments.extend.model import load_model, model_name
 from posenc.experiments.extend.passkey import planned_passkey_tokens, planned_prompts, run_passkey
 from posenc.experiments.extend.passkey_prompts import PromptBuilder
 from posenc.experiments.extend.perplexity import planned_forwards, planned_tokens, run_perplexity, token_windows
-from posenc.experiments.extend.progress import CONFIG_FILE, RunState
+from posenc.experiments.extend.progress import STATE_FILE, RunState
 from posenc.experiments.extend.report import write_results
+from posenc.experiments.runs import manifest
+from posenc.experiments.runs.files import new_run_dir, removed_if_unused
+from posenc.experiments.runs.rule import Run, open_run
 from posenc.models.llama import Llama
 
 
@@ -38,26 +43,47 @@ def _longest_forward(forwards: list[dict[str, Any]]) -> dict[str, Any]:
     return max(forwards, key=lambda f: (f["length"], f["peak_rss_gib"]), default={})
 
 
-def run(cfg: ExtendConfig, run_dir: Path | None, started: float) -> int:
+def stored_extend_run(run_dir: Path) -> dict[str, Any] | None:
+    """run.json; for a folder from before extend wrote one, a record built from its config.json and
+    the wall time its progress.json kept."""
+    found = manifest.read(run_dir)
+    old = run_dir / OLD_CONFIG_FILE
+    if found is not None or not old.is_file():
+        return found
+    try:
+        config = json.loads(old.read_text(encoding="utf-8"))
+        progress = run_dir / STATE_FILE
+        wall = json.loads(progress.read_text(encoding="utf-8")).get("wall_s") if progress.is_file() else None
+    except (OSError, ValueError, AttributeError) as err:
+        raise bad_value("run_dir", str(run_dir), f"an extend run folder with readable {old.name} ({err})") from None
+    return {"command": RULE.command, "config": config, "corpus": None, "wall_seconds": wall}
+
+
+def run(cfg: ExtendConfig, run_dir: Path | None) -> int:
+    """A new run (run_dir None: a new folder under out_dir) or the unfinished run in run_dir, continued."""
+    from posenc.data.corpus import load_builtin
+
+    new = run_dir is None
+    run_dir = new_run_dir(cfg.out_dir, "extend") if new else run_dir
+    corpus = load_builtin(cfg.corpus)
+    record = {"name": cfg.corpus, "sha256": corpus.sha256}
+    with removed_if_unused(run_dir, manifest.holds_results) if new else contextlib.nullcontext(), \
+            open_run(run_dir, RULE, cfg.to_dict(), record, read=stored_extend_run) as opened:
+        return _sweep(cfg, opened, corpus)
+
+
+def _sweep(cfg: ExtendConfig, opened: Run, corpus: Any) -> int:
     from tqdm import tqdm
 
-    from posenc.atomic_files import write_json
-    from posenc.data.corpus import load_builtin
-    from posenc.experiments.runs.files import new_run_dir
-
+    run_dir = opened.path
     model = load_model(cfg)
     if cfg.dtype == "bfloat16":
         bfloat16_linears(model)
     encode = lambda text: model.tokenizer.encode(text, add_special_tokens=False)
     builder = PromptBuilder(encode)
     _check_passkey_lengths(cfg, builder)
-    corpus = load_builtin(cfg.corpus)
     windows = token_windows(encode, corpus.text, max(cfg.ppl_lengths), cfg.windows) if cfg.ppl_lengths else None
-    if run_dir is None:
-        run_dir = new_run_dir(cfg.out_dir, "extend")
-        write_json(run_dir / CONFIG_FILE, cfg.to_dict())
-    state = RunState.load(run_dir)
-    state.session_started = started  # count the model load too
+    state = RunState.load(run_dir, on_save=lambda: opened.tick(force=True))
     done = f"; done before: {len(state.ppl)} perplexity rows, {len(state.passkey)} prompts" if state.forwards else ""
     print(f"run folder: {run_dir}\nplan: about {estimate_minutes(cfg, model):.0f} min on 2 idle cores for the whole "
           f"run ({cfg.dtype}, prefill chunk {cfg.prefill_chunk}){done}; progress is saved after every step")
@@ -76,7 +102,7 @@ def run(cfg: ExtendConfig, run_dir: Path | None, started: float) -> int:
             "longest_forward_s": longest.get("seconds"), "longest_forward_cpu_s": longest.get("cpu_seconds"),
             "longest_forward_peak_rss_gib": longest.get("peak_rss_gib"),
             "torch": torch.__version__, "threads": torch.get_num_threads(), "cpu": platform.processor(),
-            "wall_s": state.wall_s}  # every session of a resumed run
+            "wall_s": opened.wall_seconds}  # every session of a resumed run
     for path in write_results(state, cfg, meta):
         print(f"wrote {path}")
     if longest:
