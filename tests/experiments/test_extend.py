@@ -169,4 +169,4 @@ def test_quick_run_writes_results(tmp_path, capsys):
     assert {r["scaling"] for r in results["passkey"]} == {"none", "dynamic", "yarn"}
     record = json.loads((run_dir / "run.json").read_text())  # extend's folder holds run.json like every other
     assert record["command"] == "extend" and record["config"]["scalings"] == ["none", "dynamic", "yarn"]
-    assert record["wall_seconds"] == pytest.approx(results["wall_s"], abs=1.0)
+    assert record["wall_seconds"] >= results["wall_s"] > 0  # run.json is written last, after the report
