@@ -5,6 +5,7 @@ stopped run resumes where it stopped: `posenc extend --resume RUN_DIR`. Its wall
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -54,4 +55,7 @@ class RunState:
 
 
 def _int_keys(row: dict[str, Any]) -> dict[str, Any]:
-    return {**row, "ppl_by_length": {int(n): v for n, v in row["ppl_by_length"].items()}}
+    """A saved perplexity row as it was computed: length keys are ints again, and an interval that JSON
+    had to save as null (NaN: too little text to resample) is NaN again."""
+    return {**row, "ppl_by_length": {int(n): {k: math.nan if v is None else v for k, v in stat.items()}
+                                     for n, stat in row["ppl_by_length"].items()}}
