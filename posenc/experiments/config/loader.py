@@ -13,8 +13,10 @@ options): setting one is an error that says where it comes from.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import inspect
 import re
+import sys
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -49,6 +51,28 @@ def derived(schema: type) -> dict[str, str]:
     return dict(getattr(schema, "derived", {}))
 
 
+def aliases(schema: type) -> dict[str, str]:
+    """Old spellings of renamed keys -> their names now (a top-level old key -> `section.key`)."""
+    return dict(getattr(schema, "aliases", {}))
+
+
+def _renamed(schema: type, layer: dict[str, Any], notice: bool) -> dict[str, Any]:
+    """The layer with every old spelling moved to its name now; with `notice`, one line per old key
+    on stderr saying so (the old spelling keeps working)."""
+    renamed = aliases(schema)
+    out: dict[str, Any] = {}
+    for key, value in layer.items():
+        if key not in renamed or isinstance(value, dict):  # a mapping is a section that kept its name
+            out[key] = {**out[key], **value} if isinstance(out.get(key), dict) and isinstance(value, dict) else value
+            continue
+        section, _, option = renamed[key].partition(".")
+        if notice:
+            print(f"posenc: note: `{key}` is now `{renamed[key]}` (the old spelling still works)", file=sys.stderr)
+        current = out.get(section, {})
+        out[section] = {**current, option: value} if isinstance(current, dict) else current
+    return out
+
+
 def load(schema: type[S], path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),
          base: S | None = None) -> S:
     """The schema's defaults (or `base`, e.g. a saved run's settings), then the YAML file at `path`,
@@ -57,6 +81,7 @@ def load(schema: type[S], path: str | Path | None = None, overrides: list[str] |
     start = default if base is None else base
     merged = {f.name: _plain_or_value(getattr(start, f.name)) for f in dataclasses.fields(schema)}
     layers = ([_yaml(path)] if path is not None else []) + [_override(schema, item) for item in overrides]
+    layers = [_renamed(schema, layer, notice=True) for layer in layers]
     sections = {f.name for f in dataclasses.fields(schema) if is_section(getattr(default, f.name))}
     for layer in layers:
         for key, value in layer.items():
@@ -74,6 +99,7 @@ def build(schema: type[S], data: dict[str, Any]) -> S:
     """The schema from plain data (a loaded YAML, or a config saved as JSON by an earlier run)."""
     default = schema()
     names = [f.name for f in dataclasses.fields(schema)]
+    data = _renamed(schema, data, notice=False)  # a config saved under old names reads as it was meant
     for key in data:
         if key not in names:
             raise unknown_key("", key, names)
@@ -116,7 +142,9 @@ def _override(schema: type, item: str) -> dict[str, Any]:
     default = schema()
     scalars = [f.name for f in dataclasses.fields(schema) if not is_section(getattr(default, f.name))]
     sections = [f.name for f in dataclasses.fields(schema) if is_section(getattr(default, f.name))]
-    if "." not in key and key not in scalars:
+    if "." not in key and key not in scalars and key not in aliases(schema):
+        if difflib.get_close_matches(key, [*scalars, *aliases(schema)], n=1):  # a typo of a top-level key
+            raise unknown_key("", key, [*scalars, *aliases(schema)])
         raise bad_value("override", item, "section.key=value with a section (" + ", ".join(sections) + ")"
                         + "".join(f" or {name}=value" for name in scalars))
     try:

@@ -34,7 +34,7 @@ def load_model(cfg: ExtendConfig) -> Llama:
     """The built-in GGUF, a user's GGUF file, or a user's HF checkpoint folder."""
     from posenc.models.gguf import builtin_smollm2_path
 
-    path = Path(cfg.model) if cfg.model else builtin_smollm2_path()
+    path = Path(cfg.model.path) if cfg.model.path else builtin_smollm2_path()
     model = Llama.from_hf(path) if path.is_dir() else Llama.from_gguf(path)
     if model.cfg.rope_scaling is not None:
         raise bad_value("model", str(path), "a checkpoint without its own rope_scaling (extend compares "
@@ -45,4 +45,4 @@ def load_model(cfg: ExtendConfig) -> Llama:
 
 
 def model_name(cfg: ExtendConfig, model: Llama) -> str:
-    return (model.gguf_path or model.hf_path or Path(cfg.model or "model")).name
+    return (model.gguf_path or model.hf_path or Path(cfg.model.path or "model")).name

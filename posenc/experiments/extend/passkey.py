@@ -18,16 +18,17 @@ from posenc.models.llama import Llama
 
 
 def cells(cfg: ExtendConfig) -> list[tuple[int, float, int]]:
-    return [(n, d, t) for n in cfg.key_lengths for d in cfg.depths for t in range(cfg.trials_at(n))]
+    return [(n, d, t) for n in cfg.key_lengths for d in cfg.passkey.depths for t in range(cfg.trials_at(n))]
 
 
 def ask(model: Llama, builder: PromptBuilder, cfg: ExtendConfig, length: int, depth: float,
         trial: int) -> tuple[dict[str, Any], PeakMemory]:
     """One prompt: (record without the scaling, its time and peak memory)."""
-    key = draw_key(cfg.seed, length, depth, trial)
+    key = draw_key(cfg.passkey.seed, length, depth, trial)
     prompt = builder.build(length, depth, key)
     with PeakMemory() as usage:
-        tokens = greedy_answer(model, torch.tensor([prompt.ids]), builder.answer_tokens(), cfg.prefill_chunk)
+        tokens = greedy_answer(model, torch.tensor([prompt.ids]), builder.answer_tokens(),
+                               cfg.model.prefill_chunk)
     output = model.tokenizer.decode(tokens)
     record = {"length": length, "depth": depth, "trial": trial, "key": key, "needle_start": prompt.needle_start,
               "output": output, "answer": answer(output), "correct": is_correct(output, key),
@@ -40,7 +41,7 @@ def run_passkey(cfg: ExtendConfig, model: Llama, builder: PromptBuilder, state: 
     (dynamic = none inside the trained context) reuses those answers, marked `shared_with`."""
     tgt = target(model, cfg)
     answered: dict[tuple, dict[str, Any]] = {}  # (frequency key, length, depth, trial) -> record
-    for name in cfg.scalings:
+    for name in cfg.extend.scalings:
         scaling = PRESETS[name](tgt)
         for length, depth, trial in cells(cfg):
             freq = frequency_key(model, scaling, length)
@@ -66,12 +67,12 @@ def run_passkey(cfg: ExtendConfig, model: Llama, builder: PromptBuilder, state: 
 def planned_prompts(cfg: ExtendConfig, model: Llama) -> list[int]:
     """Lengths of the prompts the sweep will prefill (prompts shared between scalings counted once)."""
     tgt, seen, lengths = target(model, cfg), set(), []
-    for name in cfg.scalings:
+    for name in cfg.extend.scalings:
         for length in cfg.key_lengths:
             key = (frequency_key(model, PRESETS[name](tgt), length), length)
             if key not in seen:
                 seen.add(key)
-                lengths += [length] * len(cfg.depths) * cfg.trials_at(length)
+                lengths += [length] * len(cfg.passkey.depths) * cfg.trials_at(length)
     return lengths
 
 

@@ -91,11 +91,11 @@ def planned_forwards(model: Llama, cfg: ExtendConfig) -> list[int]:
     """Lengths of the forwards the perplexity sweep will run: one per frequency group and window."""
     longest: dict[tuple, int] = {}
     tgt = target(model, cfg)
-    for name in cfg.scalings:
+    for name in cfg.extend.scalings:
         for length in cfg.ppl_lengths:
             key = frequency_key(model, PRESETS[name](tgt), length)
             longest[key] = max(longest.get(key, 0), length)
-    return sorted(longest.values()) * cfg.windows
+    return sorted(longest.values()) * cfg.perplexity.windows
 
 
 def planned_tokens(model: Llama, cfg: ExtendConfig) -> int:
@@ -106,9 +106,9 @@ def run_perplexity(cfg: ExtendConfig, model: Llama, windows: Tensor, state: Any,
     """One row per scaling into state.ppl: its rope_scaling dict, attention scaling and perplexity by
     length. Rows a resumed run already has are skipped."""
     tgt = target(model, cfg)
-    memo = NllMemo(windows, progress, cfg.prefill_chunk,
+    memo = NllMemo(windows, progress, cfg.model.prefill_chunk,
                    lambda length, usage: state.forward_done("ppl", length, usage))
-    for name in cfg.scalings:
+    for name in cfg.extend.scalings:
         if name in state.ppl:
             continue
         scaling = PRESETS[name](tgt)

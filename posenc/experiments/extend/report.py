@@ -47,14 +47,14 @@ def wide_tables(state: RunState, cfg: ExtendConfig) -> dict[str, tuple[list[dict
     if state.ppl:
         cols = ["scaling", *map(str, cfg.ppl_lengths)]
         rows = [{"scaling": name, **{str(n): _ppl_cell(r["ppl_by_length"][n]) for n in cfg.ppl_lengths}}
-                for name in cfg.scalings if (r := state.ppl.get(name))]
+                for name in cfg.extend.scalings if (r := state.ppl.get(name))]
         out["perplexity (95% block-bootstrap interval)"] = (rows, cols)
     if state.passkey:
         cols = ["scaling", *map(str, cfg.key_lengths)]
         table: dict[str, dict[str, str]] = {}
         for row in passkey_summary(list(state.passkey.values())):
             table.setdefault(row["scaling"], {"scaling": row["scaling"]})[str(row["length"])] = _acc_cell(row)
-        rows = [table[name] for name in cfg.scalings if name in table]
+        rows = [table[name] for name in cfg.extend.scalings if name in table]
         out["passkey retrieval: correct/prompts (95% Wilson interval)"] = (rows, cols)
     return out
 
@@ -99,7 +99,7 @@ def write_results(state: RunState, cfg: ExtendConfig, meta: dict[str, Any]) -> l
         files.append(report_writer.write_csv(run_dir / "passkey.csv", records, list(records[0])))
         files.append(report_writer.write_csv(run_dir / "passkey_summary.csv", summary, list(summary[0])))
         files.append(accuracy_plot(run_dir / "passkey_vs_length.png", summary, meta))
-        files.append(heatmaps(run_dir / "passkey_heatmap.png", by_depth, cfg.scalings, meta))
+        files.append(heatmaps(run_dir / "passkey_heatmap.png", by_depth, cfg.extend.scalings, meta))
     files.append(write_text(run_dir / "tables.md", markdown(tables, meta)))
     sections = [(title, report_writer.html_table(rows, cols)) for title, (rows, cols) in tables.items()]
     sections.append(("run", f"<p>{run_summary(meta)}</p>"))

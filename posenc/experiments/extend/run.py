@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from posenc.errors import bad_value
+from posenc.experiments.config import loader as config_loader
 from posenc.experiments.extend.config import OLD_CONFIG_FILE, RULE, ExtendConfig
 from posenc.experiments.extend.long_context import bfloat16_linears, estimated_cpu_seconds, inference
 from posenc.experiments.extend.model import load_model, model_name
@@ -36,7 +37,7 @@ def _check_passkey_lengths(cfg: ExtendConfig, builder: PromptBuilder) -> None:
 def estimate_minutes(cfg: ExtendConfig, model: Llama) -> float:
     """Rough wall minutes on 2 idle cores for the planned forwards (bfloat16; float32 takes roughly 2-3x)."""
     lengths = planned_forwards(model, cfg) + planned_prompts(cfg, model)
-    return sum(estimated_cpu_seconds(n, cfg.prefill_chunk) for n in lengths) / 2 / 60
+    return sum(estimated_cpu_seconds(n, cfg.model.prefill_chunk) for n in lengths) / 2 / 60
 
 
 def _longest_forward(forwards: list[dict[str, Any]]) -> dict[str, Any]:
@@ -49,14 +50,22 @@ def stored_extend_run(run_dir: Path) -> dict[str, Any] | None:
     found = manifest.read(run_dir)
     old = run_dir / OLD_CONFIG_FILE
     if found is not None or not old.is_file():
-        return found
+        return _today(found)
     try:
         config = json.loads(old.read_text(encoding="utf-8"))
         progress = run_dir / STATE_FILE
         wall = json.loads(progress.read_text(encoding="utf-8")).get("wall_s") if progress.is_file() else None
     except (OSError, ValueError, AttributeError) as err:
         raise bad_value("run_dir", str(run_dir), f"an extend run folder with readable {old.name} ({err})") from None
-    return {"command": RULE.command, "config": config, "corpus": None, "wall_seconds": wall}
+    return _today({"command": RULE.command, "config": config, "corpus": None, "wall_seconds": wall})
+
+
+def _today(stored: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Its config read through today's schema: flat keys of older runs sectioned, keys added since at
+    their defaults, so it compares with a config made now."""
+    if stored is None or stored.get("command") != RULE.command:
+        return stored
+    return stored | {"config": config_loader.build(ExtendConfig, stored["config"]).to_dict()}
 
 
 def run(cfg: ExtendConfig, run_dir: Path | None) -> int:
@@ -65,8 +74,8 @@ def run(cfg: ExtendConfig, run_dir: Path | None) -> int:
 
     new = run_dir is None
     run_dir = new_run_dir(cfg.out_dir, "extend") if new else run_dir
-    corpus = load_builtin(cfg.corpus)
-    record = {"name": cfg.corpus, "sha256": corpus.sha256}
+    corpus = load_builtin(cfg.perplexity.corpus)
+    record = {"name": cfg.perplexity.corpus, "sha256": corpus.sha256}
     with removed_if_unused(run_dir, manifest.holds_results) if new else contextlib.nullcontext(), \
             open_run(run_dir, RULE, cfg.to_dict(), record, read=stored_extend_run) as opened:
         return _sweep(cfg, opened, corpus)
@@ -77,18 +86,20 @@ def _sweep(cfg: ExtendConfig, opened: Run, corpus: Any) -> int:
 
     run_dir = opened.path
     model = load_model(cfg)
-    if cfg.dtype == "bfloat16":
+    if cfg.model.dtype == "bfloat16":
         bfloat16_linears(model)
     encode = lambda text: model.tokenizer.encode(text, add_special_tokens=False)
     builder = PromptBuilder(encode)
     _check_passkey_lengths(cfg, builder)
-    windows = token_windows(encode, corpus.text, max(cfg.ppl_lengths), cfg.windows) if cfg.ppl_lengths else None
+    windows = (token_windows(encode, corpus.text, max(cfg.ppl_lengths), cfg.perplexity.windows)
+               if cfg.ppl_lengths else None)
     state = RunState.load(run_dir, on_save=lambda: opened.tick(force=True))
     done = f"; done before: {len(state.ppl)} perplexity rows, {len(state.passkey)} prompts" if state.forwards else ""
     print(f"run folder: {run_dir}\nplan: about {estimate_minutes(cfg, model):.0f} min on 2 idle cores for the whole "
-          f"run ({cfg.dtype}, prefill chunk {cfg.prefill_chunk}){done}; progress is saved after every step")
+          f"run ({cfg.model.dtype}, prefill chunk {cfg.model.prefill_chunk}){done}; progress is saved after every "
+          "step")
     total = planned_tokens(model, cfg) + planned_passkey_tokens(cfg, model)
-    with inference(cfg.dtype), tqdm(total=total, unit="tok", dynamic_ncols=True) as bar:
+    with inference(cfg.model.dtype), tqdm(total=total, unit="tok", dynamic_ncols=True) as bar:
         if windows is not None:
             run_perplexity(cfg, model, windows, state, bar)
         if cfg.key_lengths:
@@ -97,8 +108,8 @@ def _sweep(cfg: ExtendConfig, opened: Run, corpus: Any) -> int:
     trained = model.cfg.max_seq_len
     longest = _longest_forward(state.forwards)
     meta = {"model": model_name(cfg, model), "context_length": trained, "factor": cfg.scaling_factor(trained),
-            "corpus": corpus.name, "corpus_sha256": corpus.sha256, "dtype": cfg.dtype,
-            "prefill_chunk": cfg.prefill_chunk, "longest_forward_tokens": longest.get("length"),
+            "corpus": corpus.name, "corpus_sha256": corpus.sha256, "dtype": cfg.model.dtype,
+            "prefill_chunk": cfg.model.prefill_chunk, "longest_forward_tokens": longest.get("length"),
             "longest_forward_s": longest.get("seconds"), "longest_forward_cpu_s": longest.get("cpu_seconds"),
             "longest_forward_peak_rss_gib": longest.get("peak_rss_gib"),
             "torch": torch.__version__, "threads": torch.get_num_threads(), "cpu": platform.processor(),
