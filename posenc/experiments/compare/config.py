@@ -7,7 +7,6 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from posenc.checks import positive_int
 from posenc.data.tasks import get_task
 from posenc.experiments.config.fields import boolean, int_list, name_list
 from posenc.experiments.config.sections import TaskOptim
@@ -16,6 +15,7 @@ from posenc.experiments.runs.rule import RunRule
 from posenc.experiments.training.task_model import longest_sequence
 from posenc.models import GPTConfig
 from posenc.registry import scheme_class
+from posenc.validators import positive_int
 
 DEFAULT_SCHEMES = ("learned_absolute", "sinusoidal", "none", "rope", "xpos", "alibi", "kerple", "sandwich",
                    "relative")

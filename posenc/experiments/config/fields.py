@@ -1,4 +1,4 @@
-"""Validators for the values of config sections that posenc.checks does not cover: lists of ints and
+"""Validators for the values of config sections that posenc.validators does not cover: lists of ints and
 names, booleans and path text. Each error names the field, the value and what is allowed."""
 
 from __future__ import annotations

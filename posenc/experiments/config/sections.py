@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import torch
 
-from posenc.checks import number_in, positive_int
 from posenc.errors import bad_value, unknown_name
 from posenc.experiments.config.fields import boolean, int_list, path_text, set_field
+from posenc.validators import number_in, positive_int
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -9,13 +9,13 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from posenc.checks import positive_int
 from posenc.data.tasks import TASKS, get_task
 from posenc.experiments.config import loader as config_loader
 from posenc.experiments.config.fields import boolean, int_list, name_list, path_text
 from posenc.experiments.config.sections import TaskOptim
 from posenc.experiments.runs.rule import RunRule
 from posenc.models import GPTConfig
+from posenc.validators import positive_int
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 from tqdm.auto import tqdm
 
-from posenc.checks import positive_int
 from posenc.data.tasks import get_task
 from posenc.errors import RunFailed, bad_value
 from posenc.experiments.config.sections import TaskOptim
@@ -21,6 +20,7 @@ from posenc.experiments.training.loop import Diverged
 from posenc.experiments.training.parallel import run_units
 from posenc.experiments.training.task_model import longest_sequence, train_on_task
 from posenc.models import GPTConfig
+from posenc.validators import positive_int
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ from typing import Any, TypeVar
 
 import torch
 
-from posenc.checks import positive_int
 from posenc.registry import import_plugins, plugin_modules
+from posenc.validators import positive_int
 
 U = TypeVar("U")
 

@@ -12,11 +12,11 @@ import random
 import torch
 import torch.nn.functional as F
 
-from posenc.checks import positive_int
 from posenc.data.tasks import Task, get_task, make_batch
 from posenc.experiments.config.sections import OptimConfig, TaskOptim
 from posenc.experiments.training.loop import fit, make_optimizer
 from posenc.models import GPT, GPTConfig
+from posenc.validators import positive_int
 
 
 def answer_loss(model: GPT, input_ids: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""Field validators shared by the config dataclasses: each error names field, value, allowed."""
+"""Field validators shared by the config dataclasses of the library and the experiments: each error
+names the field, the value and what is allowed."""
 
 from __future__ import annotations
 
