@@ -3,7 +3,7 @@ terminal table, one CSV per table, results.json, one PNG per plot, a Markdown pa
 self-contained HTML page (images embedded), all written atomically into the run folder.
 
 Values that are not numbers are labels and are shown as written ("diverged", "longer than the
-model's table"), never as a number or a blank; JSON never holds a bare NaN (rundir.write_json).
+model's table"), never as a number or a blank; JSON never holds a bare NaN (posenc.atomic_files.write_json).
 """
 
 from __future__ import annotations

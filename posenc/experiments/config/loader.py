@@ -37,6 +37,11 @@ def plain(section: Any) -> dict[str, Any]:
     return section.to_dict() if hasattr(section, "to_dict") else dataclasses.asdict(section)
 
 
+def as_dict(config: Any) -> dict[str, Any]:
+    """A schema instance as plain data: each section flat, top-level values as they are (run.json, checkpoints)."""
+    return {f.name: plain(v) if is_section(v := getattr(config, f.name)) else v for f in dataclasses.fields(config)}
+
+
 def accepted_keys(section: Any) -> set[str]:
     """Every key a section takes: a model config also takes every registered scheme's options, flat."""
     accepted = getattr(section, "accepted_keys", None)

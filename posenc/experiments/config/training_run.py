@@ -4,7 +4,6 @@ overrides (posenc.experiments.config.loader)."""
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,8 +26,7 @@ class RunConfig:
         path_text("out_dir", self.out_dir, "a folder path (new runs go in out_dir/<command>-<time>)")
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: config_loader.plain(v) if config_loader.is_section(v := getattr(self, f.name)) else v
-                for f in dataclasses.fields(self)}
+        return config_loader.as_dict(self)
 
 
 

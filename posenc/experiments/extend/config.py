@@ -151,8 +151,7 @@ class ExtendConfig:
         return sorted(set(self.ppl_lengths) | set(self.key_lengths))
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: config_loader.plain(v) if config_loader.is_section(v := getattr(self, f.name)) else v
-                for f in dataclasses.fields(self)}
+        return config_loader.as_dict(self)
 
 
 def presets() -> list[str]:

@@ -69,8 +69,7 @@ class TasksConfig:
         path_text("out_dir", self.out_dir, "a folder path (new runs go in out_dir/tasks-<time>)")
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: config_loader.plain(v) if config_loader.is_section(v := getattr(self, f.name)) else v
-                for f in dataclasses.fields(self)}
+        return config_loader.as_dict(self)
 
 
 def resolved(cfg: TasksConfig) -> TasksConfig:
