@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 from pathlib import Path
 
 from posenc.errors import RunFailed
@@ -31,9 +32,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     cfg = config_loader.load(CompareConfig, args.config, args.overrides)
     corpus = preflight_all(cfg)  # every scheme's model sized against memory and the text before any training
+    created = not args.run_dir or not Path(args.run_dir).exists()
     run_dir = Path(args.run_dir) if args.run_dir else new_run_dir(cfg.out_dir, "compare")
-    # Kept once anything (a checkpoint) is in it; run.json keeps the wall time of every session.
-    with removed_if_unused(run_dir, manifest.holds_results), open_run(run_dir, RULE, cfg.to_dict(), corpus) as run:
+    # A folder made here goes again if the run fails before a checkpoint is in it (never one it found:
+    # that may be another process's live run); run.json keeps the wall time of every session.
+    with removed_if_unused(run_dir, manifest.holds_results) if created else contextlib.nullcontext(), \
+            open_run(run_dir, RULE, cfg.to_dict(), corpus) as run:
         units = compare(cfg, run_dir, on_unit=lambda done: (save_units(run_dir, done), run.tick(force=True)))
         files = report_writer.write(run_dir, compare_report(units, cfg, run.wall_seconds))
     print(f"run folder: {run_dir}\nreport:     {files[-1]}")
