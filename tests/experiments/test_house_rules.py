@@ -5,13 +5,14 @@ never imports another, and every study folder has the same parts."""
 from __future__ import annotations
 
 import ast
+import subprocess
 from pathlib import Path
 
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "posenc"
 EXPERIMENTS = PACKAGE / "experiments"
-SHARED = ("config", "runs", "training", "evaluation")  # every other folder of experiments/ is a study
+SHARED = ("config", "run_folder", "training", "evaluation")  # every other folder of experiments/ is a study
 STUDY_PARTS = ("config.py", "run.py", "report.py")  # what a new study copies
 APPLICATION = ("commands", "cli.py", "experiments")  # everything else under posenc/ is the library
 
@@ -74,3 +75,12 @@ def test_the_rules_see_an_import_inside_a_function(tmp_path):
     source.write_text("def f():\n    from posenc.experiments.tasks import run\n")
     assert reaches(source, "posenc.experiments.tasks") == ["posenc.experiments.tasks",
                                                            "posenc.experiments.tasks.run"]
+
+
+def test_git_ignores_no_source_file_of_the_package():
+    """.gitignore's `runs/` (where run folders go) once hid a package folder of that name from commits."""
+    listed = subprocess.run(["git", "ls-files", "--others", "--ignored", "--exclude-standard", str(PACKAGE)],
+                            capture_output=True, text=True, cwd=PACKAGE)
+    if listed.returncode != 0:
+        pytest.skip("not a git checkout")
+    assert [f for f in listed.stdout.splitlines() if f.endswith((".py", ".yaml", ".cpp", ".h"))] == []

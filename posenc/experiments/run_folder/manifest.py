@@ -10,8 +10,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from posenc.errors import bad_value
 from posenc.atomic_files import write_json
+from posenc.errors import bad_value
 
 MANIFEST = "run.json"
 _MISSING = object()

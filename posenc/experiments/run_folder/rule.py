@@ -4,7 +4,7 @@ run.json says which command made the folder, with which settings, on which text.
 may continue the run only as the same command with the same settings, apart from the keys its
 study names as changing no number the run holds (RunRule.keeps_results); anything else is
 refused with one line that names every changed key. While a command works in a folder it holds
-the folder's lock (runs.lock), so a second process is refused too. The run's wall time is kept
+the folder's lock (run_folder.lock), so a second process is refused too. The run's wall time is kept
 in run.json as it goes (Run.tick after every finished unit or step, and at the end whatever the
 end), and a continuation adds to it: a kill loses at most the piece of work it cut short.
 """
@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from posenc.errors import bad_value
-from posenc.experiments.runs import manifest
-from posenc.experiments.runs.files import check_writable
-from posenc.experiments.runs.lock import locked
+from posenc.experiments.run_folder import manifest
+from posenc.experiments.run_folder.files import check_writable
+from posenc.experiments.run_folder.lock import locked
 
 TICK_SECONDS = 5.0  # run.json's wall time is rewritten at most this often (each write is an fsync)
 _OWN = ("command", "config", "corpus", "wall_seconds")  # what open_run writes; other keys are the study's
