@@ -15,7 +15,7 @@ from typing import Any
 
 from posenc.errors import bad_value
 from posenc.experiments.config import loader as config_loader
-from posenc.experiments.extend.config import METRICS, ExtendConfig, load_extend_config, presets
+from posenc.experiments.extend.config import METRICS, ExtendConfig, load_extend_config, preset_path, presets
 from posenc.experiments.extend.long_context import DTYPES
 from posenc.experiments.extend.scalings import PRESETS
 
@@ -56,7 +56,9 @@ def _parse(field: str, kind: Any, text: str) -> Any:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.epilog = "options (set as section.key=value, or in --config YAML):\n" + config_loader.describe(ExtendConfig)
+    parser.epilog = ("options (set as section.key=value, or in --config YAML; the preset then sets its own):\n"
+                     + config_loader.describe(ExtendConfig) + "\npresets (configs/extend/NAME.yaml):\n"
+                     + "\n".join(f"  {name}: {_preset_text(name)}" for name in presets()))
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. perplexity.lengths=[2048,8192] "
                                                      "passkey.trials=3")
     parser.add_argument("--config", default=None, help="YAML file with extend:, model:, perplexity:, passkey: sections")
@@ -67,6 +69,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(*names, dest=key, default=None, help=f"{help_text} (= {key}=...)")
     parser.add_argument("--quick", action="store_true", help="tiny smoke run (= --preset quick)")
     parser.add_argument("--resume", default=None, help="an unfinished extend run folder: continue it")
+
+
+def _preset_text(name: str) -> str:
+    """What a preset sets, as dotted keys."""
+    import yaml
+
+    data = yaml.safe_load(preset_path(name).read_text(encoding="utf-8")) or {}
+    return " ".join(f"{section}.{key}={value}" for section, options in data.items() for key, value in options.items())
 
 
 def config_from_args(args: argparse.Namespace) -> ExtendConfig:

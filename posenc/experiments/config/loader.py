@@ -148,8 +148,10 @@ def _override(schema: type, item: str) -> dict[str, Any]:
     scalars = [f.name for f in dataclasses.fields(schema) if not is_section(getattr(default, f.name))]
     sections = [f.name for f in dataclasses.fields(schema) if is_section(getattr(default, f.name))]
     if "." not in key and key not in scalars and key not in aliases(schema):
-        if difflib.get_close_matches(key, [*scalars, *aliases(schema)], n=1):  # a typo of a top-level key
-            raise unknown_key("", key, [*scalars, *aliases(schema)])
+        near = difflib.get_close_matches(key, [*scalars, *aliases(schema)], n=1)  # a typo of a flat key
+        if near:
+            meant = aliases(schema).get(near[0], near[0])
+            raise bad_value("override", item, f"section.key=value (did you mean '{meant}'?)")
         raise bad_value("override", item, "section.key=value with a section (" + ", ".join(sections) + ")"
                         + "".join(f" or {name}=value" for name in scalars))
     try:
