@@ -35,10 +35,11 @@ def main(args: argparse.Namespace) -> int:
     created = not args.run_dir or not Path(args.run_dir).exists()
     run_dir = Path(args.run_dir) if args.run_dir else new_run_dir(cfg.out_dir, "compare")
     # A folder made here goes again if the run fails before a checkpoint is in it (never one it found:
-    # that may be another process's live run); run.json keeps the wall time of every session.
+    # that may be another process's live run). run.json's wall time is written before each unit's results,
+    # so the time of every saved unit survives a kill.
     with removed_if_unused(run_dir, manifest.holds_results) if created else contextlib.nullcontext(), \
             open_run(run_dir, RULE, cfg.to_dict(), corpus) as run:
-        units = compare(cfg, run_dir, on_unit=lambda done: (save_units(run_dir, done), run.tick(force=True)))
+        units = compare(cfg, run_dir, on_unit=lambda done: (run.tick(force=True), save_units(run_dir, done)))
         files = report_writer.write(run_dir, compare_report(units, cfg, run.wall_seconds))
     print(f"run folder: {run_dir}\nreport:     {files[-1]}")
     if failed(units):

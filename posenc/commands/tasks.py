@@ -50,8 +50,8 @@ def main(args: argparse.Namespace) -> int:
 
         def save_partial(_unit, new: list[dict]) -> None:  # a crash loses at most the runs in progress
             rows.extend(new)
+            run.tick(force=True)  # first: a saved unit's time is always in run.json
             write_json(out / "results.json", results(False))
-            run.tick(force=True)
 
         run_leaderboard(b.schemes, b.tasks, b.train_len, b.test_lengths, b.seeds, cfg.trainer, base=cfg.model,
                         n_samples=b.samples, skip=units_in(rows), on_unit=save_partial, progress=b.progress,

@@ -38,9 +38,9 @@ class RunState:
         return state
 
     def save(self) -> None:
-        write_json(self.run_dir / STATE_FILE, {"ppl": self.ppl, "passkey": self.passkey, "forwards": self.forwards})
-        if self.on_save is not None:
+        if self.on_save is not None:  # first: a saved step's time is always recorded
             self.on_save()
+        write_json(self.run_dir / STATE_FILE, {"ppl": self.ppl, "passkey": self.passkey, "forwards": self.forwards})
 
     def ppl_done(self, row: dict[str, Any]) -> None:
         self.ppl[row["scaling"]] = row

@@ -202,10 +202,10 @@ def _run(cfg: RunConfig, run_dir: Path, p: Prepared, start_ckpt: Path | None, fo
                 if key in record:
                     writer.add_scalar(key, record[key], step)
         saves = rank == 0 and (step % t.checkpoint_interval == 0 or step == t.max_steps)
+        if run is not None:  # run.json's wall time: before every checkpoint (so it covers it), else every few s
+            run.tick(force=saves)
         if saves:
             checkpoint.save(run_dir, step, model, opt, meta(), t.keep_checkpoints)
-        if run is not None:
-            run.tick(force=saves)  # run.json's wall time: with every checkpoint, else every few seconds
 
     backward = _backward(step_model, p.train_tokens, cfg, rank, world_size)
     try:
