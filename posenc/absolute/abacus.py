@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from posenc.absolute.learned import PositionTooLarge
 from posenc.errors import bad_value
-from posenc.memory import check_table_fits
+from posenc.memory_budget import check_table_fits
 from posenc.scheme import Dims, Scheme
 from posenc.validators import positive_int
 
