@@ -12,9 +12,9 @@ import random
 from collections import Counter
 
 from posenc.data.tasks import TASKS, decode, get_task, make_problems
-from posenc.experiments.tasks_config import TaskOptim
-from posenc.experiments.tasks_contenders import contender_config
-from posenc.experiments.tasks_run import longest_sequence, train_on_task
+from posenc.experiments.config.sections import TaskOptim
+from posenc.experiments.tasks.entries import contender_config
+from posenc.experiments.training.task_model import longest_sequence, train_on_task
 from posenc.models import GPTConfig
 
 

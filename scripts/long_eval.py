@@ -12,9 +12,9 @@ from pathlib import Path
 import torch
 
 from posenc.data.tokens import byte_tokens, load_corpus
-from posenc.experiments import checkpoint
-from posenc.experiments.config import from_plain
-from posenc.experiments.evaluate import perplexity
+from posenc.experiments.config.training_run import from_plain
+from posenc.experiments.evaluation.perplexity import perplexity
+from posenc.experiments.run_folder import checkpoint
 from posenc.models import GPT
 
 run, length = Path(sys.argv[1]), int(sys.argv[2])

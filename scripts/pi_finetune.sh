@@ -15,9 +15,9 @@ COMMON=(--config configs/compare.yaml model.position_embedding_type=rope data.se
 import json, sys
 from pathlib import Path
 from posenc.data.tokens import byte_tokens, load_corpus, split
-from posenc.experiments import checkpoint
-from posenc.experiments.config import from_plain
-from posenc.experiments.evaluate import perplexity
+from posenc.experiments.run_folder import checkpoint
+from posenc.experiments.config.training_run import from_plain
+from posenc.experiments.evaluation.perplexity import perplexity
 from posenc.models import GPT
 
 base, out = Path(sys.argv[1]), Path(sys.argv[2])

@@ -25,10 +25,10 @@ import torch
 from torch import Tensor, nn
 
 from posenc.absolute.learned import PositionTooLarge
-from posenc.checks import positive_int
 from posenc.errors import bad_value
-from posenc.memory import check_table_fits
+from posenc.memory_budget import check_table_fits
 from posenc.scheme import Dims, Scheme
+from posenc.validators import positive_int
 
 DIGIT_IDS = tuple(range(48, 58))  # bytes '0'..'9'
 

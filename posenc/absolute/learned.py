@@ -7,7 +7,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from posenc.errors import bad_value
-from posenc.memory import check_table_fits
+from posenc.memory_budget import check_table_fits
 from posenc.scheme import Dims, Scheme, shared_row
 
 

@@ -24,8 +24,8 @@ import torch
 from torch import Tensor
 
 from posenc.absolute.sinusoidal import sinusoidal_table
-from posenc.checks import non_negative_int
 from posenc.scheme import Dims, Scheme
+from posenc.validators import non_negative_int
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -16,9 +16,9 @@ import torch
 from torch import Tensor
 
 from posenc.bias._distance import shared_rows
-from posenc.checks import positive_int
 from posenc.errors import bad_value
 from posenc.scheme import Dims, Scheme, ScoreMod, relative_distance
+from posenc.validators import positive_int
 
 
 def _power_of_two_slopes(n: int) -> list[float]:

@@ -29,8 +29,8 @@ from torch import Tensor, nn
 
 from posenc.bias._distance import shared_rows
 from posenc.bias._piecewise import relu_mlp_pieces
-from posenc.checks import number_in, positive_int
 from posenc.scheme import Dims, PiecewiseBias, Scheme, from_first_key
+from posenc.validators import number_in, positive_int
 
 FIRE_EPS = 1e-6  # the paper's code adds it to psi(max(L, i)) so a tiny c cannot divide by ~0
 FIRE_FLOOR = 1e-6  # c, L >= this: exp of a very negative log underflows to exactly 0 in float32

@@ -31,9 +31,9 @@ from torch import Tensor, nn
 
 from posenc.bias._distance import distance_bias
 from posenc.bias.alibi import partial_slopes
-from posenc.checks import positive_int
 from posenc.errors import bad_value, unknown_name
 from posenc.scheme import Dims, Scheme, ScoreMod
+from posenc.validators import positive_int
 
 MIN_POWER = 1e-2  # chijames/KERPLE clamps p (and a, b) at 0.01
 MAX_POWER = 2.0  # Chi et al. 2022: the kernels are conditionally positive definite for 0 < p <= 2

@@ -28,7 +28,7 @@ def _names(field: str, text: str | None, valid: list[str]) -> list[str]:
 
 def main(args: argparse.Namespace) -> int:
     from posenc.contract import MODELS, PROPERTIES, check
-    from posenc.experiments.report import print_table
+    from posenc.experiments.report_writer import print_table
     from posenc.registry import scheme_class
 
     for name in args.schemes:

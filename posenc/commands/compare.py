@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import argparse
-import time
+import contextlib
 from pathlib import Path
 
-from posenc.errors import RunFailed, bad_value
-from posenc.experiments import config_loader, manifest, report
-from posenc.experiments.compare import DIVERGED, CompareConfig, check, compare
-from posenc.experiments.compare_report import report as compare_report
-from posenc.experiments.rundir import check_writable, new_run_dir, removed_if_unused, write_json
-
-# What a resumed compare may change: how it runs and how it evaluates (every model is evaluated again).
-RESUMABLE_CHANGES = ("compare.jobs", "compare.progress", "trainer.progress", "trainer.tensorboard",
-                     "trainer.checkpoint_interval", "trainer.keep_checkpoints", "trainer.eval_interval", "eval",
-                     "out_dir")
+from posenc.errors import RunFailed
+from posenc.experiments import report_writer
+from posenc.experiments.compare.config import RULE, CompareConfig
+from posenc.experiments.compare.report import report as compare_report
+from posenc.experiments.compare.results import DIVERGED, failed, save_units
+from posenc.experiments.compare.run import compare, preflight_all
+from posenc.experiments.config import loader as config_loader
+from posenc.experiments.run_folder import manifest
+from posenc.experiments.run_folder.files import new_run_dir, removed_if_unused
+from posenc.experiments.run_folder.rule import open_run
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,35 +29,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                           "checkpoints (or start one in this folder)")
 
 
-def _resumed(run_dir: Path, cfg: CompareConfig, corpus: dict[str, str]) -> Path:
-    """A folder to continue: a new or empty one, or a compare run started with the same settings."""
-    check_writable(run_dir, "run_dir")
-    stored = manifest.read(run_dir)
-    if stored is None:
-        if not manifest.is_empty(run_dir):
-            raise bad_value("run_dir", str(run_dir), "a new or empty folder, or a posenc compare run")
-        return run_dir
-    manifest.check_same_run(run_dir, stored, "compare", cfg.to_dict(), RESUMABLE_CHANGES,
-                            "start a new run to change them")
-    manifest.check_corpus(stored.get("corpus"), corpus)
-    return run_dir
-
-
 def main(args: argparse.Namespace) -> int:
     cfg = config_loader.load(CompareConfig, args.config, args.overrides)
-    corpus = check(cfg)  # every scheme's model sized against memory and the text before any training
-    run_dir = _resumed(Path(args.run_dir), cfg, corpus) if args.run_dir else new_run_dir(cfg.out_dir, "compare")
-    earlier = ((manifest.read(run_dir) or {}) if args.run_dir else {}).get("wall_seconds") or 0.0
-    started = time.perf_counter() - earlier  # a resumed run's wall time counts its earlier sessions
-    with removed_if_unused(run_dir, manifest.holds_results):  # kept once anything (a checkpoint) is in it
-        manifest.write(run_dir, "compare", cfg.to_dict(), corpus)
-        units = compare(cfg, run_dir, on_unit=lambda done: write_json(run_dir / "results.json", {"units": done}))
-    wall = time.perf_counter() - started
-    manifest.write(run_dir, "compare", cfg.to_dict(), corpus, wall_seconds=wall)  # `posenc report` shows it
-    files = report.write(run_dir, compare_report(units, cfg, wall))
+    corpus = preflight_all(cfg)  # every scheme's model sized against memory and the text before any training
+    created = not args.run_dir or not Path(args.run_dir).exists()
+    run_dir = Path(args.run_dir) if args.run_dir else new_run_dir(cfg.out_dir, "compare")
+    # A folder made here goes again if the run fails before a checkpoint is in it (never one it found:
+    # that may be another process's live run). run.json's wall time is written before each unit's results,
+    # so the time of every saved unit survives a kill.
+    with removed_if_unused(run_dir, manifest.holds_results) if created else contextlib.nullcontext(), \
+            open_run(run_dir, RULE, cfg.to_dict(), corpus) as run:
+        units = compare(cfg, run_dir, on_unit=lambda done: (run.tick(force=True), save_units(run_dir, done)))
+        files = report_writer.write(run_dir, compare_report(units, cfg, run.wall_seconds))
     print(f"run folder: {run_dir}\nreport:     {files[-1]}")
-    failed = [f"{u['scheme']} seed {u['seed']}" for u in units if DIVERGED in (u["status"], u.get("task_status"))]
-    if failed:
-        raise RunFailed(f"{', '.join(failed)} diverged (reported as '{DIVERGED}', with no numbers); "
+    if failed(units):
+        raise RunFailed(f"{', '.join(failed(units))} diverged (reported as '{DIVERGED}', with no numbers); "
                         f"the other models' results are in {run_dir}")
     return 0

@@ -9,7 +9,7 @@ import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from posenc.experiments.config import EvalConfig
+from posenc.experiments.config.sections import EvalConfig
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -20,7 +20,7 @@ class EvalOptions:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from posenc.experiments.config_loader import describe
+    from posenc.experiments.config.loader import describe
 
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = "options (set as eval.key=value; default: the run's own):\n" + describe(EvalOptions)
@@ -30,20 +30,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from posenc.data.tokens import byte_tokens, load_corpus, split
     from posenc.errors import bad_value
-    from posenc.experiments import checkpoint, config_loader, manifest, preflight, report
-    from posenc.experiments.config import from_plain
-    from posenc.experiments.evaluate import loss_change, perplexity_by_length, shift_test
-    from posenc.experiments.resume import stored_run
-    from posenc.experiments.rundir import check_writable, to_json, write_new
-    from posenc.models import GPT
+    from posenc.experiments.run_folder.lock import locked
 
     run_dir = Path(args.run_dir)
     for item in args.overrides:
         if not item.startswith("eval."):
             raise bad_value("override", item, "eval.* only (the model and data come from the run)")
-    stored = stored_run(run_dir) if run_dir.is_dir() else None
+    if not run_dir.is_dir():
+        raise bad_value("run_dir", str(run_dir), "a `posenc train` run folder holding a checkpoint")
+    with locked(run_dir):  # a training run writing this folder could prune the checkpoint read here
+        return _evaluate(run_dir, args)
+
+
+def _evaluate(run_dir: Path, args: argparse.Namespace) -> int:
+    from posenc.atomic_files import to_json, write_new
+    from posenc.data.tokens import byte_tokens, load_corpus, split
+    from posenc.errors import bad_value
+    from posenc.experiments import report_writer
+    from posenc.experiments.config import loader as config_loader
+    from posenc.experiments.config.training_run import from_plain
+    from posenc.experiments.evaluation.perplexity import perplexity_by_length
+    from posenc.experiments.evaluation.shift import loss_change, shift_test
+    from posenc.experiments.run_folder import checkpoint, manifest
+    from posenc.experiments.run_folder.files import check_writable
+    from posenc.experiments.training import preflight
+    from posenc.experiments.training.start_point import stored_run
+    from posenc.models import GPT
+
+    stored = stored_run(run_dir)
     last = checkpoint.latest(run_dir) if stored is not None else None
     if last is None:
         raise bad_value("run_dir", str(run_dir), "a `posenc train` run folder holding a checkpoint")
@@ -65,9 +80,9 @@ def main(args: argparse.Namespace) -> int:
     ppl = perplexity_by_length(model, val, L, e)
     shifts = shift_test(model, val, L, e.shift_offsets)
     scheme = cfg.model.position_embedding_type
-    report.print_table([{"length": k, "ppl": v} for k, v in ppl.items()], ["length", "ppl"],
+    report_writer.print_table([{"length": k, "ppl": v} for k, v in ppl.items()], ["length", "ppl"],
                        f"{scheme}: perplexity vs length (trained at {L})")
-    report.print_table([{"offset": k, "loss": v, "change": loss_change(shifts)[k]} for k, v in shifts.items()],
+    report_writer.print_table([{"offset": k, "loss": v, "change": loss_change(shifts)[k]} for k, v in shifts.items()],
                        ["offset", "loss", "change"], "shift test: every position moved by k")
     path = write_new(run_dir / "eval.json", to_json({"checkpoint": last.name, "eval": config_loader.plain(e),
                                                      "ppl_by_length": ppl, "shift_loss": shifts}))

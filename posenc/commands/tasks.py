@@ -14,13 +14,17 @@ import argparse
 import contextlib
 from pathlib import Path
 
-from posenc.experiments import config_loader, manifest, report
-from posenc.experiments.parallel import default_workers
-from posenc.experiments.rundir import check_writable, new_run_dir, removed_if_unused, write_json
-from posenc.experiments.tasks_config import TasksConfig, load_tasks_config
-from posenc.experiments.tasks_resume import previous_rows, units_in
-from posenc.experiments.tasks_run import run_leaderboard
-from posenc.experiments.tasks_summary import leaderboard_report, summarize
+from posenc.atomic_files import write_json
+from posenc.experiments import report_writer
+from posenc.experiments.config import loader as config_loader
+from posenc.experiments.run_folder import manifest
+from posenc.experiments.run_folder.files import new_run_dir, removed_if_unused
+from posenc.experiments.run_folder.rule import open_run
+from posenc.experiments.tasks.config import RULE, TasksConfig, load_tasks_config
+from posenc.experiments.tasks.report import leaderboard_report, summarize
+from posenc.experiments.tasks.results import previous_rows, units_in
+from posenc.experiments.tasks.run import run_leaderboard
+from posenc.experiments.training.parallel import default_workers
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,28 +41,26 @@ def main(args: argparse.Namespace) -> int:
     cfg = load_tasks_config(args.config, args.overrides)  # every bad option fails here
     b, config = cfg.leaderboard, cfg.to_dict()
     created = not args.run_dir or not Path(args.run_dir).exists()
-    if args.run_dir:
-        out = check_writable(Path(args.run_dir), "run_dir")
-        rows = previous_rows(out, config)
-    else:
-        out, rows = new_run_dir(cfg.out_dir, "tasks"), []
-    results = lambda complete: {"config": config, "test_lengths": b.test_lengths, "rows": rows, "complete": complete}
+    out = Path(args.run_dir) if args.run_dir else new_run_dir(cfg.out_dir, "tasks")
+    with removed_if_unused(out, manifest.holds_results) if created else contextlib.nullcontext(), \
+            open_run(out, RULE, config) as run:
+        rows = previous_rows(out, config) if run.resumed else []
+        results = lambda complete: {"config": config, "test_lengths": b.test_lengths, "rows": rows,
+                                    "complete": complete}
 
-    def save_partial(_unit, new: list[dict]) -> None:  # a crash loses at most the runs in progress
-        rows.extend(new)
-        write_json(out / "results.json", results(False))
+        def save_partial(_unit, new: list[dict]) -> None:  # a crash loses at most the runs in progress
+            rows.extend(new)
+            run.tick(force=True)  # first: a saved unit's time is always in run.json
+            write_json(out / "results.json", results(False))
 
-    with removed_if_unused(out, manifest.holds_results) if created else contextlib.nullcontext():
-        if manifest.read(out) is None:
-            manifest.write(out, "tasks", config, None)
         run_leaderboard(b.schemes, b.tasks, b.train_len, b.test_lengths, b.seeds, cfg.trainer, base=cfg.model,
                         n_samples=b.samples, skip=units_in(rows), on_unit=save_partial, progress=b.progress,
                         jobs=default_workers() if b.jobs is None else b.jobs)
-    # Resumed runs append out of order; the files list runs in the order the options name them.
-    rows.sort(key=lambda r: (b.schemes.index(r["scheme"]), b.tasks.index(r["task"]), b.seeds.index(r["seed"]),
-                             r["length"]))
-    summary = summarize(rows, b.train_len)
-    report.write(out, leaderboard_report(rows, summary, config, results(True) | {"summary": summary}),
-                 markdown="leaderboard.md")
+        # Resumed runs append out of order; the files list runs in the order the options name them.
+        rows.sort(key=lambda r: (b.schemes.index(r["scheme"]), b.tasks.index(r["task"]), b.seeds.index(r["seed"]),
+                                 r["length"]))
+        summary = summarize(rows, b.train_len)
+        report_writer.write(out, leaderboard_report(rows, summary, config, results(True) | {"summary": summary}),
+                            markdown="leaderboard.md")
     print(f"run folder: {out} (leaderboard.md, report.html, results.json, results.csv, accuracy_<task>.png)")
     return 0

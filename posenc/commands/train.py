@@ -7,8 +7,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from posenc.experiments.config import describe_options, load_config, run_device
-from posenc.experiments.rundir import check_writable, new_run_dir
+from posenc.experiments.config.sections import run_device
+from posenc.experiments.config.training_run import describe_options, load_config
+from posenc.experiments.run_folder.files import check_writable, new_run_dir
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,10 +25,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from posenc.experiments.ddp import distributed
-    from posenc.experiments.manifest import holds_results
-    from posenc.experiments.rundir import removed_if_unused
-    from posenc.experiments.train import train
+    from posenc.experiments.run_folder.files import removed_if_unused
+    from posenc.experiments.run_folder.manifest import holds_results
+    from posenc.experiments.training.ddp import distributed
+    from posenc.experiments.training.language_model import train
 
     cfg = load_config(args.config, args.overrides)
     if args.fork and not args.run_dir:

@@ -25,9 +25,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from posenc.checks import positive_int
 from posenc.masks import causal_mask
 from posenc.scheme import Dims, Scheme
+from posenc.validators import positive_int
 
 
 def contextual_positions(q: Tensor, k: Tensor) -> Tensor:

@@ -11,11 +11,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from posenc.checks import number_in, positive_int
 from posenc.errors import bad_value
 from posenc.models.random_positions import check_randomized_positions
 from posenc.models.scheme_config import SchemeConfig
 from posenc.scheme import Dims
+from posenc.validators import number_in, positive_int
 
 
 def check_shapes(cfg: Any) -> None:

@@ -107,7 +107,7 @@ def save_hf_llama(model: Any, directory: str | Path, tokenizer: Any = None) -> P
     """Write config.json + model.safetensors (+ the tokenizer's files) for transformers' LlamaForCausalLM."""
     from safetensors.torch import save_file
 
-    from posenc.experiments.rundir import atomic_write, write_json
+    from posenc.atomic_files import atomic_write, write_json
 
     cfg, directory = model.cfg, Path(directory)
     if cfg.rotary_percentage != 1.0:

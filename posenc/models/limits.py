@@ -8,7 +8,7 @@ no bias runs SDPA's own kernel with O(T) extra memory. Activations add ~16 (T, D
 
 from __future__ import annotations
 
-from posenc.memory import available_bytes
+from posenc.memory_budget import available_bytes
 from posenc.scheme import Scheme, materialises_bias
 
 BIAS_COPIES = 3

@@ -7,12 +7,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from posenc.checks import number_in, positive_int
 from posenc.errors import bad_value
 from posenc.models.config import check_shapes
 from posenc.models.scheme_config import SchemeConfig
 from posenc.registry import available, scheme_class
 from posenc.scheme import Dims
+from posenc.validators import number_in, positive_int
 
 
 def schemes_for(causal: bool) -> list[str]:

@@ -14,11 +14,11 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from posenc.checks import number_in, optional_number_at_least
 from posenc.errors import bad_value
 from posenc.rotary._core import apply_rotary, cos_sin
 from posenc.rotary.scaling import SEQ_LEN_DEPENDENT, frequencies, rope_type
 from posenc.scheme import Dims, Scheme, shared_row
+from posenc.validators import number_in, optional_number_at_least
 
 
 def rotary_dims(head_dim: int, rotary_percentage: float) -> int:

@@ -23,10 +23,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from posenc.checks import number_in
 from posenc.rotary._core import angles, apply_rotary
 from posenc.rotary.rope import RoPE, RotaryOptions
 from posenc.scheme import Dims, from_first_key, shared_row
+from posenc.validators import number_in
 
 XPOS_MAX_LOG = 40.0  # e^40 ~ 2e17: q and k scales multiply to at most e^80 < float32 max e^88
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from posenc.experiments.config import load_config
+from posenc.experiments.config.training_run import load_config
 from posenc.models import GPTConfig
 from tests.experiments.cli_helpers import TINY, cli, one_line
 

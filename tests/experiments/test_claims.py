@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from posenc.experiments.claims import CLAIMS, converged_schemes, judge, judge_all
-from posenc.experiments.stats import Spread, ratios, tied_ranks
+from posenc.experiments.compare.claims import CLAIMS, converged_schemes, judge, judge_all
+from posenc.experiments.evaluation.statistics import Spread, ratios, tied_ranks
 
 MULTIPLIERS = (1, 2, 4, 8)
 

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 import posenc
 from posenc.data.tokens import byte_tokens, load_corpus, split
-from posenc.experiments.config import load_config
+from posenc.experiments.config.training_run import load_config
 from posenc.models import GPT
 from posenc.registry import SCHEMES, option_fields
 from tests.experiments.cli_helpers import TINY, cli

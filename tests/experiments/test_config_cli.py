@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from posenc.cli import main
-from posenc.experiments.config import RunConfig, load_config
+from posenc.experiments.config.training_run import RunConfig, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,9 +27,9 @@ def test_overrides_are_typed_and_layered_over_yaml(tmp_path):
 
 @pytest.mark.parametrize("preset", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_preset_parses(preset):
-    from posenc.experiments import config_loader
-    from posenc.experiments.compare import CompareConfig
-    from posenc.experiments.tasks_config import TasksConfig
+    from posenc.experiments.compare.config import CompareConfig
+    from posenc.experiments.config import loader as config_loader
+    from posenc.experiments.tasks.config import TasksConfig
 
     schema = {"compare": CompareConfig, "tasks": TasksConfig}.get(preset.stem.split("_")[0], RunConfig)
     assert isinstance(config_loader.load(schema, preset), schema)

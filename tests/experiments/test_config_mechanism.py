@@ -9,9 +9,9 @@ import json
 import pytest
 
 from posenc.cli import parser
-from posenc.experiments.compare import CompareConfig
-from posenc.experiments.config import RunConfig
-from posenc.experiments.tasks_config import TasksConfig
+from posenc.experiments.compare.config import CompareConfig
+from posenc.experiments.config.training_run import RunConfig
+from posenc.experiments.tasks.config import TasksConfig
 from tests.experiments.cli_helpers import TINY, cli, one_line
 
 
@@ -45,11 +45,11 @@ def test_help_of_compare_and_tasks_documents_the_task_model():
 
 
 def test_compare_trains_the_task_model_it_is_told_to(tmp_path, capsys, monkeypatch):
-    import posenc.experiments.tasks_run as tasks_run
+    import posenc.experiments.compare.run as compare_run
 
     seen = []
-    real = tasks_run.train_on_task
-    monkeypatch.setattr(tasks_run, "train_on_task", lambda cfg, *a, **k: seen.append(cfg) or real(cfg, *a, **k))
+    real = compare_run.train_on_task
+    monkeypatch.setattr(compare_run, "train_on_task", lambda cfg, *a, **k: seen.append(cfg) or real(cfg, *a, **k))
     code, _, err = cli(capsys, "compare", *TINY, "trainer.max_steps=1", "compare.schemes=[alibi]", "compare.seeds=[0]",
                        "compare.jobs=1", "task.name=copy", "task.n_layer=1",
                        "task.d_model=32", "task.n_head=2", "task.max_steps=1", "task.train_len=2", "task.samples=2",

@@ -7,9 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from posenc.experiments.compare import CompareConfig, check
-from posenc.experiments.config import TrainerConfig, from_plain, load_config, run_device
-from posenc.experiments.train import train
+from posenc.experiments.compare.config import CompareConfig
+from posenc.experiments.compare.run import preflight_all
+from posenc.experiments.config.sections import TrainerConfig, run_device
+from posenc.experiments.config.training_run import from_plain, load_config
+from posenc.experiments.training.language_model import train
 
 
 @pytest.fixture
@@ -43,7 +45,7 @@ def test_asking_for_a_gpu_on_a_machine_without_one_fails_before_any_work(no_gpu,
     assert not (tmp_path / "run").exists()
     compare = CompareConfig(trainer=cfg.trainer, data=cfg.data)
     with pytest.raises(ValueError, match=r"trainer\.device='cuda'"):
-        check(compare)
+        preflight_all(compare)
 
 
 def test_a_gpu_runs_saved_config_loads_on_a_cpu_machine(no_gpu):
@@ -56,8 +58,8 @@ def test_a_gpu_runs_saved_config_loads_on_a_cpu_machine(no_gpu):
 def test_training_and_evaluation_on_a_gpu_match_the_cpu(scheme, tmp_path):
     """Same seed, same batches: the GPU run's losses and perplexity agree with the CPU run's (float32;
     only summation order differs), and the model is on the GPU throughout."""
-    from posenc.experiments.config import EvalConfig
-    from posenc.experiments.evaluate import perplexity_by_length
+    from posenc.experiments.config.sections import EvalConfig
+    from posenc.experiments.evaluation.perplexity import perplexity_by_length
 
     base = ["trainer.max_steps=30", "trainer.warmup_steps=3", "trainer.eval_interval=15", "trainer.progress=false",
             "model.n_layer=2", "model.d_model=32", "model.n_head=2", "data.seq_len=32", "trainer.batch_size=8",

@@ -14,11 +14,13 @@ import torch.nn.functional as F
 from posenc.cli import main as cli_main
 from posenc.cli import parser
 from posenc.commands.extend import config_from_args
-from posenc.experiments.extend import RUN_PRESETS, ExtendConfig, NllMemo, perplexities, planned_tokens
-from posenc.experiments.extend_passkey import cells, run_passkey
-from posenc.experiments.extend_state import RunState
-from posenc.experiments.passkey import PromptBuilder
-from posenc.experiments.scalings import PRESETS
+from posenc.experiments.config import loader as config_loader
+from posenc.experiments.extend.config import ExtendConfig, presets
+from posenc.experiments.extend.passkey import cells, run_passkey
+from posenc.experiments.extend.passkey_prompts import PromptBuilder
+from posenc.experiments.extend.perplexity import NllMemo, perplexities, planned_tokens
+from posenc.experiments.extend.progress import RunState
+from posenc.experiments.extend.scalings import PRESETS
 from posenc.models import Llama, LlamaConfig
 from tests.conftest import smollm2_gguf
 
@@ -65,15 +67,20 @@ def test_prefix_of_a_long_forward_equals_a_short_forward():
 
 
 def test_dynamic_shares_forwards_with_none_inside_the_trained_length():
-    cfg = ExtendConfig(lengths=(16, 32, 64, 128), scalings=("none", "dynamic"), windows=2, task="ppl")
+    cfg = flat_config(lengths=(16, 32, 64, 128), scalings=("none", "dynamic"), windows=2, task="ppl")
     # none: one 128 forward; dynamic equals none up to 64 (shared) and differs at 128.
     assert planned_tokens(tiny_llama(), cfg) == (128 + 128) * 2
+
+
+def flat_config(**options) -> ExtendConfig:
+    """A config from the flat keys of earlier versions (aliases of the dotted ones)."""
+    return config_loader.build(ExtendConfig, options)
 
 
 def passkey_setup(tmp_path, scalings, trained):
     model = tiny_llama(vocab=128, trained=trained)
     model._tokenizer = CharTokenizer()  # prompts in characters: only encode/decode are needed
-    cfg = ExtendConfig(task="passkey", lengths=(300, 400), scalings=scalings, depths=(0.2, 0.8), trials=2,
+    cfg = flat_config(task="passkey", lengths=(300, 400), scalings=scalings, depths=(0.2, 0.8), trials=2,
                        dtype="float32")
     return model, cfg, PromptBuilder(model.tokenizer.encode), RunState(tmp_path)
 
@@ -87,7 +94,6 @@ def test_passkey_sweep_resumes_without_redoing_prompts(tmp_path):
     assert counter.n == 2 * sum(n for n, _, _ in cells(cfg))
     resumed = RunState.load(tmp_path)
     assert resumed.passkey == json.loads(json.dumps(state.passkey))
-    assert 0 < resumed.earlier_wall_s <= resumed.wall_s  # a resumed run counts its earlier sessions
     again = Counter()
     with torch.no_grad():
         run_passkey(cfg, model, builder, resumed, again)
@@ -106,7 +112,7 @@ def test_passkey_answers_are_shared_where_tables_agree(tmp_path):
 
 
 def test_trial_tokens_caps_trials_but_keeps_one():
-    cfg = ExtendConfig(lengths=(1024, 8192, 32768), trials=4, trial_tokens=16384)
+    cfg = flat_config(lengths=(1024, 8192, 32768), trials=4, trial_tokens=16384)
     assert [cfg.trials_at(n) for n in cfg.key_lengths] == [4, 2, 1]
 
 
@@ -116,13 +122,14 @@ def args(*argv):
 
 @pytest.mark.parametrize("name", list(PRESETS))
 def test_every_scaling_name_is_accepted(name):
-    assert config_from_args(args("--scalings", name)).scalings == (name,)
+    assert config_from_args(args("--scalings", name)).extend.scalings == (name,)
 
 
 def test_default_runs_every_scaling_and_presets_parse():
-    assert config_from_args(args()).scalings == tuple(PRESETS)
-    for preset in RUN_PRESETS:
-        assert config_from_args(args("--preset", preset)).lengths
+    assert config_from_args(args()).extend.scalings == tuple(PRESETS)
+    assert presets() == ["default", "long", "quick"]
+    for preset in presets():
+        assert config_from_args(args("--preset", preset)).perplexity.lengths
     long = config_from_args(args("--preset", "long"))
     assert max(long.all_lengths) == 4 * 8192 and long.scaling_factor(8192) == 4.0
     assert config_from_args(args("--preset", "long", "--lengths", "1024")).key_lengths == [1024]
@@ -135,7 +142,7 @@ def test_default_runs_every_scaling_and_presets_parse():
     (["--windows", "0"], "windows"),
     (["--windows", "two"], "windows"),
     (["--corpus", "wiki"], "corpus"),
-    (["--task", "retrieval"], "task"),
+    (["--task", "retrieval"], "extend.metric"),  # --task: the old name of --metric
     (["--depths", "0.5,1.5"], "depths"),
     (["--trials", "0"], "trials"),
     (["--dtype", "float16"], "dtype"),
@@ -167,3 +174,6 @@ def test_quick_run_writes_results(tmp_path, capsys):
     assert all(math.isfinite(s["ppl"]) and s["ppl"] > 1 for row in by_name.values() for s in row.values())
     assert by_name["dynamic"] == by_name["none"]  # 64 and 128 tokens: far inside the trained 8192
     assert {r["scaling"] for r in results["passkey"]} == {"none", "dynamic", "yarn"}
+    record = json.loads((run_dir / "run.json").read_text())  # extend's folder holds run.json like every other
+    assert record["command"] == "extend" and record["config"]["extend"]["scalings"] == ["none", "dynamic", "yarn"]
+    assert record["wall_seconds"] >= results["wall_s"] > 0  # run.json is written last, after the report

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from posenc.cli import parser
 from posenc.commands.extend import config_from_args
-from posenc.experiments.extend import RUN_PRESETS, ExtendConfig
+from posenc.experiments.config import loader as config_loader
+from posenc.experiments.extend.config import ExtendConfig, preset_path
 
 
 def config(*argv):
@@ -17,16 +20,17 @@ def test_yaml_then_flags_then_overrides(tmp_path):
     preset = tmp_path / "extend.yaml"
     preset.write_text("lengths: [1024, 2048]\ntrials: 2\nscalings: [none, yarn]\n")
     cfg = config("--config", str(preset))
-    assert (cfg.lengths, cfg.trials, cfg.scalings) == ((1024, 2048), 2, ("none", "yarn"))
+    assert (cfg.perplexity.lengths, cfg.passkey.trials, cfg.extend.scalings) == ((1024, 2048), 2, ("none", "yarn"))
     cfg = config("--config", str(preset), "--trials", "3", "trials=4", "dtype=float32")
-    assert (cfg.trials, cfg.dtype, cfg.lengths) == (4, "float32", (1024, 2048))
+    assert (cfg.passkey.trials, cfg.model.dtype, cfg.perplexity.lengths) == (4, "float32", (1024, 2048))
 
 
 def test_explicit_lengths_serve_passkey_unless_it_gets_its_own():
-    assert RUN_PRESETS["default"]["passkey_lengths"]  # the preset sets its own passkey lengths
+    default = config_loader.load(ExtendConfig, preset_path("default"))
+    assert default.passkey.lengths  # the preset sets its own passkey lengths
     assert config("lengths=[512,1024]").key_lengths == [512, 1024]
     assert config("lengths=[512,1024]", "passkey_lengths=[256]").key_lengths == [256]
-    assert config().key_lengths == sorted(RUN_PRESETS["default"]["passkey_lengths"])
+    assert config().key_lengths == sorted(default.passkey.lengths)
 
 
 @pytest.mark.parametrize(("argv", "field"), [(["lenghts=[5]"], "lengths"), (["trials=0"], "trials"),
@@ -40,5 +44,30 @@ def test_help_lists_every_option_with_its_default(capsys):
     with pytest.raises(SystemExit):
         parser().parse_args(["extend", "--help"])
     shown = capsys.readouterr().out
-    for name in ExtendConfig.__dataclass_fields__:
-        assert name in shown, name
+    for section, options in ExtendConfig().to_dict().items():
+        for key in options if isinstance(options, dict) else [""]:
+            assert f"{section}.{key}".rstrip(".") + " = " in shown, (section, key)
+
+
+def test_flat_keys_of_earlier_versions_still_work_with_a_note(capsys):
+    capsys.readouterr()
+    assert config("lengths=[512,1024]", "task=ppl") == config("perplexity.lengths=[512,1024]", "extend.metric=ppl")
+    err = capsys.readouterr().err
+    assert "`lengths` is now `perplexity.lengths`" in err and "`task` is now `extend.metric`" in err
+
+
+def test_a_folder_from_before_run_json_resumes_with_its_own_settings_and_time(tmp_path):
+    from posenc.commands.extend import _resumed_config
+    from posenc.experiments.extend.run import stored_extend_run
+
+    old = {"task": "ppl", "lengths": [64, 128], "passkey_lengths": None, "scalings": ["none", "yarn"],
+           "factor": 4.0, "windows": 2, "corpus": "python_docs", "depths": [0.5], "trials": 1, "trial_tokens": None,
+           "seed": 3, "dtype": "float32", "prefill_chunk": 64, "model": None, "out_dir": "runs"}
+    (tmp_path / "config.json").write_text(json.dumps(old))
+    (tmp_path / "progress.json").write_text(json.dumps({"ppl": {}, "passkey": {}, "forwards": [], "wall_s": 12.5}))
+    cfg = _resumed_config(tmp_path)
+    assert (cfg.extend.metric, cfg.extend.scalings, cfg.extend.factor) == ("ppl", ("none", "yarn"), 4.0)
+    assert (cfg.perplexity.lengths, cfg.perplexity.windows, cfg.passkey.seed, cfg.model.prefill_chunk) == (
+        (64, 128), 2, 3, 64)
+    stored = stored_extend_run(tmp_path)
+    assert stored["wall_seconds"] == 12.5 and stored["config"] == cfg.to_dict()

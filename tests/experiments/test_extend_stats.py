@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from posenc.experiments.extend_report import markdown, passkey_summary
-from posenc.experiments.stats import block_bootstrap_ppl, wilson
+from posenc.experiments.evaluation.statistics import block_bootstrap_ppl, wilson
+from posenc.experiments.extend.report import markdown, passkey_summary
 
 
 @pytest.mark.parametrize(("k", "n", "lo", "hi"), [(0, 10, 0.0, 0.2775), (10, 10, 0.7225, 1.0), (5, 10, 0.2366, 0.7634),
@@ -49,8 +49,8 @@ def test_error_bars_take_intervals_that_miss_their_point_by_rounding():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from posenc.experiments.extend_plots import _errorbars
-    from posenc.experiments.stats import wilson
+    from posenc.experiments.evaluation.statistics import wilson
+    from posenc.experiments.extend.plots import _errorbars
 
     assert wilson(6, 6)[1] < 1.0  # the case itself
     fig, ax = plt.subplots()

@@ -7,9 +7,9 @@ import importlib.util
 import pytest
 import torch
 
-from posenc.experiments.config import load_config
-from posenc.experiments.model_source import build_model
-from posenc.experiments.train import train
+from posenc.experiments.config.training_run import load_config
+from posenc.experiments.training.language_model import train
+from posenc.experiments.training.model_source import build_model
 from tests.experiments.test_train import TINY
 
 ROPE = [o for o in TINY if not o.startswith("model.position_embedding_type")] + ["model.position_embedding_type=rope"]

@@ -12,14 +12,14 @@ import sys
 import pytest
 import torch
 
-from posenc.experiments.long_context import (
+from posenc.experiments.extend.long_context import (
     bfloat16_linears,
     estimated_cpu_seconds,
     greedy_answer,
     inference,
     window_nll,
 )
-from posenc.experiments.scalings import HOLDERS, PRESETS, Target, held
+from posenc.experiments.extend.scalings import HOLDERS, PRESETS, Target, held
 from posenc.models import Llama, LlamaConfig
 from posenc.rotary.scaling import SEQ_LEN_DEPENDENT, frequencies
 
@@ -100,7 +100,7 @@ def test_bad_dtype_is_named():
 
 PEAK_PROBE = """
 import json, torch
-from posenc.experiments.peak_memory import PeakMemory
+from posenc.experiments.extend.resource_usage import PeakMemory
 with PeakMemory() as mem:
     block = torch.ones(64 * 2**20)  # 256 MiB, touched: pages count only once written
     del block

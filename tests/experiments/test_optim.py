@@ -9,9 +9,9 @@ import torch
 from torch import nn
 
 import posenc
-from posenc.experiments.config import load_config
-from posenc.experiments.loop import decayed_parameters, make_optimizer, parameter_groups
-from posenc.experiments.tasks_config import TaskOptim
+from posenc.experiments.config.sections import TaskOptim
+from posenc.experiments.config.training_run import load_config
+from posenc.experiments.training.loop import decayed_parameters, make_optimizer, parameter_groups
 from posenc.models import GPT, GPTConfig
 from posenc.scheme import Scheme
 

@@ -5,7 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from posenc.experiments.passkey import FILLER, INTRO, NEEDLE, QUESTION, PromptBuilder, answer, draw_key, is_correct
+from posenc.experiments.extend.passkey_prompts import (
+    FILLER,
+    INTRO,
+    NEEDLE,
+    QUESTION,
+    PromptBuilder,
+    answer,
+    draw_key,
+    is_correct,
+)
 from tests.conftest import smollm2_gguf
 
 

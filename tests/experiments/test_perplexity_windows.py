@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from posenc.experiments.evaluate import perplexity
+from posenc.experiments.evaluation.perplexity import perplexity
 from tests.conftest import VOCAB, tiny_gpt
 
 TEXT = torch.randint(0, VOCAB, (150,), generator=torch.Generator().manual_seed(0))
@@ -95,8 +95,8 @@ class _Bigram(torch.nn.Module):
 def test_every_length_scores_the_same_text(mode):
     """A model blind to context gets one perplexity at every length iff every length scores the same
     tokens (with a window count per length, 8x read 8 times the text of 1x)."""
-    from posenc.experiments.config import EvalConfig
-    from posenc.experiments.evaluate import perplexity_by_length
+    from posenc.experiments.config.sections import EvalConfig
+    from posenc.experiments.evaluation.perplexity import perplexity_by_length
 
     tokens = torch.randint(0, VOCAB, (5000,), generator=torch.Generator().manual_seed(1))
     cfg = EvalConfig(length_multipliers=(1, 2, 4, 8), mode=mode, max_windows=3)

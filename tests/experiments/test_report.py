@@ -6,18 +6,18 @@ from __future__ import annotations
 import csv
 import json
 
-from posenc.experiments import report
+from posenc.experiments import report_writer
 
 
 def test_a_report_writes_every_format_and_keeps_labels(tmp_path, capsys):
     rows = [{"scheme": "rope", "ppl@1x": 3.5, "ppl@8x": 40.25},
             {"scheme": "learned_absolute", "ppl@1x": 3.1, "ppl@8x": "longer than the model's table"},
             {"scheme": "alibi", "ppl@1x": "diverged", "ppl@8x": "diverged"}]
-    rep = report.Report("t", "setup text", [report.Table("board", "the board", ["scheme", "ppl@1x", "ppl@8x"], rows)],
-                        [report.Plot("curve", "c", "x", "y", {r["scheme"]: {1: r["ppl@1x"], 8: r["ppl@8x"]}
-                                                              for r in rows}, log_y=True)],
-                        results={"rows": rows, "bad": float("nan")})
-    files = {p.name for p in report.write(tmp_path, rep)}
+    table = report_writer.Table("board", "the board", ["scheme", "ppl@1x", "ppl@8x"], rows)
+    plot = report_writer.Plot("curve", "c", "x", "y", {r["scheme"]: {1: r["ppl@1x"], 8: r["ppl@8x"]} for r in rows},
+                              log_y=True)
+    rep = report_writer.Report("t", "setup text", [table], [plot], results={"rows": rows, "bad": float("nan")})
+    files = {p.name for p in report_writer.write(tmp_path, rep)}
     assert files == {"results.json", "board.csv", "curve.png", "report.md", "report.html"}
     printed = capsys.readouterr().out
     assert "diverged" in printed and "longer than the model's table" in printed

@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from posenc.experiments import checkpoint
+from posenc.experiments.run_folder import checkpoint
 from tests.experiments.cli_helpers import TINY, cli, one_line, read_only
 
 RUN = [*TINY, "model.position_embedding_type=alibi", "trainer.max_steps=2", "trainer.checkpoint_interval=2"]
@@ -55,7 +55,7 @@ def test_compare_labels_diverged_and_longer_than_the_table_apart(tmp_path, capsy
 
 
 def test_write_json_is_always_valid_json(tmp_path):
-    from posenc.experiments.rundir import write_json
+    from posenc.atomic_files import write_json
 
     path = write_json(tmp_path / "x.json", {"a": float("nan"), "b": [float("inf"), -float("inf"), 1.5]})
     assert _strict_json(path) == {"a": None, "b": [None, None, 1.5]}
@@ -128,7 +128,7 @@ def test_resuming_a_read_only_run_fails_before_training(tmp_path, capsys, monkey
 
 
 def test_eval_into_a_read_only_run_fails_before_evaluating(tmp_path, capsys, monkeypatch):
-    import posenc.experiments.evaluate as evaluate
+    import posenc.experiments.evaluation.perplexity as evaluate
 
     run = tmp_path / "run"
     assert cli(capsys, "train", "--run-dir", run, *RUN)[0] == 0
@@ -175,7 +175,7 @@ def test_written_files_get_the_usual_permissions_not_owner_only(tmp_path):
     import os
     import stat
 
-    from posenc.experiments.rundir import write_text
+    from posenc.atomic_files import write_text
 
     old = os.umask(0o022)
     try:

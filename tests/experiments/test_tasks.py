@@ -11,15 +11,17 @@ import random
 import pytest
 import torch
 
-import posenc.experiments.tasks_run as tasks_run
+import posenc.experiments.tasks.run as tasks_run
 from posenc.cli import main as cli_main
 from posenc.data.tasks import TASKS, make_batch
 from posenc.data.tasks.base import END, decode, encode
-from posenc.experiments.loop import lr_at
-from posenc.experiments.tasks_config import TaskOptim
-from posenc.experiments.tasks_contenders import contender_config
-from posenc.experiments.tasks_run import accuracy_by_length, answer_loss, run_leaderboard, train_on_task
-from posenc.experiments.tasks_summary import bucket, curves, summarize
+from posenc.experiments.config.sections import TaskOptim
+from posenc.experiments.evaluation.task_accuracy import accuracy_by_length
+from posenc.experiments.tasks.entries import contender_config
+from posenc.experiments.tasks.report import bucket, curves, summarize
+from posenc.experiments.tasks.run import run_leaderboard
+from posenc.experiments.training.loop import lr_at
+from posenc.experiments.training.task_model import answer_loss, train_on_task
 from posenc.models import GPTConfig
 
 TINY = GPTConfig(n_layer=2, n_head=4, d_model=64, max_seq_len=64, position_embedding_type="rope")

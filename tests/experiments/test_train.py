@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from posenc.data.tokens import batch_generator, byte_tokens, load_corpus, sample_batch, split
-from posenc.experiments import checkpoint
-from posenc.experiments.config import load_config
-from posenc.experiments.loop import optimizer_step
-from posenc.experiments.train import lr_at, prepare, train
+from posenc.experiments.config.training_run import load_config
+from posenc.experiments.run_folder import checkpoint
+from posenc.experiments.training.language_model import lr_at, prepare, train
+from posenc.experiments.training.loop import optimizer_step
 
 TINY = ["model.n_layer=2", "model.d_model=32", "model.n_head=2", "data.seq_len=32", "trainer.batch_size=8",
         "trainer.warmup_steps=2", "trainer.eval_interval=4", "trainer.eval_batches=2", "trainer.progress=false",
@@ -108,7 +108,7 @@ def test_ddp_two_processes_match_one_process_on_the_same_global_batch(tmp_path):
 
 
 def test_files_are_never_half_written(tmp_path):
-    from posenc.experiments.rundir import atomic_write
+    from posenc.atomic_files import atomic_write
 
     target = tmp_path / "report.json"
     target.write_text("old")

@@ -9,10 +9,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from posenc.experiments import train as train_module
-from posenc.experiments.config import EvalConfig, load_config
-from posenc.experiments.evaluate import loss_change, perplexity_by_length
-from posenc.experiments.train import prepare, train
+from posenc.experiments.config.sections import EvalConfig
+from posenc.experiments.config.training_run import load_config
+from posenc.experiments.evaluation.perplexity import perplexity_by_length
+from posenc.experiments.evaluation.shift import loss_change
+from posenc.experiments.training import language_model as train_module
+from posenc.experiments.training.language_model import prepare, train
 from tests.conftest import tiny_gpt
 
 TINY = ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "data.seq_len=16", "trainer.batch_size=4",

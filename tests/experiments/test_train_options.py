@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from posenc.data.tokens import sample_batch
-from posenc.experiments import checkpoint
-from posenc.experiments import train as train_module
-from posenc.experiments.config import load_config
-from posenc.experiments.train import train
+from posenc.experiments.config.training_run import load_config
+from posenc.experiments.run_folder import checkpoint
+from posenc.experiments.training import language_model as train_module
+from posenc.experiments.training.language_model import train
 from tests.experiments.test_train import TINY
 
 

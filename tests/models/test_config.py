@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from posenc.checks import from_dict
 from posenc.models import GPTConfig
+from posenc.validators import from_dict
 
 BASE = dict(vocab_size=64, n_layer=2, n_head=4, d_model=32, max_seq_len=64)
 

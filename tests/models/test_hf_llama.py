@@ -9,7 +9,8 @@ import json
 import pytest
 import torch
 
-from posenc.experiments.extend import ExtendConfig, load_model
+from posenc.experiments.extend.config import ExtendConfig, ModelOptions
+from posenc.experiments.extend.model import load_model
 from posenc.models import Llama, LlamaConfig
 from posenc.models.hf_llama import config_fields, save_hf_llama
 from tests.conftest import smollm2_gguf
@@ -53,7 +54,7 @@ def test_checkpoint_scaling_is_kept_or_replaced(tmp_path):
     assert Llama.from_hf(tmp_path).cfg.rope_scaling == {"rope_type": "linear", "factor": 2.0}
     assert Llama.from_hf(tmp_path, {"rope_type": "yarn", "factor": 4.0}).cfg.rope_scaling["rope_type"] == "yarn"
     with pytest.raises(ValueError, match="own rope_scaling"):  # extend compares scalings of plain RoPE
-        load_model(ExtendConfig(model=str(tmp_path)))
+        load_model(ExtendConfig(model=ModelOptions(path=str(tmp_path))))
 
 
 def test_transformers_5_rope_parameters_are_read():
@@ -94,7 +95,7 @@ def test_missing_files_are_named(tmp_path):
 def test_builtin_gguf_round_trips_through_a_checkpoint_folder(tmp_path):
     gguf = Llama.from_gguf(smollm2_gguf())
     save_hf_llama(gguf, tmp_path, gguf.tokenizer)
-    model = load_model(ExtendConfig(model=str(tmp_path)))  # what `posenc extend --model DIR` loads
+    model = load_model(ExtendConfig(model=ModelOptions(path=str(tmp_path))))  # what `posenc extend --model DIR` loads
     text = "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1)"
     ids = torch.tensor([gguf.tokenizer.encode(text)])
     assert model.tokenizer.encode(text) == ids[0].tolist()

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from posenc.data.corpus import load_builtin
-from posenc.experiments.scalings import PRESETS, Target
+from posenc.experiments.extend.scalings import PRESETS, Target
 from posenc.models import Llama
 from posenc.models import gguf as gguf_module
 from tests.conftest import smollm2_gguf

@@ -244,7 +244,7 @@ class _WouldLoad(Exception):
 def test_extend_flags(capsys, monkeypatch, flags):
     """Only the validation of extend's flags: a valid set would load the 135M model, so the load
     is replaced by a sentinel and that draw counts as 'would run'."""
-    import posenc.experiments.extend_run as extend_run
+    import posenc.experiments.extend.run as extend_run
 
     monkeypatch.setattr(extend_run, "load_model", lambda cfg: (_ for _ in ()).throw(_WouldLoad()))
     argv = ["extend", *(f"{k}={v}" for k, v in flags.items())]

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import posenc
-from posenc.experiments.config import load_config
+from posenc.experiments.config.training_run import load_config
 from posenc.models import GPT, GPTConfig
 
 FIELDS = {

@@ -1,0 +1,99 @@
+"""`posenc compare`, the main job: train one tiny GPT per scheme and seed at a short length on the
+built-in corpus, evaluate at 1x..8x that length plus the shift test (and, when asked, one algorithmic
+task), and report means, spreads, convergence and the published claims the run can test
+(compare_report.py). Units (scheme, seed) run in parallel, one process per core. A unit whose
+training diverges is reported as "diverged", never as numbers; the others go on."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from posenc.data.tokens import byte_tokens, load_corpus, split
+from posenc.errors import RunFailed
+from posenc.experiments.compare.config import CompareConfig
+from posenc.experiments.compare.results import DIVERGED
+from posenc.experiments.config.sections import run_device
+from posenc.experiments.evaluation.perplexity import perplexity_by_length
+from posenc.experiments.evaluation.shift import loss_change, shift_test
+from posenc.experiments.evaluation.task_accuracy import accuracy_by_length
+from posenc.experiments.report_writer import is_number
+from posenc.experiments.training import preflight
+from posenc.experiments.training.language_model import train
+from posenc.experiments.training.parallel import default_workers, run_units
+from posenc.experiments.training.task_model import train_on_task
+
+
+def preflight_all(cfg: CompareConfig) -> dict[str, str]:
+    """Every scheme's model and task model built (on paper) and sized against memory and the text,
+    before any training. Returns the corpus record."""
+    run_device(cfg.trainer.device)
+    corpus = load_corpus(cfg.data.corpus)
+    train_tokens, val_tokens = split(byte_tokens(corpus.text), cfg.data.val_fraction)
+    L = cfg.data.seq_len
+    preflight.check_text_lengths(L, len(val_tokens), len(train_tokens), [m * L for m in cfg.eval.length_multipliers])
+    for scheme in cfg.compare.schemes:
+        meta = preflight.check_model_fits(cfg.run_config(scheme).model, training=True)
+        preflight.check_sequences_fit(meta, cfg.trainer.batch_size // cfg.trainer.grad_accum, L, "data.seq_len", L)
+        longest = max(cfg.eval.length_multipliers) * L
+        preflight.check_sequences_fit(meta, 1, longest, "eval.length_multipliers", list(cfg.eval.length_multipliers))
+        if cfg.task.name:
+            preflight.check_model_fits(cfg.task.model(cfg.model, scheme), training=True)
+    return {"name": cfg.data.corpus, "sha256": corpus.sha256}
+
+
+def task_accuracy(cfg: CompareConfig, scheme: str, seed: int) -> dict[int, float]:
+    task = cfg.task
+    model = train_on_task(task.model(cfg.model, scheme), task.name, task.train_len, task, seed=seed)
+    return accuracy_by_length(model, task.name, range(1, 4 * task.train_len + 1), task.samples, seed=seed)
+
+
+def run_unit(job: tuple[CompareConfig, str, int, Path]) -> dict[str, Any]:
+    """Train and evaluate one (scheme, seed): its perplexity per length multiplier, shift test and task."""
+    cfg, scheme, seed, run_dir = job
+    started, L = time.perf_counter(), cfg.data.seq_len
+    unit = {"scheme": scheme, "seed": seed}
+    try:
+        result = train(cfg.run_config(scheme, seed), run_dir / scheme / f"seed-{seed}")
+    except RunFailed as err:
+        return unit | {"status": DIVERGED, "error": str(err), "seconds": time.perf_counter() - started}
+    ppl = perplexity_by_length(result.model, result.val_tokens, L, cfg.eval)  # the text train() read and split
+    change = loss_change(shift_test(result.model, result.val_tokens, L, cfg.eval.shift_offsets))
+    numbers = [abs(v) for v in change.values() if is_number(v)]
+    unit |= {"status": "ok", "params": sum(p.numel() for p in result.model.parameters()),
+             "final_train_loss": result.history[-1]["loss"], "ppl": {length // L: v for length, v in ppl.items()},
+             "shift_loss_change": change, "shift_dloss": max(numbers) if numbers else next(iter(change.values()))}
+    if cfg.task.name:
+        try:
+            unit["task_accuracy"] = task_accuracy(cfg, scheme, seed)
+        except RunFailed as err:
+            unit |= {"task_status": DIVERGED, "task_error": str(err)}
+    return unit | {"seconds": time.perf_counter() - started}
+
+
+def compare(cfg: CompareConfig, run_dir: Path, on_unit=None) -> list[dict[str, Any]]:
+    """Every (scheme, seed) unit, in parallel; on_unit(units so far) after each one finishes, so partial
+    results survive an interruption. Returns the units in (scheme, seed) order."""
+    c = cfg.compare
+    jobs = [(cfg, scheme, seed, run_dir) for scheme in c.schemes for seed in c.seeds]
+    done: list[dict[str, Any]] = []
+    bar = tqdm(total=len(jobs), desc="compare", unit="model", disable=not (c.progress and cfg.trainer.progress))
+
+    def finished(job: tuple, unit: dict[str, Any]) -> None:
+        done.append(unit)
+        bar.set_postfix_str(f"{unit['scheme']} seed {unit['seed']}: {unit['status']}")
+        bar.update()
+        if on_unit is not None:
+            on_unit(done)
+
+    try:
+        units = run_units(run_unit, jobs, c.jobs or default_workers(), finished)
+    finally:
+        bar.close()
+    return units
+
+
+__all__ = ["compare", "preflight_all", "run_unit"]

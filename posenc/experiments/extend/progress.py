@@ -1,0 +1,61 @@
+"""What an extend run has finished (progress.json), saved after every step (atomically) so a crashed or
+stopped run resumes where it stopped: `posenc extend --resume RUN_DIR`. Its wall time is the run's
+(run.json, run_folder.rule)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from posenc.atomic_files import write_json
+from posenc.experiments.extend.resource_usage import PeakMemory
+
+STATE_FILE = "progress.json"
+
+
+def cell_id(scaling: str, length: int, depth: float, trial: int) -> str:
+    return f"{scaling}|{length}|{depth:g}|{trial}"
+
+
+class RunState:
+    def __init__(self, run_dir: Path, on_save: Callable[[], None] | None = None) -> None:
+        self.run_dir, self.on_save = run_dir, on_save  # on_save: e.g. record the run's wall time
+        self.ppl: dict[str, dict[str, Any]] = {}  # scaling -> row
+        self.passkey: dict[str, dict[str, Any]] = {}  # cell_id -> record
+        self.forwards: list[dict[str, Any]] = []  # time and peak memory of every forward
+
+    @classmethod
+    def load(cls, run_dir: Path, on_save: Callable[[], None] | None = None) -> RunState:
+        state = cls(run_dir, on_save)
+        path = run_dir / STATE_FILE
+        if path.is_file():
+            saved = json.loads(path.read_text())
+            state.ppl = {name: _int_keys(row) for name, row in saved["ppl"].items()}
+            state.passkey, state.forwards = saved["passkey"], saved["forwards"]
+        return state
+
+    def save(self) -> None:
+        if self.on_save is not None:  # first: a saved step's time is always recorded
+            self.on_save()
+        write_json(self.run_dir / STATE_FILE, {"ppl": self.ppl, "passkey": self.passkey, "forwards": self.forwards})
+
+    def ppl_done(self, row: dict[str, Any]) -> None:
+        self.ppl[row["scaling"]] = row
+        self.save()
+
+    def prompt_done(self, record: dict[str, Any]) -> None:
+        self.passkey[cell_id(record["scaling"], record["length"], record["depth"], record["trial"])] = record
+        self.save()
+
+    def forward_done(self, task: str, length: int, usage: PeakMemory) -> None:
+        self.forwards.append({"task": task, "length": length, **usage.as_dict()})
+
+
+def _int_keys(row: dict[str, Any]) -> dict[str, Any]:
+    """A saved perplexity row as it was computed: length keys are ints again, and an interval that JSON
+    had to save as null (NaN: too little text to resample) is NaN again."""
+    return {**row, "ppl_by_length": {int(n): {k: math.nan if v is None else v for k, v in stat.items()}
+                                     for n, stat in row["ppl_by_length"].items()}}

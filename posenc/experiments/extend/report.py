@@ -1,0 +1,108 @@
+"""Results of an extend run: terminal tables, CSV/JSON, markdown tables (for EXTEND.md), plots and
+one self-contained HTML page, all in the run folder, each file written atomically."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from posenc.atomic_files import write_json, write_text
+from posenc.experiments import report_writer
+from posenc.experiments.evaluation.statistics import wilson
+from posenc.experiments.extend.config import ExtendConfig
+from posenc.experiments.extend.plots import accuracy_plot, heatmaps, ppl_plot
+from posenc.experiments.extend.progress import RunState
+
+
+def passkey_summary(records: list[dict[str, Any]], by_depth: bool = False) -> list[dict[str, Any]]:
+    """Accuracy per (scaling, length[, depth]) with its 95% Wilson interval, in first-seen order."""
+    groups: dict[tuple, list[bool]] = defaultdict(list)
+    for r in records:
+        key = (r["scaling"], r["length"], r["depth"]) if by_depth else (r["scaling"], r["length"])
+        groups[key].append(bool(r["correct"]))
+    rows = []
+    for key, hits in groups.items():
+        lo, hi = wilson(sum(hits), len(hits))
+        rows.append({"scaling": key[0], "length": key[1], **({"depth": key[2]} if by_depth else {}),
+                     "correct": sum(hits), "total": len(hits), "accuracy": sum(hits) / len(hits), "lo": lo, "hi": hi})
+    return rows
+
+
+def _ppl_cell(stat: dict[str, float]) -> str:
+    # Parentheses, not brackets: rich reads [..] as markup and would drop the interval.
+    if math.isnan(stat["lo"]):  # too little text to resample
+        return report_writer.fmt(stat["ppl"])
+    return f"{report_writer.fmt(stat['ppl'])} ({report_writer.fmt(stat['lo'])}-{report_writer.fmt(stat['hi'])})"
+
+
+def _acc_cell(row: dict[str, Any]) -> str:
+    return f"{row['correct']}/{row['total']} ({row['lo']:.2f}-{row['hi']:.2f})"
+
+
+def wide_tables(state: RunState, cfg: ExtendConfig) -> dict[str, tuple[list[dict], list[str]]]:
+    """title -> (rows, columns): scalings down, lengths across, spreads in brackets."""
+    out = {}
+    if state.ppl:
+        cols = ["scaling", *map(str, cfg.ppl_lengths)]
+        rows = [{"scaling": name, **{str(n): _ppl_cell(r["ppl_by_length"][n]) for n in cfg.ppl_lengths}}
+                for name in cfg.extend.scalings if (r := state.ppl.get(name))]
+        out["perplexity (95% block-bootstrap interval)"] = (rows, cols)
+    if state.passkey:
+        cols = ["scaling", *map(str, cfg.key_lengths)]
+        table: dict[str, dict[str, str]] = {}
+        for row in passkey_summary(list(state.passkey.values())):
+            table.setdefault(row["scaling"], {"scaling": row["scaling"]})[str(row["length"])] = _acc_cell(row)
+        rows = [table[name] for name in cfg.extend.scalings if name in table]
+        out["passkey retrieval: correct/prompts (95% Wilson interval)"] = (rows, cols)
+    return out
+
+
+def run_summary(meta: dict[str, Any]) -> str:
+    """One paragraph: model, precision, factor, wall time and the longest forward's time and memory."""
+    text = (f"{meta['model']} (trained context {meta['context_length']}), {meta['dtype']}, factor {meta['factor']:g}, "
+            f"prefill chunk {meta['prefill_chunk']}, {meta['threads']} threads: {meta['wall_s'] / 60:.1f} min in all.")
+    if meta.get("longest_forward_tokens"):
+        text += (f" Longest forward: {meta['longest_forward_tokens']} tokens in {meta['longest_forward_s']:.0f} s "
+                 f"({meta['longest_forward_cpu_s']:.0f} CPU s), "
+                 f"peak RSS {meta['longest_forward_peak_rss_gib']:.2f} GiB.")
+    return text
+
+
+def markdown(tables: dict[str, tuple[list[dict], list[str]]], meta: dict[str, Any] | None = None) -> str:
+    parts = [run_summary(meta), ""] if meta else []
+    for title, (rows, cols) in tables.items():
+        parts.append(f"**{title}**\n\n| {' | '.join(cols)} |\n|{'---|' + '---:|' * (len(cols) - 1)}")
+        parts.extend("| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows)
+        parts.append("")
+    return "\n".join(parts)
+
+
+def write_results(state: RunState, cfg: ExtendConfig, meta: dict[str, Any]) -> list[Path]:
+    """Print the tables; write results.json, CSVs, tables.md, plots and report.html."""
+    run_dir, records = state.run_dir, list(state.passkey.values())
+    tables = wide_tables(state, cfg)
+    for title, (rows, cols) in tables.items():
+        report_writer.print_table(rows, cols, f"{title}; trained context {meta['context_length']} tokens")
+    ppl_rows = [{"scaling": name, "length": n, "attention_scaling": r["attention_scaling"], **stat}
+                for name, r in state.ppl.items() for n, stat in r["ppl_by_length"].items()]
+    summary, by_depth = passkey_summary(records), passkey_summary(records, by_depth=True)
+    files = [write_json(run_dir / "results.json", {
+        "config": cfg.to_dict(), **meta, "ppl": list(state.ppl.values()), "passkey_summary": summary,
+        "passkey_by_depth": by_depth, "passkey": records, "forwards": state.forwards})]
+    if ppl_rows:
+        files.append(report_writer.write_csv(run_dir / "ppl.csv", ppl_rows,
+                                      ["scaling", "length", "ppl", "lo", "hi", "attention_scaling"]))
+        files.append(ppl_plot(run_dir / "ppl_vs_length.png", state.ppl, meta))
+    if records:
+        files.append(report_writer.write_csv(run_dir / "passkey.csv", records, list(records[0])))
+        files.append(report_writer.write_csv(run_dir / "passkey_summary.csv", summary, list(summary[0])))
+        files.append(accuracy_plot(run_dir / "passkey_vs_length.png", summary, meta))
+        files.append(heatmaps(run_dir / "passkey_heatmap.png", by_depth, cfg.extend.scalings, meta))
+    files.append(write_text(run_dir / "tables.md", markdown(tables, meta)))
+    sections = [(title, report_writer.html_table(rows, cols)) for title, (rows, cols) in tables.items()]
+    sections.append(("run", f"<p>{run_summary(meta)}</p>"))
+    files.append(report_writer.html_report(run_dir / "report.html", f"{meta['model']}: context extension", sections,
+                                    [f for f in files if f.suffix == ".png"], files))
+    return files

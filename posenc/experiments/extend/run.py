@@ -1,0 +1,123 @@
+"""One `posenc extend` run from a validated config: load the model, plan and print the cost, run
+perplexity and/or passkey (resumable), write the results."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import platform
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from posenc.errors import bad_value
+from posenc.experiments.config import loader as config_loader
+from posenc.experiments.extend.config import OLD_CONFIG_FILE, RULE, ExtendConfig
+from posenc.experiments.extend.long_context import bfloat16_linears, estimated_cpu_seconds, inference
+from posenc.experiments.extend.model import load_model, model_name
+from posenc.experiments.extend.passkey import planned_passkey_tokens, planned_prompts, run_passkey
+from posenc.experiments.extend.passkey_prompts import PromptBuilder
+from posenc.experiments.extend.perplexity import planned_forwards, planned_tokens, run_perplexity, token_windows
+from posenc.experiments.extend.progress import STATE_FILE, RunState
+from posenc.experiments.extend.report import write_results
+from posenc.experiments.run_folder import manifest
+from posenc.experiments.run_folder.files import new_run_dir, removed_if_unused
+from posenc.experiments.run_folder.rule import Run, open_run
+from posenc.models.llama import Llama
+
+
+def _check_passkey_lengths(cfg: ExtendConfig, builder: PromptBuilder) -> None:
+    short = [n for n in cfg.key_lengths if n < builder.min_length()]
+    if short:
+        raise bad_value("passkey_lengths", tuple(short), f"lengths >= {builder.min_length()} (instructions, "
+                        "needle and question alone take that many tokens of this tokenizer)")
+
+
+def estimate_minutes(cfg: ExtendConfig, model: Llama) -> float:
+    """Rough wall minutes on 2 idle cores for the planned forwards (bfloat16; float32 takes roughly 2-3x)."""
+    lengths = planned_forwards(model, cfg) + planned_prompts(cfg, model)
+    return sum(estimated_cpu_seconds(n, cfg.model.prefill_chunk) for n in lengths) / 2 / 60
+
+
+def _longest_forward(forwards: list[dict[str, Any]]) -> dict[str, Any]:
+    return max(forwards, key=lambda f: (f["length"], f["peak_rss_gib"]), default={})
+
+
+def stored_extend_run(run_dir: Path) -> dict[str, Any] | None:
+    """run.json; for a folder from before extend wrote one, a record built from its config.json and
+    the wall time its progress.json kept."""
+    found = manifest.read(run_dir)
+    old = run_dir / OLD_CONFIG_FILE
+    if found is not None or not old.is_file():
+        return _today(found)
+    try:
+        config = json.loads(old.read_text(encoding="utf-8"))
+        progress = run_dir / STATE_FILE
+        wall = json.loads(progress.read_text(encoding="utf-8")).get("wall_s") if progress.is_file() else None
+    except (OSError, ValueError, AttributeError) as err:
+        raise bad_value("run_dir", str(run_dir), f"an extend run folder with readable {old.name} ({err})") from None
+    return _today({"command": RULE.command, "config": config, "corpus": None, "wall_seconds": wall})
+
+
+def _today(stored: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Its config read through today's schema: flat keys of older runs sectioned, keys added since at
+    their defaults, so it compares with a config made now."""
+    if stored is None or stored.get("command") != RULE.command:
+        return stored
+    return stored | {"config": config_loader.build(ExtendConfig, stored["config"]).to_dict()}
+
+
+def run(cfg: ExtendConfig, run_dir: Path | None) -> int:
+    """A new run (run_dir None: a new folder under out_dir) or the unfinished run in run_dir, continued."""
+    from posenc.data.corpus import load_builtin
+
+    new = run_dir is None
+    run_dir = new_run_dir(cfg.out_dir, "extend") if new else run_dir
+    corpus = load_builtin(cfg.perplexity.corpus)
+    record = {"name": cfg.perplexity.corpus, "sha256": corpus.sha256}
+    with removed_if_unused(run_dir, manifest.holds_results) if new else contextlib.nullcontext(), \
+            open_run(run_dir, RULE, cfg.to_dict(), record, read=stored_extend_run) as opened:
+        return _sweep(cfg, opened, corpus)
+
+
+def _sweep(cfg: ExtendConfig, opened: Run, corpus: Any) -> int:
+    from tqdm import tqdm
+
+    run_dir = opened.path
+    model = load_model(cfg)
+    if cfg.model.dtype == "bfloat16":
+        bfloat16_linears(model)
+    encode = lambda text: model.tokenizer.encode(text, add_special_tokens=False)
+    builder = PromptBuilder(encode)
+    _check_passkey_lengths(cfg, builder)
+    windows = (token_windows(encode, corpus.text, max(cfg.ppl_lengths), cfg.perplexity.windows)
+               if cfg.ppl_lengths else None)
+    state = RunState.load(run_dir, on_save=lambda: opened.tick(force=True))
+    done = f"; done before: {len(state.ppl)} perplexity rows, {len(state.passkey)} prompts" if state.forwards else ""
+    print(f"run folder: {run_dir}\nplan: about {estimate_minutes(cfg, model):.0f} min on 2 idle cores for the whole "
+          f"run ({cfg.model.dtype}, prefill chunk {cfg.model.prefill_chunk}){done}; progress is saved after every "
+          "step")
+    total = planned_tokens(model, cfg) + planned_passkey_tokens(cfg, model)
+    with inference(cfg.model.dtype), tqdm(total=total, unit="tok", dynamic_ncols=True) as bar:
+        if windows is not None:
+            run_perplexity(cfg, model, windows, state, bar)
+        if cfg.key_lengths:
+            run_passkey(cfg, model, builder, state, bar)
+    state.save()
+    trained = model.cfg.max_seq_len
+    longest = _longest_forward(state.forwards)
+    meta = {"model": model_name(cfg, model), "context_length": trained, "factor": cfg.scaling_factor(trained),
+            "corpus": corpus.name, "corpus_sha256": corpus.sha256, "dtype": cfg.model.dtype,
+            "prefill_chunk": cfg.model.prefill_chunk, "longest_forward_tokens": longest.get("length"),
+            "longest_forward_s": longest.get("seconds"), "longest_forward_cpu_s": longest.get("cpu_seconds"),
+            "longest_forward_peak_rss_gib": longest.get("peak_rss_gib"),
+            "torch": torch.__version__, "threads": torch.get_num_threads(), "cpu": platform.processor(),
+            "wall_s": opened.wall_seconds}  # every session of a resumed run
+    for path in write_results(state, cfg, meta):
+        print(f"wrote {path}")
+    if longest:
+        print(f"longest forward: {longest['length']} tokens in {longest['seconds']:.0f} s "
+              f"({longest['cpu_seconds']:.0f} CPU s), peak RSS {longest['peak_rss_gib']:.2f} GiB")
+    print(f"run folder: {run_dir}  ({meta['wall_s']:.0f} s)")
+    return 0

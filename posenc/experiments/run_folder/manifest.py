@@ -1,0 +1,94 @@
+"""run.json: which command made a run folder, with which settings, on which text. Written before
+any work, read by every later command that touches the folder, so none can continue a run with
+other settings (and relabel it), write into a folder posenc did not make, or score a run on text
+that changed since."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from posenc.atomic_files import write_json
+from posenc.errors import bad_value
+
+MANIFEST = "run.json"
+_MISSING = object()
+
+
+def read(run_dir: Path) -> dict[str, Any] | None:
+    path = Path(run_dir) / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(data, dict) or not {"command", "config"} <= set(data):
+            raise ValueError("not a posenc manifest")
+    except (OSError, ValueError) as err:
+        raise bad_value("run_dir", str(run_dir), f"a posenc run folder ({path} is unreadable: {err})") from None
+    return data
+
+
+def write(run_dir: Path, command: str, config: dict[str, Any], corpus: dict[str, str] | None,
+          **extra: Any) -> Path:
+    return write_record(run_dir, {"command": command, "config": config, "corpus": corpus, **extra})
+
+
+def write_record(run_dir: Path, record: dict[str, Any]) -> Path:
+    return write_json(Path(run_dir) / MANIFEST, record)
+
+
+def holds_results(folder: Path) -> bool:
+    """Anything besides run.json: a run that failed before writing any is removed with its folder."""
+    return any(p.name != MANIFEST for p in folder.iterdir())
+
+
+def is_empty(folder: Path) -> bool:
+    return not folder.exists() or (folder.is_dir() and not any(folder.iterdir()))
+
+
+def _flat(config: dict[str, Any]) -> dict[str, Any]:
+    """{"model": {"n_layer": 2}} -> {"model.n_layer": 2}, values as JSON reads them back."""
+    config = json.loads(json.dumps(config, default=str))
+    out = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            out.update({f"{key}.{k}": v for k, v in value.items()})
+        else:
+            out[key] = value
+    return out
+
+
+def differences(stored: dict[str, Any], requested: dict[str, Any], ignore: Iterable[str] = ()) -> list[str]:
+    """`key: old -> new` for every dotted key that differs, except keys in (or under) `ignore`."""
+    ignore = tuple(ignore)
+    a, b = _flat(stored), _flat(requested)
+    out = []
+    for key in sorted(set(a) | set(b)):
+        if any(key == i or key.startswith(f"{i}.") for i in ignore):
+            continue
+        old, new = a.get(key, _MISSING), b.get(key, _MISSING)
+        if old != new:
+            show = lambda v: "(absent)" if v is _MISSING else repr(v)
+            out.append(f"{key}: {show(old)} -> {show(new)}")
+    return out
+
+
+def check_same_run(run_dir: Path, stored: dict[str, Any], command: str, config: dict[str, Any],
+                   ignore: Iterable[str], hint: str) -> None:
+    """Refuse to continue `stored` (a manifest) as `command` with `config` if anything that changes
+    results differs; the message names every such key."""
+    if stored["command"] != command:
+        raise bad_value("run_dir", str(run_dir), f"a `posenc {command}` run folder (this one holds a "
+                                                 f"`posenc {stored['command']}` run)")
+    changed = differences(stored["config"], config, ignore)
+    if changed:
+        raise bad_value("run_dir", str(run_dir), f"the settings it was started with; asked to change "
+                                                 f"{'; '.join(changed)} ({hint})")
+
+
+def check_corpus(stored: dict[str, str] | None, now: dict[str, str], field: str = "data.corpus") -> None:
+    if stored and stored.get("sha256") and stored["sha256"] != now["sha256"]:
+        raise bad_value(field, now["name"], f"the text the run was trained on: it has changed since "
+                                            f"(sha256 {stored['sha256'][:12]}... then, {now['sha256'][:12]}... now)")

@@ -1,0 +1,228 @@
+"""The one run-folder rule, for every command: a second process on a live run folder is refused in one
+line and changes nothing; a run killed with SIGKILL leaves no stale lock, its folder resumes, and its
+recorded wall time survives the kill and grows with the resume; worker processes end with their parent."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from posenc.experiments.run_folder.rule import RunRule, open_run
+from tests.conftest import smollm2_gguf
+from tests.experiments.cli_helpers import TINY, cli, one_line, snapshot
+
+ROOT = Path(__file__).resolve().parents[2]
+WAIT = 120.0  # seconds a child may take to reach a state (a limit on a hang, not a speed requirement)
+HOLD = """
+import sys, time
+from pathlib import Path
+from posenc.experiments.run_folder.lock import locked
+folder = Path(sys.argv[1])
+folder.mkdir(parents=True, exist_ok=True)
+with locked(folder):
+    print("held", flush=True)
+    time.sleep(600)
+"""
+TASKS = ["leaderboard.tasks=[copy]", "leaderboard.train_len=2", "leaderboard.samples=4", "model.n_layer=1",
+         "model.d_model=16", "leaderboard.progress=false", "leaderboard.jobs=1"]
+COMPARE = [*TINY, "compare.progress=false", "compare.jobs=1", "compare.seeds=[0]"]
+QUICK_EXTEND = {"task": "both", "lengths": [64, 128], "passkey_lengths": [128], "scalings": ["none"],
+                "factor": None, "windows": 1, "corpus": "python_docs", "depths": [0.5], "trials": 1,
+                "trial_tokens": None, "seed": 0, "dtype": "bfloat16", "prefill_chunk": 32768, "model": None,
+                "out_dir": "runs"}
+
+
+def wait_for(condition: Callable[[], bool], what: str, process: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + WAIT
+    while not condition():
+        if process is not None and process.poll() is not None:
+            pytest.fail(f"the child ended (exit {process.returncode}) before {what}: "
+                        f"{process.stderr.read().decode()[-2000:] if process.stderr else ''}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"no {what} after {WAIT:.0f} s")
+        time.sleep(0.1)
+
+
+def hold(folder: Path) -> subprocess.Popen:
+    """Another process that holds `folder` until killed."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(folder)], cwd=ROOT, stdout=subprocess.PIPE)
+    assert holder.stdout.readline().strip() == b"held"
+    return holder
+
+
+def kill(process: subprocess.Popen) -> None:
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+
+
+def wall(folder: Path) -> float:
+    return json.loads((folder / "run.json").read_text())["wall_seconds"]
+
+
+def _extend_folder(folder: Path) -> None:
+    folder.mkdir()
+    (folder / "run.json").write_text(json.dumps({"command": "extend", "config": QUICK_EXTEND, "corpus": None}))
+
+
+def _report_folder(folder: Path) -> None:
+    folder.mkdir()
+    (folder / "run.json").write_text(json.dumps({"command": "compare", "config": {}, "corpus": None}))
+    (folder / "results.json").write_text(json.dumps({"units": []}))
+
+
+# command -> (how its folder looks before, its argv on that folder)
+LIVE = {
+    "compare": (None, lambda d: ["compare", *COMPARE, "compare.schemes=[alibi]", "--run-dir", d]),
+    "tasks": (None, lambda d: ["tasks", *TASKS, "leaderboard.schemes=[rope]", "leaderboard.seeds=[0]",
+                               "trainer.max_steps=2", "--run-dir", d]),
+    "train": (None, lambda d: ["train", *TINY, "trainer.max_steps=2", "--run-dir", d]),
+    "eval": (None, lambda d: ["eval", d]),
+    "extend": (_extend_folder, lambda d: ["extend", "--resume", d]),
+    "report": (_report_folder, lambda d: ["report", d]),
+}
+
+
+@pytest.mark.parametrize("command", list(LIVE))
+def test_a_second_process_on_a_live_run_folder_is_refused_in_one_line(command, tmp_path, capsys):
+    folder = tmp_path / "run"
+    prepare, argv = LIVE[command]
+    if prepare is not None:
+        prepare(folder)
+    holder = hold(folder)
+    try:
+        before = snapshot(folder)
+        code, _, err = cli(capsys, *argv(folder))
+        assert code == 2
+        line = one_line(err)
+        assert f"run_dir={str(folder)!r}" in line and "another posenc process" in line
+        assert folder.is_dir() and snapshot(folder) == before  # the live run's folder is left as it was
+    finally:
+        kill(holder)
+
+
+def test_a_killed_process_leaves_no_stale_lock(tmp_path):
+    folder = tmp_path / "run"
+    kill(hold(folder))
+    rule = RunRule("train", keeps_results=())
+    with open_run(folder, rule, {"a": 1}) as run:
+        assert not run.resumed
+    assert json.loads((folder / "run.json").read_text())["command"] == "train"
+
+
+def test_a_continuation_may_change_only_the_keys_its_study_names(tmp_path):
+    rule = RunRule("tasks", keeps_results=("board.seeds",), hint="new folder")
+    with open_run(tmp_path, rule, {"board": {"seeds": [0], "steps": 5}}):
+        pass
+    with open_run(tmp_path, rule, {"board": {"seeds": [0, 1], "steps": 5}}) as run:
+        assert run.resumed and run.stored["config"]["board"]["seeds"] == [0]
+    with pytest.raises(ValueError, match=r"board.steps: 5 -> 6 \(new folder\)"), \
+            open_run(tmp_path, rule, {"board": {"seeds": [0], "steps": 6}}):
+        pass
+    with pytest.raises(ValueError, match="a `posenc compare` run folder"), \
+            open_run(tmp_path, RunRule("compare", ()), {"board": {"seeds": [0], "steps": 5}}):
+        pass
+
+
+def test_a_continuation_adds_its_wall_time_to_the_earlier_sessions(tmp_path):
+    rule = RunRule("train", keeps_results=())
+    (tmp_path / "run.json").write_text(json.dumps({"command": "train", "config": {}, "corpus": None,
+                                                   "wall_seconds": 100.0, "forked_from": {"step": 3}}))
+    with open_run(tmp_path, rule, {}) as run:
+        assert run.wall_seconds >= 100.0
+    record = json.loads((tmp_path / "run.json").read_text())
+    assert record["wall_seconds"] >= 100.0 and record["forked_from"] == {"step": 3}  # a study's own keys stay
+
+
+def start(argv: list[str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "posenc.cli", *argv], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+
+
+# command -> (argv on a folder, the sign that some of the work is saved, what a finished run holds)
+KILLED = {
+    "compare": (lambda d: ["compare", *COMPARE, "compare.schemes=[alibi,rope,none]", "trainer.max_steps=300",
+                           "--run-dir", d],
+                lambda d: (d / "results.json").is_file(),
+                lambda d: len(json.loads((d / "results.json").read_text())["units"]) == 3),
+    "tasks": (lambda d: ["tasks", *TASKS, "leaderboard.schemes=[rope,alibi,none]", "leaderboard.seeds=[0]",
+                         "trainer.max_steps=300", "--run-dir", d],
+              lambda d: (d / "results.json").is_file(),
+              lambda d: json.loads((d / "results.json").read_text())["complete"]),
+    "train": (lambda d: ["train", *TINY, "trainer.max_steps=1000", "trainer.checkpoint_interval=20", "--run-dir", d],
+              lambda d: (d / "checkpoints" / "latest").is_file(),
+              lambda d: (d / "train.json").is_file()
+              and json.loads((d / "train.json").read_text())["history"][-1]["step"] == 1000),
+}
+
+
+@pytest.mark.parametrize("command", list(KILLED))
+def test_a_killed_run_resumes_and_keeps_its_wall_time(command, tmp_path, capsys):
+    folder = tmp_path / "run"
+    argv, saved, finished = KILLED[command]
+    child = start(argv(folder))
+    wait_for(lambda: saved(folder), "saved work", child)
+    kill(child)
+    assert not finished(folder), "the run ended before the kill: give it more work"
+    killed_at = wall(folder)
+    assert killed_at > 0  # the time of the finished work survived SIGKILL
+    if command == "compare":  # one unit at a time: the session lasted at least as long as its finished units
+        assert killed_at >= sum(u["seconds"] for u in json.loads((folder / "results.json").read_text())["units"])
+    code, _, err = cli(capsys, *argv(folder))
+    assert code == 0, err
+    assert finished(folder) and wall(folder) > killed_at
+
+
+@pytest.mark.pretrained
+def test_a_killed_extend_run_resumes_and_keeps_its_wall_time(tmp_path, capsys):
+    smollm2_gguf()
+    child = start(["extend", "--quick", "--out-dir", str(tmp_path)])  # all 7 scalings: work left at the kill
+    wait_for(lambda: any(tmp_path.glob("extend-*/progress.json")), "saved work", child)
+    kill(child)
+    (folder,) = tmp_path.iterdir()
+    assert not (folder / "results.json").exists(), "the run ended before the kill"
+    killed_at = wall(folder)
+    assert killed_at > 0
+    code, _, err = cli(capsys, "extend", "--resume", folder)
+    assert code == 0, err
+    assert (folder / "results.json").is_file() and wall(folder) > killed_at
+
+
+WORKERS = """
+import sys
+from pathlib import Path
+from posenc.experiments.training.parallel import run_units
+from tests.experiments.test_run_folders import sleep_forever
+run_units(sleep_forever, [Path(sys.argv[1])] * 2, 2)
+"""
+
+
+def sleep_forever(folder: Path) -> None:
+    """A unit that never ends (run in a spawned worker): it says which process it is, then sleeps."""
+    (folder / f"worker-{os.getpid()}").touch()
+    time.sleep(600)
+
+
+def alive(pid: int) -> bool:
+    """Running, not a zombie waiting for a parent that no longer exists to reap it."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc")
+def test_workers_end_when_the_process_that_started_them_is_killed(tmp_path):
+    parent = subprocess.Popen([sys.executable, "-c", WORKERS, str(tmp_path)], cwd=ROOT, stderr=subprocess.PIPE)
+    wait_for(lambda: len(list(tmp_path.glob("worker-*"))) == 2, "two running workers", parent)
+    workers = [int(p.name.removeprefix("worker-")) for p in tmp_path.glob("worker-*")]
+    assert all(alive(pid) for pid in workers)
+    kill(parent)
+    wait_for(lambda: not any(alive(pid) for pid in workers), "end of the orphaned workers")
