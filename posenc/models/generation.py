@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from posenc.checks import is_finite_number
 from posenc.errors import bad_value
 from posenc.models.inputs import check_positions, check_token_ids
+from posenc.validators import is_finite_number
 
 
 def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None) -> None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from posenc.checks import is_finite_number as _is_number
 from posenc.errors import bad_value
+from posenc.validators import is_finite_number as _is_number
 
 _MISSING = object()
 

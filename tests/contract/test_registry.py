@@ -203,7 +203,7 @@ def test_an_unknown_scheme_or_model_key_hints_at_import():
     """Issue 24, item 10: the scheme or option of a module not imported names the flag that fixes it."""
     with pytest.raises(ValueError, match=r"log_decay.*is unknown.*pass --import MODULE"):
         GPTConfig(vocab_size=64, n_layer=1, n_head=2, d_model=16, position_embedding_type="log_decay")
-    from posenc.checks import from_dict
+    from posenc.validators import from_dict
 
     with pytest.raises(ValueError, match=r"unknown key 'model.decay_rate'.*pass --import MODULE"):
         from_dict(GPTConfig, {"decay_rate": 0.3}, "model")
