@@ -14,7 +14,7 @@ import torch
 from posenc.data.tokens import byte_tokens, load_corpus
 from posenc.experiments.config.training_run import from_plain
 from posenc.experiments.evaluation.perplexity import perplexity
-from posenc.experiments.run_folder import checkpoint
+from posenc.experiments.runs import checkpoint
 from posenc.models import GPT
 
 run, length = Path(sys.argv[1]), int(sys.argv[2])

@@ -13,9 +13,9 @@ from posenc.experiments.compare.report import report as compare_report
 from posenc.experiments.compare.results import DIVERGED, failed, save_units
 from posenc.experiments.compare.run import compare, preflight_all
 from posenc.experiments.config import loader as config_loader
-from posenc.experiments.run_folder import manifest
-from posenc.experiments.run_folder.files import new_run_dir, removed_if_unused
-from posenc.experiments.run_folder.rule import open_run
+from posenc.experiments.runs import manifest
+from posenc.experiments.runs.files import new_run_dir, removed_if_unused
+from posenc.experiments.runs.rule import open_run
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from posenc.errors import bad_value
-    from posenc.experiments.run_folder.lock import locked
+    from posenc.experiments.runs.lock import locked
 
     run_dir = Path(args.run_dir)
     for item in args.overrides:
@@ -52,8 +52,8 @@ def _evaluate(run_dir: Path, args: argparse.Namespace) -> int:
     from posenc.experiments.config.training_run import from_plain
     from posenc.experiments.evaluation.perplexity import perplexity_by_length
     from posenc.experiments.evaluation.shift import loss_change, shift_test
-    from posenc.experiments.run_folder import checkpoint, manifest
-    from posenc.experiments.run_folder.files import check_writable
+    from posenc.experiments.runs import checkpoint, manifest
+    from posenc.experiments.runs.files import check_writable
     from posenc.experiments.training import preflight
     from posenc.experiments.training.start_point import stored_run
     from posenc.models import GPT

@@ -27,9 +27,9 @@ def _rerender(command: object):
 
 
 def main(args: argparse.Namespace) -> int:
-    from posenc.experiments.run_folder import manifest
-    from posenc.experiments.run_folder.files import check_writable
-    from posenc.experiments.run_folder.lock import locked
+    from posenc.experiments.runs import manifest
+    from posenc.experiments.runs.files import check_writable
+    from posenc.experiments.runs.lock import locked
 
     run_dir = Path(args.run_dir)
     stored = manifest.read(run_dir) if run_dir.is_dir() else None

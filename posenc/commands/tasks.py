@@ -17,9 +17,9 @@ from pathlib import Path
 from posenc.atomic_files import write_json
 from posenc.experiments import report_writer
 from posenc.experiments.config import loader as config_loader
-from posenc.experiments.run_folder import manifest
-from posenc.experiments.run_folder.files import new_run_dir, removed_if_unused
-from posenc.experiments.run_folder.rule import open_run
+from posenc.experiments.runs import manifest
+from posenc.experiments.runs.files import new_run_dir, removed_if_unused
+from posenc.experiments.runs.rule import open_run
 from posenc.experiments.tasks.config import RULE, TasksConfig, load_tasks_config
 from posenc.experiments.tasks.report import leaderboard_report, summarize
 from posenc.experiments.tasks.results import previous_rows, units_in

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from posenc.experiments.config.sections import run_device
 from posenc.experiments.config.training_run import describe_options, load_config
-from posenc.experiments.run_folder.files import check_writable, new_run_dir
+from posenc.experiments.runs.files import check_writable, new_run_dir
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,8 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from posenc.experiments.run_folder.files import removed_if_unused
-    from posenc.experiments.run_folder.manifest import holds_results
+    from posenc.experiments.runs.files import removed_if_unused
+    from posenc.experiments.runs.manifest import holds_results
     from posenc.experiments.training.ddp import distributed
     from posenc.experiments.training.language_model import train
 

@@ -12,7 +12,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "posenc"
 EXPERIMENTS = PACKAGE / "experiments"
-SHARED = ("config", "run_folder", "training", "evaluation")  # every other folder of experiments/ is a study
+SHARED = ("config", "runs", "training", "evaluation")  # every other folder of experiments/ is a study
 STUDY_PARTS = ("config.py", "run.py", "report.py")  # what a new study copies
 APPLICATION = ("commands", "cli.py", "experiments")  # everything else under posenc/ is the library
 

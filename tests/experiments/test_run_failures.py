@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from posenc.experiments.run_folder import checkpoint
+from posenc.experiments.runs import checkpoint
 from tests.experiments.cli_helpers import TINY, cli, one_line, read_only
 
 RUN = [*TINY, "model.position_embedding_type=alibi", "trainer.max_steps=2", "trainer.checkpoint_interval=2"]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from posenc.experiments.run_folder.rule import RunRule, open_run
+from posenc.experiments.runs.rule import RunRule, open_run
 from tests.conftest import smollm2_gguf
 from tests.experiments.cli_helpers import TINY, cli, one_line, snapshot
 
@@ -24,7 +24,7 @@ WAIT = 120.0  # seconds a child may take to reach a state (a limit on a hang, no
 HOLD = """
 import sys, time
 from pathlib import Path
-from posenc.experiments.run_folder.lock import locked
+from posenc.experiments.runs.lock import locked
 folder = Path(sys.argv[1])
 folder.mkdir(parents=True, exist_ok=True)
 with locked(folder):

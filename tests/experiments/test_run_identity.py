@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from posenc.experiments.run_folder import checkpoint
+from posenc.experiments.runs import checkpoint
 from tests.experiments.cli_helpers import TINY, cli, one_line, run_folder, snapshot
 
 ROPE = [*TINY, "model.position_embedding_type=rope", "trainer.max_steps=2", "trainer.checkpoint_interval=2"]

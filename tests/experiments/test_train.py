@@ -13,7 +13,7 @@ import torch
 
 from posenc.data.tokens import batch_generator, byte_tokens, load_corpus, sample_batch, split
 from posenc.experiments.config.training_run import load_config
-from posenc.experiments.run_folder import checkpoint
+from posenc.experiments.runs import checkpoint
 from posenc.experiments.training.language_model import lr_at, prepare, train
 from posenc.experiments.training.loop import optimizer_step
 

@@ -12,7 +12,7 @@ import torch
 
 from posenc.data.tokens import sample_batch
 from posenc.experiments.config.training_run import load_config
-from posenc.experiments.run_folder import checkpoint
+from posenc.experiments.runs import checkpoint
 from posenc.experiments.training import language_model as train_module
 from posenc.experiments.training.language_model import train
 from tests.experiments.test_train import TINY

@@ -16,7 +16,7 @@ import pytest
 
 from posenc.errors import RunFailed
 from posenc.experiments.config.training_run import load_config
-from posenc.experiments.run_folder import checkpoint
+from posenc.experiments.runs import checkpoint
 from posenc.experiments.training.language_model import train
 from tests.experiments.test_train import TINY
 
@@ -34,7 +34,7 @@ def _train_cmd(run_dir: Path) -> list[str]:
 KILLED_MID_WRITE = """
 import os, signal, sys
 from posenc.cli import main
-from posenc.experiments.run_folder import checkpoint
+from posenc.experiments.runs import checkpoint
 real, calls = checkpoint.save_file, []
 def save_file(*args, **kwargs):
     calls.append(1)

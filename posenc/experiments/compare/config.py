@@ -11,7 +11,7 @@ from posenc.data.tasks import get_task
 from posenc.experiments.config.fields import boolean, int_list, name_list
 from posenc.experiments.config.sections import TaskOptim
 from posenc.experiments.config.training_run import RunConfig
-from posenc.experiments.run_folder.rule import RunRule
+from posenc.experiments.runs.rule import RunRule
 from posenc.experiments.training.task_model import longest_sequence
 from posenc.models import GPTConfig
 from posenc.registry import scheme_class

@@ -16,7 +16,7 @@ from posenc.errors import bad_value, unknown_name
 from posenc.experiments.config import loader as config_loader
 from posenc.experiments.extend.long_context import DTYPES
 from posenc.experiments.extend.scalings import PRESETS
-from posenc.experiments.run_folder.rule import RunRule
+from posenc.experiments.runs.rule import RunRule
 
 METRICS = ("ppl", "passkey", "both")
 DEFAULT_LENGTHS = (1024, 2048, 4096, 8192, 12288)

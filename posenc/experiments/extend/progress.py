@@ -1,6 +1,6 @@
 """What an extend run has finished (progress.json), saved after every step (atomically) so a crashed or
 stopped run resumes where it stopped: `posenc extend --resume RUN_DIR`. Its wall time is the run's
-(run.json, run_folder.rule)."""
+(run.json, runs.rule)."""
 
 from __future__ import annotations
 

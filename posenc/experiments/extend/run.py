@@ -21,9 +21,9 @@ from posenc.experiments.extend.passkey_prompts import PromptBuilder
 from posenc.experiments.extend.perplexity import planned_forwards, planned_tokens, run_perplexity, token_windows
 from posenc.experiments.extend.progress import STATE_FILE, RunState
 from posenc.experiments.extend.report import write_results
-from posenc.experiments.run_folder import manifest
-from posenc.experiments.run_folder.files import new_run_dir, removed_if_unused
-from posenc.experiments.run_folder.rule import Run, open_run
+from posenc.experiments.runs import manifest
+from posenc.experiments.runs.files import new_run_dir, removed_if_unused
+from posenc.experiments.runs.rule import Run, open_run
 from posenc.models.llama import Llama
 
 

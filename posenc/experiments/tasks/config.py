@@ -13,7 +13,7 @@ from posenc.data.tasks import TASKS, get_task
 from posenc.experiments.config import loader as config_loader
 from posenc.experiments.config.fields import boolean, int_list, name_list, path_text
 from posenc.experiments.config.sections import TaskOptim
-from posenc.experiments.run_folder.rule import RunRule
+from posenc.experiments.runs.rule import RunRule
 from posenc.models import GPTConfig
 from posenc.validators import positive_int
 

@@ -28,9 +28,9 @@ from posenc.errors import Interrupted, RunFailed, bad_value
 from posenc.experiments.config.sections import run_device
 from posenc.experiments.config.training_run import RunConfig
 from posenc.experiments.evaluation.perplexity import model_device
-from posenc.experiments.run_folder import checkpoint, manifest
-from posenc.experiments.run_folder.files import removed_if_unused
-from posenc.experiments.run_folder.rule import Run, open_run
+from posenc.experiments.runs import checkpoint, manifest
+from posenc.experiments.runs.files import removed_if_unused
+from posenc.experiments.runs.rule import Run, open_run
 from posenc.experiments.training import preflight
 from posenc.experiments.training.loop import Diverged, fit, lr_at, make_optimizer
 from posenc.experiments.training.model_source import build_model, corpus_record

@@ -14,7 +14,7 @@ from posenc.data.corpus import Corpus
 from posenc.data.tokens import byte_tokens, load_corpus
 from posenc.errors import bad_value
 from posenc.experiments.config.training_run import RunConfig
-from posenc.experiments.run_folder import checkpoint
+from posenc.experiments.runs import checkpoint
 from posenc.models import GPT
 from posenc.rotary.rope import scaling_from_config
 

@@ -1,5 +1,5 @@
 """What a `posenc train` folder holds and where a training run starts: step 0 of a new folder, the
-newest checkpoint of the same run (run_folder.rule decides whether it may continue), or (with --fork)
+newest checkpoint of the same run (runs.rule decides whether it may continue), or (with --fork)
 another run's newest checkpoint continued in a new folder."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 
 from posenc.errors import bad_value
 from posenc.experiments.config.training_run import RunConfig, from_plain
-from posenc.experiments.run_folder import checkpoint, manifest
-from posenc.experiments.run_folder.rule import RunRule
+from posenc.experiments.runs import checkpoint, manifest
+from posenc.experiments.runs.rule import RunRule
 
 # Keys that can differ between a run and its continuation without changing a single number it computes.
 RULE = RunRule("train", keeps_results=("trainer.progress", "trainer.tensorboard", "trainer.checkpoint_interval",

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from posenc.errors import bad_value
-from posenc.experiments.run_folder import manifest
-from posenc.experiments.run_folder.files import check_writable
-from posenc.experiments.run_folder.lock import locked
+from posenc.experiments.runs import manifest
+from posenc.experiments.runs.files import check_writable
+from posenc.experiments.runs.lock import locked
 
 TICK_SECONDS = 5.0  # run.json's wall time is rewritten at most this often (each write is an fsync)
 _OWN = ("command", "config", "corpus", "wall_seconds")  # what open_run writes; other keys are the study's
