@@ -10,6 +10,7 @@ import importlib
 import sys
 
 from posenc.errors import Interrupted, RunFailed
+from posenc.stop_signals import sigterm_as_ctrl_c
 
 # subcommand -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -64,6 +65,11 @@ def main(argv: list[str] | None = None) -> int:
     elif extra:
         top.error(f"unrecognized arguments: {' '.join(extra)}")
     name = f"posenc {args.command}"
+    with sigterm_as_ctrl_c():
+        return _run(name, args)
+
+
+def _run(name: str, args: argparse.Namespace) -> int:
     try:
         from posenc.registry import import_plugins
 
@@ -71,8 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         return int(importlib.import_module(args._module).main(args) or 0)
     except ValueError as err:  # bad input: one line, no traceback, found before any work
         return _fail(f"{name}: error: {err}", 2)
-    except Interrupted as err:  # Ctrl-C inside a training loop: the step in flight was finished and saved
-        return _fail(f"{name}: {err}", 130)
+    except Interrupted as err:  # Ctrl-C or SIGTERM; inside a training loop the step in flight was finished and saved
+        return _fail(f"{name}: {err}", err.exit_code)
     except KeyboardInterrupt:
         return _fail(f"{name}: interrupted (Ctrl-C); files already written are complete", 130)
     except RunFailed as err:  # diverged, or could not write: what was saved before stays valid

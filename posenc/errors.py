@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import signal
 from collections.abc import Iterable
 
 
@@ -35,10 +36,19 @@ class RunFailed(RuntimeError):
 
 
 class Interrupted(KeyboardInterrupt):
-    """Ctrl-C: the command saved what it could and exits 130, the shell's code for SIGINT. A
+    """Ctrl-C or SIGTERM (what schedulers, `timeout` and torchrun's agent send): the command saved what it
+    could and exits 128 + the signal's number, the shell's code (130 for Ctrl-C, 143 for SIGTERM). A
     KeyboardInterrupt, not a RunFailed: an interruption is never a result, so no handler of failures
     (a unit recorded as diverged, a run marked failed) may catch it on its way out."""
 
-    def __init__(self, message: str, step: int | None = None) -> None:
+    def __init__(self, message: str, step: int | None = None, signum: int = signal.SIGINT) -> None:
         super().__init__(message)
         self.step = step  # the last completed step, when a training loop was interrupted
+        self.signum = int(signum)
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+    def __reduce__(self):  # crosses process boundaries (a worker's unit) with its step and signal
+        return type(self), (str(self), self.step, self.signum)

@@ -208,3 +208,39 @@ def test_ctrl_c_in_an_in_process_compare_is_an_interruption_not_a_divergence(tmp
     assert len(calls) == 3  # stopped in alibi's third step: rope never trained
     for path in (tmp_path / "run").rglob("*.json"):
         assert "diverged" not in path.read_text().lower(), path
+
+
+def test_sigterm_saves_and_records_like_ctrl_c_and_exits_143(tmp_path, capsys, monkeypatch):
+    """Issue 24, item 9: SIGTERM (schedulers, `timeout`) inside step 3 finishes the step, saves it, records
+    the run as interrupted and exits 128 + 15; the run then resumes."""
+    args = [*TINY, "model.position_embedding_type=alibi", "trainer.max_steps=6", "trainer.checkpoint_interval=6"]
+    calls: list[int] = []
+    real = torch.optim.AdamW.step
+
+    def terminate_third(self, *a, **k):
+        if len(calls) == 2:
+            signal.raise_signal(signal.SIGTERM)
+        calls.append(1)
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", terminate_third)
+    before = signal.getsignal(signal.SIGTERM)
+    code, _, err = cli(capsys, "train", "--run-dir", tmp_path / "run", *args)
+    assert code == 143 and "step 3" in one_line(err) and "SIGTERM" in one_line(err), err
+    assert checkpoint.latest(tmp_path / "run").name == "step-00000003"
+    assert json.loads((tmp_path / "run" / "train.json").read_text())["status"] == "interrupted"
+    assert signal.getsignal(signal.SIGTERM) == before  # the command's handler does not outlive it
+    monkeypatch.setattr(torch.optim.AdamW, "step", real)
+    assert cli(capsys, "train", "--run-dir", tmp_path / "run", *args)[0] == 0
+
+
+def test_sigterm_outside_a_training_loop_is_one_line_and_143(tmp_path, capsys, monkeypatch):
+    import posenc.experiments.evaluation.perplexity as perplexity
+
+    def terminated(*a, **k):
+        signal.raise_signal(signal.SIGTERM)
+
+    assert cli(capsys, "train", "--run-dir", tmp_path / "run", *RUN)[0] == 0
+    monkeypatch.setattr(perplexity, "perplexity_by_length", terminated)
+    code, _, err = cli(capsys, "eval", tmp_path / "run")
+    assert code == 143 and "stopped by SIGTERM" in one_line(err) and "Traceback" not in err

@@ -120,3 +120,37 @@ def test_files_are_never_half_written(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         atomic_write(target, crash)
     assert target.read_text() == "old" and list(tmp_path.iterdir()) == [target]
+
+
+@pytest.mark.slow
+def test_ctrl_c_under_torchrun_stops_every_rank_after_the_same_step_and_saves(tmp_path):
+    """Issue 24, item 9: Ctrl-C reaches torchrun and both workers (the terminal signals the whole process
+    group; the agent then forwards it again). Every rank stops after the same step (no rank left waiting
+    in an all-reduce), rank 0 saves it and the run is recorded as interrupted, so it resumes."""
+    import signal
+    import time
+
+    from posenc.experiments.runs import checkpoint
+
+    run_dir = tmp_path / "ddp"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "posenc.cli",
+           "train", "--run-dir", str(run_dir), *TINY, "trainer.max_steps=1000000",
+           "trainer.checkpoint_interval=1000000"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not (run_dir / "run.json").exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    time.sleep(3)  # some steps
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        _, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail("a rank hung after Ctrl-C")
+    record = json.loads((run_dir / "train.json").read_text())
+    assert record["status"] == "interrupted", err
+    step = record["history"][-1]["step"]
+    assert checkpoint.latest(run_dir).name == f"step-{step:08d}"
+    assert f"interrupted at step {step}" in err

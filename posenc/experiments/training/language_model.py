@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from tqdm import tqdm
 
+from posenc import stop_signals
 from posenc.atomic_files import write_json
 from posenc.data.tokens import batch_generator, load_corpus, sample_batch, split
 from posenc.errors import Interrupted, RunFailed, bad_value
@@ -143,6 +144,20 @@ def _mean_over_ranks(world_size: int):
     return reduce
 
 
+def _same_stop_on_every_rank(world_size: int):
+    """signal -> the largest over the ranks (0: none): one rank's Ctrl-C or SIGTERM stops them all after
+    the same step, so rank 0's checkpoint is the state every rank holds."""
+    if world_size == 1:
+        return None
+
+    def agree(signum: int) -> int:
+        flag = torch.tensor(signum, dtype=torch.int64)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return int(flag.item())
+
+    return agree
+
+
 def train(cfg: RunConfig, run_dir: str | Path, resume: bool = True, fork_from: str | Path | None = None) -> TrainResult:
     """Train into run_dir: a new run, the same run resumed, or (fork_from) another run continued.
     Raises ValueError for bad input before any step, RunFailed if the run diverges or cannot
@@ -210,7 +225,7 @@ def _run(cfg: RunConfig, run_dir: Path, p: Prepared, start_ckpt: Path | None, fo
     backward = _backward(step_model, p.train_tokens, cfg, rank, world_size)
     try:
         fit(step_model, opt, t, start, t.seed, backward, after_step, _mean_over_ranks(world_size),
-            catch_interrupt=world_size == 1)
+            agree=_same_stop_on_every_rank(world_size))
     except Diverged as err:
         _record(run_dir, rank, meta() | {"status": "diverged", "diverged_at_step": err.step, "loss": err.loss})
         raise RunFailed(f"{err}; the diverged weights were not saved ({_last(run_dir)}); train.json in {run_dir} "
@@ -219,8 +234,9 @@ def _run(cfg: RunConfig, run_dir: Path, p: Prepared, start_ckpt: Path | None, fo
         if rank == 0 and err.step is not None and err.step > start:
             checkpoint.save(run_dir, err.step, model, opt, meta(), t.keep_checkpoints)
         _record(run_dir, rank, meta() | {"status": "interrupted"})
-        raise Interrupted(f"interrupted at step {err.step}: {_last(run_dir)}; resume with `posenc train "
-                          f"--run-dir {run_dir}` and the same settings (its run.json)", err.step) from None
+        raise Interrupted(f"interrupted at step {err.step} ({stop_signals.name(err.signum)}): {_last(run_dir)}; "
+                          f"resume with `posenc train --run-dir {run_dir}` and the same settings (its run.json)",
+                          err.step, err.signum) from None
     except OSError as err:  # a full disk or a folder that turned read-only mid-run
         raise RunFailed(f"could not write {err.filename or run_dir}: {err.strerror or err}; {_last(run_dir)} "
                         f"is intact: free space, then resume with `posenc train --run-dir {run_dir}`") from None

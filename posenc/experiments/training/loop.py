@@ -16,9 +16,11 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import nn
 
+from posenc import stop_signals
 from posenc.errors import Interrupted, RunFailed
 from posenc.experiments.config.sections import OptimConfig
 from posenc.scheme import Scheme
+from posenc.stop_signals import STOP_SIGNALS
 
 STEP_SEED = 1_000_003  # torch's RNG is reseeded per step from (seed, step): dropout and random positions replay
 
@@ -74,25 +76,30 @@ def make_optimizer(model: nn.Module, o: OptimConfig) -> torch.optim.AdamW:
 
 
 @contextlib.contextmanager
-def deferred_interrupt(enabled: bool = True) -> Iterator[Callable[[], bool]]:
-    """Within the block, a first Ctrl-C only sets a flag (read it with the yielded function) so a
-    step is never cut in half; a second one interrupts at once. Off outside the main thread."""
+def deferred_interrupt(enabled: bool = True, escalate: bool = True) -> Iterator[Callable[[], int]]:
+    """Within the block, a first Ctrl-C or SIGTERM only records its signal (read it with the yielded
+    function: 0 while none came) so a step is never cut in half; a second one interrupts at once, unless
+    `escalate` is off (under torchrun, whose agent forwards the signal it got to every worker: the
+    repeat must not cut the save short; the agent's own kill timeout is the backstop). Off outside the
+    main thread."""
     if not enabled or threading.current_thread() is not threading.main_thread():
-        yield lambda: False
+        yield lambda: 0
         return
     hits: list[int] = []
-    previous = signal.getsignal(signal.SIGINT)
+    previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
 
     def handler(signum, frame):
         hits.append(signum)
-        if len(hits) > 1 and callable(previous):
-            previous(signum, frame)
+        if len(hits) > 1 and escalate:
+            raise Interrupted(f"stopped at once by a second {stop_signals.name(signum)}", signum=signum)
 
-    signal.signal(signal.SIGINT, handler)
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, handler)
     try:
-        yield lambda: bool(hits)
+        yield lambda: hits[0] if hits else 0
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, before in previous.items():
+            signal.signal(signum, before)
 
 
 def optimizer_step(model: nn.Module, opt: torch.optim.Optimizer, o: OptimConfig, step: int, seed: int,
@@ -118,16 +125,19 @@ def optimizer_step(model: nn.Module, opt: torch.optim.Optimizer, o: OptimConfig,
 
 def fit(model: nn.Module, opt: torch.optim.Optimizer, o: OptimConfig, start: int, seed: int,
         backward: Callable[[int], float], after_step: Callable[[int, float], None] | None = None,
-        reduce: Callable[[float], float] | None = None, catch_interrupt: bool = True) -> int:
+        reduce: Callable[[float], float] | None = None, catch_interrupt: bool = True,
+        agree: Callable[[int], int] | None = None) -> int:
     """Steps start..o.max_steps-1; after_step(completed_steps, loss) after each. Returns the
-    number of completed steps. Raises Diverged (nothing applied) or Interrupted(step) after
-    finishing the step in flight when Ctrl-C was pressed."""
+    number of completed steps. Raises Diverged (nothing applied) or Interrupted(step, signal) after
+    finishing the step in flight when Ctrl-C or SIGTERM came. Under DDP, `agree` turns this rank's
+    signal into the largest over every rank, so all of them stop after the same step."""
     model.train()
-    with deferred_interrupt(catch_interrupt) as interrupted:
+    with deferred_interrupt(catch_interrupt, escalate=agree is None) as interrupted:
         for step in range(start, o.max_steps):
             loss = optimizer_step(model, opt, o, step, seed, backward, reduce)
             if after_step is not None:
                 after_step(step + 1, loss)
-            if interrupted():
-                raise Interrupted(f"interrupted at step {step + 1}", step + 1)
+            signum = interrupted() if agree is None else agree(interrupted())
+            if signum:
+                raise Interrupted(f"interrupted at step {step + 1}", step + 1, signum)
     return o.max_steps
