@@ -107,19 +107,27 @@ def test_report_re_renders_from_saved_files(micro, capsys):
 
 def test_a_resumed_compare_evaluates_the_trained_models_again_without_training(tmp_path, capsys):
     """--run-dir on a finished run: every model is loaded from its checkpoint (no step is trained) and
-    evaluated with the evaluation settings asked now; settings that change a model are refused."""
+    evaluated again, to the same numbers. Other eval.* settings are refused, with the run's results left as
+    they were (issue 24, item 3: a resume never replaces what a run holds); so are settings that change a model."""
     first = run(tmp_path, "compare.schemes=[alibi]", "compare.seeds=[0]", "compare.jobs=1")[0]
     unit = first / "alibi" / "seed-0"
     checkpoints = sorted(p.name for p in (unit / "checkpoints").iterdir())
     history = json.loads((unit / "train.json").read_text())["history"]
+    before = json.loads((first / "results.json").read_text())
     code = main(["compare", *MICRO, "compare.schemes=[alibi]", "compare.seeds=[0]", "compare.jobs=1",
-                 "eval.length_multipliers=[1,2]", f"out_dir={tmp_path}", "--run-dir", str(first)])
+                 f"out_dir={tmp_path}", "--run-dir", str(first)])
     assert code == 0
-    results = json.loads((first / "results.json").read_text())
-    assert set(results["units"][0]["ppl"]) == {"1", "2"}  # evaluated again, at the lengths asked now
+    again = json.loads((first / "results.json").read_text())
+    assert again["units"][0]["ppl"] == before["units"][0]["ppl"]  # evaluated again, the same numbers
     assert sorted(p.name for p in (unit / "checkpoints").iterdir()) == checkpoints
     assert json.loads((unit / "train.json").read_text())["history"] == history
     capsys.readouterr()
+    files = {p.name: p.read_bytes() for p in first.iterdir() if p.is_file() and p.name != "run.json"}
+    code = main(["compare", *MICRO, "compare.schemes=[alibi]", "compare.seeds=[0]", "compare.jobs=1",
+                 "eval.length_multipliers=[1,2]", f"out_dir={tmp_path}", "--run-dir", str(first)])
+    err = capsys.readouterr().err
+    assert code == 2 and "eval.length_multipliers" in err and "posenc eval" in err
+    assert {p.name: p.read_bytes() for p in first.iterdir() if p.is_file() and p.name != "run.json"} == files
     code = main(["compare", *MICRO, "compare.schemes=[alibi]", "compare.seeds=[0]", "trainer.lr=0.5",
                  f"out_dir={tmp_path}", "--run-dir", str(first)])
     assert code == 2 and "trainer.lr: 0.003 -> 0.5" in capsys.readouterr().err

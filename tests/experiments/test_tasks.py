@@ -222,8 +222,22 @@ def test_command_resumes_finished_runs(tmp_path, monkeypatch, capsys):
     assert len(calls) == 1 and calls[0][-1] == 1  # only seed 1 was trained
     assert [r for r in rows if r["seed"] == 0] == first and len(rows) == 16
     capsys.readouterr()
-    assert cli_main([*MICRO, "leaderboard.seeds=[0]", "trainer.max_steps=6", "--run-dir", str(out)]) == 2
+    assert cli_main([*MICRO, "leaderboard.seeds=[0,1]", "trainer.max_steps=6", "--run-dir", str(out)]) == 2
     assert "trainer.max_steps: 5 -> 6" in capsys.readouterr().err  # other settings: refused, naming them
+
+
+def test_a_resume_with_a_shorter_list_is_refused_and_deletes_nothing(tmp_path, capsys):
+    """Issue 24, item 3: resumed with fewer seeds, `posenc tasks` rewrote results.json and the CSVs with the
+    subset. A list may grow (new units), never shrink; the folder is left byte for byte."""
+    out = tmp_path / "run"
+    assert cli_main([*MICRO, "leaderboard.seeds=[0,1]", "--run-dir", str(out)]) == 0
+    files = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != "run.json"}
+    capsys.readouterr()
+    assert cli_main([*MICRO, "leaderboard.seeds=[0]", "--run-dir", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "leaderboard.seeds drops 1" in err and "never deletes results" in err
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != "run.json"} == files
+    assert json.loads((out / "run.json").read_text())["config"]["leaderboard"]["seeds"] == [0, 1]
 
 
 @pytest.mark.parametrize(("override", "message"), [

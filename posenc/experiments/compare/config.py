@@ -87,7 +87,9 @@ class CompareConfig(RunConfig):
                          trainer=trainer, eval=self.eval, out_dir=self.out_dir)
 
 
-# What a continued compare may change: how it runs and how it evaluates (every model is evaluated again).
+# What a continued compare may change: how it runs, never what it measures (eval.* included: other eval
+# settings would replace the run's results and claims; `posenc eval` measures a unit's model anew instead).
 RULE = RunRule("compare", keeps_results=(
     "compare.jobs", "compare.progress", "trainer.progress", "trainer.tensorboard", "trainer.checkpoint_interval",
-    "trainer.keep_checkpoints", "trainer.eval_interval", "eval", "out_dir"))
+    "trainer.keep_checkpoints", "trainer.eval_interval", "out_dir"),
+    hint="a resume continues the same measurement; `posenc eval RUN_DIR/SCHEME/seed-N` evaluates one model anew")

@@ -92,3 +92,17 @@ def check_corpus(stored: dict[str, str] | None, now: dict[str, str], field: str 
     if stored and stored.get("sha256") and stored["sha256"] != now["sha256"]:
         raise bad_value(field, now["name"], f"the text the run was trained on: it has changed since "
                                             f"(sha256 {stored['sha256'][:12]}... then, {now['sha256'][:12]}... now)")
+
+
+def shrunk_lists(stored: dict[str, Any], requested: dict[str, Any], keys: Iterable[str]) -> list[str]:
+    """`key: missing items` for every list in `keys` that lost items the stored run holds: a continuation may
+    add schemes, tasks or seeds (new units), never drop one (its results would be deleted from the run)."""
+    a, b = _flat(stored), _flat(requested)
+    out = []
+    for key in keys:
+        old, new = a.get(key) or [], b.get(key) or []
+        missing = [item for item in old if item not in new]
+        if missing:
+            out.append(f"{key} drops {', '.join(map(str, missing))}")
+    return out
+

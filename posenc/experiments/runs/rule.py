@@ -34,6 +34,7 @@ class RunRule:
     command: str  # run.json's "command": the CLI command that made the folder
     keeps_results: tuple[str, ...]  # dotted keys, or whole sections: a continuation may change them
     hint: str = "start a new run to change them"  # said when anything else changed
+    only_grow: tuple[str, ...] = ()  # lists of units (of keeps_results) a continuation may extend, never shorten
 
 
 class Run:
@@ -83,6 +84,11 @@ def open_run(path: str | Path, rule: RunRule, config: dict[str, Any], corpus: di
                                                   f"holds files posenc did not write: {names})")
         if stored is not None:
             manifest.check_same_run(path, stored, rule.command, config, rule.keeps_results, rule.hint)
+            shrunk = manifest.shrunk_lists(stored["config"], config, rule.only_grow)
+            if shrunk:
+                raise bad_value("run_dir", str(path), f"a continuation that keeps every unit the run holds; "
+                                                      f"{'; '.join(shrunk)} (a resume never deletes results: "
+                                                      f"list them again, or use a new folder for a subset)")
             if corpus is not None:
                 manifest.check_corpus(stored.get("corpus"), corpus)
         kept = {k: v for k, v in (stored or {}).items() if k not in _OWN}

@@ -99,4 +99,5 @@ def load_tasks_config(path: str | None, overrides: list[str]) -> TasksConfig:
 RULE = RunRule("tasks", keeps_results=("leaderboard.schemes", "leaderboard.tasks", "leaderboard.seeds",
                                        "leaderboard.jobs", "leaderboard.progress", "out_dir"),
                hint="only leaderboard.schemes, .tasks, .seeds, .jobs and .progress may change; use a new folder "
-                    "for the rest")
+                    "for the rest",
+               only_grow=("leaderboard.schemes", "leaderboard.tasks", "leaderboard.seeds"))
