@@ -21,9 +21,9 @@ from posenc.experiments.runs import manifest
 from posenc.experiments.runs.files import new_run_dir, removed_if_unused
 from posenc.experiments.runs.rule import open_run
 from posenc.experiments.tasks.config import RULE, TasksConfig, load_tasks_config
-from posenc.experiments.tasks.report import leaderboard_report, summarize
+from posenc.experiments.tasks.report import diverged_units, leaderboard_report, summarize
 from posenc.experiments.tasks.results import previous_rows, units_in
-from posenc.experiments.tasks.run import run_leaderboard
+from posenc.experiments.tasks.run import diverged, measured, run_leaderboard
 from posenc.experiments.training.parallel import default_workers
 
 
@@ -44,9 +44,9 @@ def main(args: argparse.Namespace) -> int:
     out = Path(args.run_dir) if args.run_dir else new_run_dir(cfg.out_dir, "tasks")
     with removed_if_unused(out, manifest.holds_results) if created else contextlib.nullcontext(), \
             open_run(out, RULE, config) as run:
-        rows = previous_rows(out, config) if run.resumed else []
-        results = lambda complete: {"config": config, "test_lengths": b.test_lengths, "rows": rows,
-                                    "complete": complete}
+        rows = previous_rows(out, config) if run.resumed else []  # measured rows and diverged units
+        results = lambda complete: {"config": config, "test_lengths": b.test_lengths, "rows": measured(rows),
+                                    "diverged": diverged(rows), "complete": complete}
 
         def save_partial(_unit, new: list[dict]) -> None:  # a crash loses at most the runs in progress
             rows.extend(new)
@@ -58,9 +58,11 @@ def main(args: argparse.Namespace) -> int:
                         jobs=default_workers() if b.jobs is None else b.jobs)
         # Resumed runs append out of order; the files list runs in the order the options name them.
         rows.sort(key=lambda r: (b.schemes.index(r["scheme"]), b.tasks.index(r["task"]), b.seeds.index(r["seed"]),
-                                 r["length"]))
-        summary = summarize(rows, b.train_len)
-        report_writer.write(out, leaderboard_report(rows, summary, config, results(True) | {"summary": summary}),
-                            markdown="leaderboard.md")
+                                 r.get("length", 0)))
+        summary = summarize(measured(rows), b.train_len)
+        report = leaderboard_report(measured(rows), summary, config, results(True) | {"summary": summary})
+        report_writer.write(out, report, markdown="leaderboard.md")
+    if diverged(rows):
+        print(f"diverged (a result: kept on resume, named in the report): {diverged_units(diverged(rows))}")
     print(f"run folder: {out} (leaderboard.md, report.html, results.json, results.csv, accuracy_<task>.png)")
     return 0

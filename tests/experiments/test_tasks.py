@@ -256,3 +256,33 @@ def test_command_reports_bad_input_in_one_line_and_writes_nothing(tmp_path, caps
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
     assert not out.exists()
+
+
+def test_a_diverged_unit_is_a_result_kept_on_resume_and_named_in_the_report(tmp_path, monkeypatch, capsys):
+    """Issue 24, item 8: one diverging unit made every resume exit 1, and `posenc report` dropped its scheme
+    without a word. It is recorded as diverged, the others finish, a resume trains nothing, the reports name it."""
+    from posenc.experiments.training.loop import Diverged
+
+    real = tasks_run.train_on_task
+
+    def alibi_diverges(cfg, task, *a, **k):
+        if cfg.position_embedding_type == "alibi":
+            raise Diverged(3, math.nan)
+        return real(cfg, task, *a, **k)
+
+    monkeypatch.setattr(tasks_run, "train_on_task", alibi_diverges)
+    out = tmp_path / "run"
+    args = [*MICRO, "leaderboard.schemes=[rope,alibi]", "leaderboard.seeds=[0]", "leaderboard.jobs=1",
+            "--run-dir", str(out)]
+    assert cli_main(args) == 0
+    assert "alibi on copy, seed 0" in capsys.readouterr().out
+    results = json.loads((out / "results.json").read_text())
+    assert [(d["scheme"], d["status"]) for d in results["diverged"]] == [("alibi", "diverged")]
+    assert {r["scheme"] for r in results["rows"]} == {"rope"}
+    calls = []
+    monkeypatch.setattr(tasks_run, "train_on_task", lambda *a, **k: calls.append(a) or real(*a, **k))
+    assert cli_main(args) == 0 and calls == []  # the diverged unit is a result: not trained again
+    (out / "leaderboard.md").unlink()
+    assert cli_main(["report", str(out)]) == 0
+    board = (out / "leaderboard.md").read_text()
+    assert "alibi on copy, seed 0" in board and "| copy | alibi | diverged" in board

@@ -75,15 +75,25 @@ def accuracy_plot(rows: Sequence[dict], task: str, train_len: int) -> Plot:
                 vline_label=f"train sizes ≤ {train_len}")
 
 
+def diverged_units(diverged: Sequence[dict]) -> str:
+    return "; ".join(f"{d['scheme']} on {d['task']}, seed {d['seed']}" for d in diverged)
+
+
 def leaderboard_report(rows: Sequence[dict], summary: Sequence[dict], config: dict, results: dict) -> Report:
-    """Terminal table, leaderboard.csv, results.csv (every row), plots, leaderboard.md and report.html."""
+    """Terminal table, leaderboard.csv, results.csv (every row), plots, leaderboard.md and report.html. Units
+    that diverged (results["diverged"]) are named, and a scheme x task with no seed left reads `diverged`."""
     b, t, m = config["leaderboard"], config["trainer"], config["model"]
-    lengths = results["test_lengths"]
+    lengths, lost = results["test_lengths"], results.get("diverged", [])
     intro = (f"Trained on problem sizes 1..{b['train_len']}, tested on 1..{max(lengths)}; {t['max_steps']} steps x "
              f"batch {t['batch_size']}, lr {t['lr']}; GPT {m['n_layer']} layers, d_model {m['d_model']}, "
              f"{m['n_head']} heads; {b['samples']} test problems per size; seeds {', '.join(map(str, b['seeds']))}. "
              "Exact match of the greedy answer; mean ± std over seeds of each seed's bucket mean.")
+    if lost:
+        intro += f" Diverged, so not in the means: {diverged_units(lost)}."
     columns, table = grid(summary)
+    for d in lost:
+        if not any(r["task"] == d["task"] and r["scheme"] == d["scheme"] for r in table):
+            table.append({"task": d["task"], "scheme": d["scheme"], **{c: "diverged" for c in columns[2:]}})
     return Report("Length generalisation on algorithmic tasks", intro,
                   [Table("leaderboard", "exact-match accuracy: mean ± std over seeds", columns, table, group="task"),
                    Table("results", "every test size", FIELDS, list(rows), shown=False)],
@@ -94,5 +104,6 @@ def rerender(run_dir: Path, stored: dict) -> Path:
     """`posenc report`: the leaderboard again from results.json (its rows, and its summary when complete)."""
     data = json.loads((Path(run_dir) / "results.json").read_text(encoding="utf-8"))
     summary = data.get("summary") or summarize(data["rows"], stored["config"]["leaderboard"]["train_len"])
+    data.setdefault("diverged", [])
     return report_writer.write(run_dir, leaderboard_report(data["rows"], summary, stored["config"], data),
                                markdown="leaderboard.md")[-1]

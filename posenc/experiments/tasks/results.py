@@ -11,12 +11,13 @@ from posenc.experiments.tasks.run import Unit
 
 
 def previous_rows(run_dir: Path, config: dict) -> list[dict]:
-    """Rows of earlier sessions in run_dir that this leaderboard asks for; [] when none were saved."""
+    """Rows (and diverged units) of earlier sessions in run_dir that this leaderboard asks for; [] when none."""
     results = run_dir / "results.json"
     if not results.is_file():
         return []
     try:
-        rows = json.loads(results.read_text(encoding="utf-8"))["rows"]
+        data = json.loads(results.read_text(encoding="utf-8"))
+        rows = [*data["rows"], *data.get("diverged", [])]  # diverged units are results: kept, not trained again
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise bad_value("run_dir", str(run_dir), f"a tasks run with readable results.json ({err})") from None
     b = config["leaderboard"]

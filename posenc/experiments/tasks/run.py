@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from tqdm.auto import tqdm
 
 from posenc.data.tasks import get_task
-from posenc.errors import RunFailed, bad_value
+from posenc.errors import bad_value
 from posenc.experiments.config.sections import TaskOptim
 from posenc.experiments.evaluation.task_accuracy import accuracy_by_length
 from posenc.experiments.tasks.entries import contender_config
@@ -21,6 +21,16 @@ from posenc.experiments.training.parallel import run_units
 from posenc.experiments.training.task_model import longest_sequence, train_on_task
 from posenc.models import GPTConfig
 from posenc.validators import positive_int
+
+DIVERGED = "diverged"
+
+
+def diverged(rows: Iterable[dict]) -> list[dict]:
+    return [row for row in rows if row.get("status") == DIVERGED]
+
+
+def measured(rows: Iterable[dict]) -> list[dict]:
+    return [row for row in rows if row.get("status") != DIVERGED]
 
 
 @dataclass(frozen=True)
@@ -59,12 +69,14 @@ class Budget:
 
 
 def run_unit(cfg: GPTConfig, unit: Unit, budget: Budget) -> list[dict]:
-    """Train one (scheme, task, seed) and test it: rows {scheme, task, seed, length, accuracy}."""
+    """Train one (scheme, task, seed) and test it: rows {scheme, task, seed, length, accuracy}; a unit that
+    diverges is a result too, one row {scheme, task, seed, status: "diverged", error} (its seed would
+    diverge again: a resume keeps it, the report names it)."""
     b = budget
     try:
         model = train_on_task(cfg, unit.task, b.train_len, b.optim, unit.seed)
-    except Diverged as err:  # a plain RunFailed: it crosses process boundaries (pickles by message)
-        raise RunFailed(f"{unit.scheme} on {unit.task}, seed {unit.seed}: {err}; the finished runs are saved") from None
+    except Diverged as err:
+        return [{"scheme": unit.scheme, "task": unit.task, "seed": unit.seed, "status": DIVERGED, "error": str(err)}]
     accuracy = accuracy_by_length(model, unit.task, b.test_lengths, b.n_samples, unit.seed)
     return [{"scheme": unit.scheme, "task": unit.task, "seed": unit.seed, "length": n, "accuracy": acc}
             for n, acc in accuracy.items()]
