@@ -244,3 +244,39 @@ def test_sigterm_outside_a_training_loop_is_one_line_and_143(tmp_path, capsys, m
     monkeypatch.setattr(perplexity, "perplexity_by_length", terminated)
     code, _, err = cli(capsys, "eval", tmp_path / "run")
     assert code == 143 and "stopped by SIGTERM" in one_line(err) and "Traceback" not in err
+
+
+def test_the_report_of_an_interrupted_compare_says_what_finished_and_judges_only_complete_schemes(
+        tmp_path, capsys, monkeypatch):
+    """Issue 24, item 5: `posenc report` on a compare stopped after alibi's first seed labelled rope (never
+    started) "diverged", claimed 2 seeds where 1 existed and judged alibi's claim "on every seed" from one."""
+    calls: list[int] = []
+    real = torch.optim.AdamW.step
+
+    def interrupt_in_the_second_unit(self, *a, **k):
+        if len(calls) == 8:  # 6 steps per unit: inside alibi seed 1
+            signal.raise_signal(signal.SIGINT)
+        calls.append(1)
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", interrupt_in_the_second_unit)
+    run_dir = tmp_path / "run"
+    compare = ["compare", "--run-dir", run_dir, "compare.schemes=[alibi,rope]", "compare.seeds=[0,1]",
+               "compare.jobs=1", "compare.progress=false", "trainer.progress=false", "trainer.max_steps=6",
+               "trainer.eval_interval=3", "model.n_layer=1", "model.d_model=32", "model.n_head=2",
+               "model.max_seq_len=64", "data.seq_len=16", "eval.max_windows=2", "eval.shift_offsets=[0,10]"]
+    assert cli(capsys, *compare)[0] == 130
+    monkeypatch.setattr(torch.optim.AdamW, "step", real)
+    assert cli(capsys, "report", run_dir)[0] == 0
+    results = json.loads((run_dir / "results.json").read_text())
+    board = {row["scheme"]: row for row in results["leaderboard"]}
+    assert board["rope"]["rank"] == "not run" and board["rope"]["ppl@1x"] == "not run"
+    assert board["alibi"]["seeds"] == 1 and board["rope"]["seeds"] == 0
+    assert all(value != "diverged" for row in results["leaderboard"] for value in row.values())
+    assert board["rope"]["diverged"] == 0
+    for claim in results["claims"]:
+        assert claim["verdict"] == "inconclusive", claim  # no scheme has every seed
+    page = (run_dir / "report.md").read_text() if (run_dir / "report.md").exists() else ""
+    html = (run_dir / "report.html").read_text()
+    assert "INTERRUPTED: 1 of 4 models finished" in html + page
+    assert json.loads((run_dir / "run.json").read_text())["wall_seconds"] > 0

@@ -114,7 +114,7 @@ def judge(spec: ClaimSpec, runs: Runs, multipliers: Sequence[int], converged: se
     n = spec.length(multipliers)
     rule = spec.rule(n) if n is not None else spec.rule(0)
     missing = [s for s in spec.schemes if s not in runs]
-    why = (f"{', '.join(missing)} not in this run" if missing
+    why = (f"{', '.join(missing)} not in this run, or not on every seed (interrupted)" if missing
            else "no length past the training length was evaluated" if n is None
            else next((f"{s} did not converge" for s in (spec.schemes if spec.must_converge is None
                                                          else spec.must_converge) if s not in converged), None)

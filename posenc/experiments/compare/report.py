@@ -21,6 +21,7 @@ from posenc.experiments.evaluation.statistics import Spread, ratios, tied_ranks
 from posenc.experiments.report_writer import Plot, Report, Table, is_number
 
 NOT_CONVERGED = "not converged"
+NOT_RUN = "not run"  # an interrupted run: no seed of the scheme finished
 
 
 def _value(unit: dict[str, Any], multiplier: int) -> float:
@@ -39,7 +40,10 @@ def runs_for_claims(grouped: dict[str, list[dict]], multipliers: Sequence[int]) 
 
 
 def _label(seeds: list[dict[str, Any]], multiplier: int) -> str | None:
-    """Why a cell has no number: every seed diverged, or the length is past a learned table."""
+    """Why a cell has no number: no seed ran (an interrupted run), every seed diverged, or the length is past
+    a learned table."""
+    if not seeds:
+        return NOT_RUN
     if all(u["status"] == DIVERGED for u in seeds):
         return DIVERGED
     values = [u.get("ppl", {}).get(multiplier) for u in seeds if u["status"] != DIVERGED]
@@ -73,7 +77,7 @@ def leaderboard(units: Sequence[dict[str, Any]], schemes: Sequence[str], multipl
                 row[f"{m}x/1x"] = ratio.text() if ratio.finite else "n/a"
         shifts = [u["shift_dloss"] for u in seeds if is_number(u.get("shift_dloss"))]
         row["shift_dloss"] = max(shifts) if shifts else "n/a"
-        row["rank"] = ranks.get(s, NOT_CONVERGED if s not in converged else "n/a")
+        row["rank"] = NOT_RUN if not seeds else ranks.get(s, NOT_CONVERGED if s not in converged else "n/a")
         row["converged"] = s in converged
         rows.append(row)
     order = {s: i for i, s in enumerate(schemes)}
@@ -120,8 +124,11 @@ def report(units: Sequence[dict[str, Any]], cfg: Any, wall_seconds: float) -> Re
     L, e, c = cfg.data.seq_len, cfg.eval, cfg.compare
     multipliers = list(e.length_multipliers)
     rows, converged, best = leaderboard(units, c.schemes, multipliers)
-    verdicts = judge_all(runs_for_claims(per_scheme(units, c.schemes), multipliers), multipliers, converged,
-                         sorted(c.seeds))
+    grouped = per_scheme(units, c.schemes)
+    # An interrupted run: a claim is judged only on schemes with every seed ("on every seed" means every seed
+    # asked for), the others are not in its evidence.
+    every_seed = {s: seeds for s, seeds in grouped.items() if len(seeds) == len(c.seeds)}
+    verdicts = judge_all(runs_for_claims(every_seed, multipliers), multipliers, converged, sorted(c.seeds))
     claims = [v.__dict__ for v in verdicts]
     longest = max(multipliers)
     columns = ["scheme", "rank", *[f"ppl@{m}x" for m in multipliers], *[f"{m}x/1x" for m in multipliers if m > 1],
@@ -140,6 +147,11 @@ def report(units: Sequence[dict[str, Any]], cfg: Any, wall_seconds: float) -> Re
              f"(shift-invariant schemes must show none). '{BEYOND_TABLE}': positions past a learned table; "
              f"'{DIVERGED}': the training loss stopped being finite (no results for that seed). Speed is not "
              f"measured here (a shared machine distorts it): `posenc bench` measures it side by side.")
+    if len(units) < len(c.schemes) * len(c.seeds):
+        short = [f"{s} {len(grouped[s])} of {len(c.seeds)}" for s in c.schemes if len(grouped[s]) < len(c.seeds)]
+        intro += (f" INTERRUPTED: {len(units)} of {len(c.schemes) * len(c.seeds)} models finished (seeds finished: "
+                  f"{'; '.join(short)}); '{NOT_RUN}' marks a scheme with none, and a claim is judged only on "
+                  f"schemes with every seed (resume with `posenc compare --run-dir` to finish it).")
     tables = [Table("leaderboard", f"Train at L={L}, evaluate at 1x..{longest}x; perplexity per byte, "
                                    f"mean ± std over {len(c.seeds)} seeds", columns, rows),
               Table("claims", "What this run shows: published claims, judged by the rule beside each",
@@ -159,7 +171,7 @@ def report(units: Sequence[dict[str, Any]], cfg: Any, wall_seconds: float) -> Re
     return Report("posenc: train short, test long", intro, tables, _plots(units, c.schemes, multipliers, L), results)
 
 
-__all__ = ["NOT_CONVERGED", "leaderboard", "report", "rerender", "runs_for_claims"]
+__all__ = ["NOT_CONVERGED", "NOT_RUN", "leaderboard", "report", "rerender", "runs_for_claims"]
 
 
 def rerender(run_dir: Path, stored: dict[str, Any]) -> Path:
