@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from posenc.data.tasks import get_task
+from posenc.errors import bad_value
 from posenc.experiments.config.fields import boolean, int_list, name_list
 from posenc.experiments.config.sections import TaskOptim
 from posenc.experiments.config.training_run import RunConfig
@@ -79,6 +80,12 @@ class CompareConfig(RunConfig):
 
     derived: ClassVar[dict[str, str]] = {"model.position_embedding_type": "each of compare.schemes",
                                          "trainer.seed": "each of compare.seeds"}
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if 1 not in self.eval.length_multipliers:  # without it every scheme read "not converged"
+            raise bad_value("eval.length_multipliers", list(self.eval.length_multipliers),
+                            "a list holding 1: convergence and every Nx/1x ratio are judged at the training length")
 
     def run_config(self, scheme: str, seed: int | None = None) -> RunConfig:
         """The `posenc train` config of one unit's language model."""

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
+from posenc.data.corpus import SOURCES
 from posenc.errors import bad_value, unknown_name
 from posenc.experiments.config.fields import boolean, int_list, path_text, set_field
 from posenc.validators import number_in, positive_int
@@ -25,6 +27,8 @@ class DataConfig:
     def __post_init__(self) -> None:
         path_text("data.corpus", self.corpus,
                   "a built-in corpus (python_docs, python_source, wikipedia_sample) or a text file path")
+        if self.corpus not in SOURCES:  # a file: kept absolute, so `posenc eval` finds it from any folder
+            set_field(self, "corpus", str(Path(self.corpus).expanduser().absolute()))
         positive_int("data.seq_len", self.seq_len)
         number_in("data.val_fraction", self.val_fraction, 0.0, 0.5, low_open=True)
 

@@ -33,6 +33,7 @@ def check_writable(folder: str | Path, field: str) -> Path:
 
 
 def new_run_dir(root: str | Path, prefix: str, field: str = "out_dir") -> Path:
+    root = Path(root).expanduser()  # `out_dir: ~/runs` in a preset: the home folder, not a folder named ~
     check_writable(root, field)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     path = Path(root) / f"{prefix}-{stamp}"
