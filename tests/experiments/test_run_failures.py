@@ -11,6 +11,7 @@ import signal
 
 import pytest
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from posenc.experiments.runs import checkpoint
@@ -150,7 +151,11 @@ def test_compare_and_tasks_refuse_an_unwritable_out_dir_before_work(tmp_path, ca
     assert steps == []
 
 
-def test_a_full_disk_is_one_line_and_keeps_the_last_checkpoint(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("full", [
+    OSError(errno.ENOSPC, "No space left on device"),
+    SafetensorError("Error while serializing: IoError(No space left on device)"),  # what safetensors raises
+])
+def test_a_full_disk_is_one_line_and_keeps_the_last_checkpoint(tmp_path, capsys, monkeypatch, full):
     run = tmp_path / "run"
     args = [*TINY, "model.position_embedding_type=alibi", "trainer.max_steps=4", "trainer.checkpoint_interval=2"]
     real = checkpoint.save_file
@@ -159,13 +164,13 @@ def test_a_full_disk_is_one_line_and_keeps_the_last_checkpoint(tmp_path, capsys,
     def full_on_second(tensors, path, *a, **k):
         saves.append(path)
         if len(saves) > 1:  # the optimizer state of step 2 fits; that of step 4 does not
-            raise OSError(errno.ENOSPC, "No space left on device", path)
+            raise full
         return real(tensors, path, *a, **k)
 
     monkeypatch.setattr(checkpoint, "save_file", full_on_second)
     code, _, err = cli(capsys, "train", "--run-dir", run, *args)
     line = one_line(err)
-    assert code == 1 and "No space left" in line and "step-00000002" in line
+    assert code == 1 and "No space left" in line and "step-00000002" in line and "Traceback" not in err
     good = checkpoint.latest(run)
     assert good.name == "step-00000002" and math.isfinite(json.loads((good / "state.json").read_text())["step"])
     assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".tmp")]

@@ -4,6 +4,7 @@ checkpoint in place; a corrupt one is reported with its path."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -63,9 +64,12 @@ def _write(ckpt_root: Path, final: Path, step: int, model: torch.nn.Module, opt:
            meta: dict[str, Any]) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=ckpt_root))
     try:
-        save_model(model, str(tmp / "model.safetensors"))
-        opt_tensors, opt_plain = _flatten_optimizer(opt)
-        save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
+        try:
+            save_model(model, str(tmp / "model.safetensors"))
+            opt_tensors, opt_plain = _flatten_optimizer(opt)
+            save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
+        except SafetensorError as err:  # safetensors reports a full disk as its own error: an OSError to callers
+            raise OSError(errno.EIO, f"safetensors could not write ({err})", str(tmp)) from None
         (tmp / "state.json").write_text(to_json({**meta, "step": step, "optimizer": opt_plain}))
         if final.exists():  # an incomplete folder under the final name (only by hand): replace it
             shutil.rmtree(final)
