@@ -55,6 +55,7 @@ def _empty_corpus(tmp_path) -> str:
     ("eval.length_multipliers=4", "eval.length_multipliers"),
     ("eval.shift_offsets=10", "eval.shift_offsets"),
     ("eval.shift_offsets=[-1]", "eval.shift_offsets"),
+    ("eval.shift_offsets=[0,1000000000000000000000]", "eval.shift_offsets"),  # was an OverflowError traceback
     (_empty_corpus, "data.corpus"),
     ("model.max_seq_len=1000000000000", "max_seq_len"),  # learned_absolute's table: 512 TB
     ("model.init_std=-1", "init_std"),

@@ -8,12 +8,13 @@ from typing import Any
 from posenc.errors import bad_value
 
 
-def int_list(name: str, value: Any, low: int) -> tuple[int, ...]:
-    """A YAML list of ints >= low, as a tuple (so configs compare equal after a JSON round trip)."""
+def int_list(name: str, value: Any, low: int, high: int | None = None, why: str = "") -> tuple[int, ...]:
+    """A YAML list of ints in [low, high], as a tuple (so configs compare equal after a JSON round trip)."""
     ok = isinstance(value, (list, tuple)) and len(value) > 0 and all(
-        isinstance(v, int) and not isinstance(v, bool) and v >= low for v in value)
+        isinstance(v, int) and not isinstance(v, bool) and v >= low and (high is None or v <= high) for v in value)
     if not ok:
-        raise bad_value(name, value, f"a non-empty list of integers >= {low}, e.g. [{low}, {max(low, 1) * 2}]")
+        span = f">= {low}" if high is None else f"in [{low}, {high:,}]{f' ({why})' if why else ''}"
+        raise bad_value(name, value, f"a non-empty list of integers {span}, e.g. [{low}, {max(low, 1) * 2}]")
     return tuple(value)
 
 

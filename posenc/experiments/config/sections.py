@@ -17,6 +17,8 @@ from posenc.errors import bad_value, unknown_name
 from posenc.experiments.config.fields import boolean, int_list, path_text, set_field
 from posenc.validators import number_in, positive_int
 
+MAX_SHIFT = 2**24  # the shift test's largest offset: beyond it a float32 position is no longer exact
+
 
 @dataclass(frozen=True, kw_only=True)
 class DataConfig:
@@ -135,7 +137,9 @@ class EvalConfig:
 
     def __post_init__(self) -> None:
         set_field(self, "length_multipliers", int_list("eval.length_multipliers", self.length_multipliers, 1))
-        set_field(self, "shift_offsets", int_list("eval.shift_offsets", self.shift_offsets, 0))
+        set_field(self, "shift_offsets", int_list("eval.shift_offsets", self.shift_offsets, 0, MAX_SHIFT,
+                                                  "positions are exact in float32, where angles and biases are "
+                                                  "computed, only up to 2^24"))
         if self.mode not in EVAL_MODES:
             raise unknown_name("eval.mode", self.mode, EVAL_MODES)
         positive_int("eval.max_windows", self.max_windows)
