@@ -285,3 +285,38 @@ def test_the_report_of_an_interrupted_compare_says_what_finished_and_judges_only
     html = (run_dir / "report.html").read_text()
     assert "INTERRUPTED: 1 of 4 models finished" in html + page
     assert json.loads((run_dir / "run.json").read_text())["wall_seconds"] > 0
+
+
+@pytest.mark.parametrize("edit", [
+    lambda s: {},
+    lambda s: {**s, "step": math.nan},
+    lambda s: [s],
+    lambda s: {k: v for k, v in s.items() if k != "optimizer"},
+    lambda s: {**s, "history": s["history"][:-1]},
+])
+def test_a_hand_edited_checkpoint_state_is_refused_in_one_line_naming_the_file(tmp_path, capsys, edit):
+    """Issue 24, item 6: state.json read back on resume is validated as a whole (a NaN step was a TypeError)."""
+    assert cli(capsys, "train", "--run-dir", tmp_path / "run", *RUN)[0] == 0
+    state = checkpoint.latest(tmp_path / "run") / "state.json"
+    state.write_text(json.dumps(edit(json.loads(state.read_text()))))
+    code, _, err = cli(capsys, "train", "--run-dir", tmp_path / "run", *RUN)
+    assert code == 2 and str(state) in one_line(err) and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("command, content", [
+    ("compare", "{}"), ("compare", '{"units": [{}]}'), ("compare", "[]"), ("compare", "not json"),
+    ("compare", '{"units": [{"scheme": "alibi", "seed": 0, "status": "ok", "ppl": {"1": [1]}}]}'),
+    ("tasks", "{}"), ("tasks", '{"rows": [{"scheme": "rope"}], "test_lengths": [1]}'), ("tasks", "[]"),
+])
+def test_posenc_report_refuses_a_hand_edited_results_file_in_one_line(tmp_path, capsys, command, content):
+    run_dir = tmp_path / "run"
+    args = {"compare": ["compare", "--run-dir", run_dir, "compare.schemes=[alibi]", "compare.seeds=[0]",
+                        "compare.jobs=1", "compare.progress=false", *TINY, "trainer.max_steps=2"],
+            "tasks": ["tasks", "--run-dir", run_dir, "leaderboard.schemes=[rope]", "leaderboard.tasks=[copy]",
+                      "leaderboard.seeds=[0]", "leaderboard.train_len=2", "leaderboard.samples=2",
+                      "leaderboard.progress=false", "leaderboard.jobs=1", "trainer.max_steps=2", "model.n_layer=1",
+                      "model.d_model=16"]}[command]
+    assert cli(capsys, *args)[0] == 0
+    (run_dir / "results.json").write_text(content)
+    code, _, err = cli(capsys, "report", run_dir)
+    assert code == 2 and "results.json" in one_line(err) and "Traceback" not in err, err

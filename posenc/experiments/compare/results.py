@@ -5,10 +5,12 @@ are keyed by ints everywhere else, so they are restored here, once, for every re
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 from posenc.atomic_files import write_json
+from posenc.errors import bad_value
 
 DIVERGED = "diverged"  # a training loss that stopped being finite: the unit has no results
 RESULTS = "results.json"
@@ -21,9 +23,40 @@ def save_units(run_dir: Path, units: list[dict[str, Any]]) -> Path:
 
 
 def load_units(run_dir: Path) -> list[dict[str, Any]]:
-    data = json.loads((Path(run_dir) / RESULTS).read_text(encoding="utf-8"))
-    return [{**unit, **{key: {int(k): v for k, v in unit[key].items()} for key in INT_KEYED if key in unit}}
-            for unit in data["units"]]
+    """The saved units, checked as a whole (a hand-edited file included): one line naming the file and
+    what is wrong, never a traceback from deep in the report."""
+    path = Path(run_dir) / RESULTS
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise bad_value("results", str(path), f"a readable results.json of `posenc compare` ({err})") from None
+    units = data.get("units") if isinstance(data, dict) else None
+    if not isinstance(units, list):
+        raise bad_value("results", str(path), "a JSON object whose 'units' is a list (of scheme x seed results)")
+    return [_checked_unit(path, i, unit) for i, unit in enumerate(units)]
+
+
+def _checked_unit(path: Path, index: int, unit: Any) -> dict[str, Any]:
+    def bad(what: str):
+        return bad_value(f"results units[{index}]", unit if len(repr(unit)) < 80 else "...", f"{what} ({path})")
+
+    if not isinstance(unit, dict):
+        raise bad("an object")
+    if not isinstance(unit.get("scheme"), str) or not isinstance(unit.get("seed"), int) \
+            or unit.get("status") not in ("ok", DIVERGED):
+        raise bad(f"an object with scheme (a name), seed (an integer) and status ('ok' or '{DIVERGED}')")
+    tables = {}
+    for key in INT_KEYED:
+        if key not in unit:
+            continue
+        table = unit[key]
+        if not isinstance(table, dict) or not all(isinstance(k, str) and k.lstrip("-").isdigit() for k in table) \
+                or not all(v is None or isinstance(v, (int, float, str)) for v in table.values()):
+            raise bad(f"{key} as an object from integers to numbers or labels")
+        tables[key] = {int(k): (math.nan if v is None else v) for k, v in table.items()}
+    if unit["status"] == "ok" and "ppl" not in unit:
+        raise bad("a finished unit with its ppl table")
+    return {**unit, **tables}
 
 
 def failed(units: list[dict[str, Any]]) -> list[str]:

@@ -120,10 +120,32 @@ def sweep_temp(run_dir: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _checked_state(file: Path, state: Any) -> dict[str, Any]:
+    """state.json as a whole (a hand-edited one included): an object whose step is a count of steps, whose
+    history is that many step records, and whose optimizer entry is an object; else one line naming the file."""
+    def bad(what: str) -> CheckpointError:
+        return CheckpointError(f"{file} is not a posenc checkpoint state: {what} (restore it, or remove the "
+                               f"step folder to resume from the one before)")
+
+    if not isinstance(state, dict):
+        raise bad(f"a JSON object is needed, not {type(state).__name__}")
+    for key, kind in (("step", int), ("history", list), ("optimizer", dict)):
+        if key not in state:
+            raise bad(f"the key {key!r} is missing")
+        if not isinstance(state[key], kind) or isinstance(state[key], bool):
+            raise bad(f"{key}={state[key]!r} is not a{'n' if kind is int else ''} {kind.__name__}")
+    step, history = state["step"], state["history"]
+    if step < 0 or len(history) != step or not all(isinstance(h, dict) and h.get("step") == i + 1
+                                                   for i, h in enumerate(history)):
+        raise bad(f"step={step} with {len(history)} history records numbered otherwise: one record per step, "
+                  "numbered 1..step")
+    return state
+
+
 def load(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer | None = None) -> dict[str, Any]:
     """Restore model (and optimizer) in place; returns the JSON state. Never unpickles anything."""
     try:
-        state = json.loads((path / "state.json").read_text())
+        state = _checked_state(path / "state.json", json.loads((path / "state.json").read_text()))
         missing, unexpected = load_model(model, str(path / "model.safetensors"), strict=False)
         if unexpected or any(not k.endswith("lm_head.weight") for k in missing):
             raise CheckpointError(f"checkpoint {path}: does not match the model (missing {missing}, "

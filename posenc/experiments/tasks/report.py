@@ -9,6 +9,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
+from posenc.errors import bad_value
 from posenc.experiments import report_writer
 from posenc.experiments.report_writer import Plot, Report, Table
 
@@ -102,8 +103,21 @@ def leaderboard_report(rows: Sequence[dict], summary: Sequence[dict], config: di
 
 def rerender(run_dir: Path, stored: dict) -> Path:
     """`posenc report`: the leaderboard again from results.json (its rows, and its summary when complete)."""
-    data = json.loads((Path(run_dir) / "results.json").read_text(encoding="utf-8"))
-    summary = data.get("summary") or summarize(data["rows"], stored["config"]["leaderboard"]["train_len"])
+    path = Path(run_dir) / "results.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise bad_value("results", str(path), f"a readable results.json of `posenc tasks` ({err})") from None
+    rows = data.get("rows") if isinstance(data, dict) else None
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and isinstance(r.get("scheme"), str)
+                                             and isinstance(r.get("task"), str) and isinstance(r.get("seed"), int)
+                                             and isinstance(r.get("length"), int)
+                                             and isinstance(r.get("accuracy"), (int, float)) for r in rows):
+        raise bad_value("results", str(path), "a JSON object whose 'rows' are {scheme, task, seed, length, "
+                                              "accuracy} records")
+    if not isinstance(data.get("test_lengths"), list) or not data["test_lengths"]:
+        raise bad_value("results", str(path), "a JSON object with its test_lengths")
+    summary = summarize(rows, stored["config"]["leaderboard"]["train_len"])  # from the rows: never a stale copy
     data.setdefault("diverged", [])
     return report_writer.write(run_dir, leaderboard_report(data["rows"], summary, stored["config"], data),
                                markdown="leaderboard.md")[-1]
