@@ -207,3 +207,31 @@ def test_an_unknown_scheme_or_model_key_hints_at_import():
 
     with pytest.raises(ValueError, match=r"unknown key 'model.decay_rate'.*pass --import MODULE"):
         from_dict(GPTConfig, {"decay_rate": 0.3}, "model")
+
+
+@pytest.mark.parametrize("command", ["compare", "tasks"])
+def test_a_scheme_that_cannot_run_is_refused_before_any_unit_trains(tmp_path, command):
+    """Issue 24, item 6: compare trained the other schemes first, then died on the user's; now the preflight
+    runs one step of every scheme and the run folder is never made."""
+    (tmp_path / "wide.py").write_text(textwrap.dedent("""
+        import torch
+        import posenc
+
+        class Wide(posenc.Scheme):
+            def bias(self, q_pos, k_pos, q=None, k=None):
+                return torch.zeros(q_pos.shape[-1], k_pos.shape[-1] + 1)
+
+        posenc.register("wide_bias", Wide)
+    """))
+    run_dir = tmp_path / "run"
+    args = {"compare": ["compare.schemes=[alibi,wide_bias]", "compare.seeds=[0]", "compare.jobs=1",
+                        "trainer.max_steps=2", "model.n_layer=1", "model.d_model=16", "model.n_head=2",
+                        "data.seq_len=16"],
+            "tasks": ["leaderboard.schemes=[rope,wide_bias]", "leaderboard.tasks=[copy]", "leaderboard.seeds=[0]",
+                      "leaderboard.train_len=2", "leaderboard.jobs=1", "trainer.max_steps=2", "model.n_layer=1",
+                      "model.d_model=16"]}[command]
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    result = subprocess.run([str(Path(sys.executable).parent / "posenc"), command, "--import", "wide",
+                             "--run-dir", str(run_dir), *args], cwd=tmp_path, capture_output=True, text=True, env=env)
+    assert result.returncode == 2 and "bias shape" in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert not run_dir.exists()

@@ -40,6 +40,7 @@ def preflight_all(cfg: CompareConfig) -> dict[str, str]:
         preflight.check_sequences_fit(meta, cfg.trainer.batch_size // cfg.trainer.grad_accum, L, "data.seq_len", L)
         longest = max(cfg.eval.length_multipliers) * L
         preflight.check_sequences_fit(meta, 1, longest, "eval.length_multipliers", list(cfg.eval.length_multipliers))
+        preflight.check_one_step(cfg.run_config(scheme).model, L)
         if cfg.task.name:
             preflight.check_model_fits(cfg.task.model(cfg.model, scheme), training=True)
     return {"name": cfg.data.corpus, "sha256": corpus.sha256}

@@ -16,6 +16,7 @@ from posenc.errors import bad_value
 from posenc.experiments.config.sections import TaskOptim
 from posenc.experiments.evaluation.task_accuracy import accuracy_by_length
 from posenc.experiments.tasks.entries import contender_config
+from posenc.experiments.training import preflight
 from posenc.experiments.training.loop import Diverged
 from posenc.experiments.training.parallel import run_units
 from posenc.experiments.training.task_model import longest_sequence, train_on_task
@@ -55,6 +56,8 @@ def check_leaderboard(base: GPTConfig, schemes: Sequence[str], tasks: Sequence[s
     longest = max(longest_sequence(get_task(name), max(max(test_lengths), train_len)) for name in tasks)
     if longest > base.max_seq_len:
         raise bad_value("max_seq_len", base.max_seq_len, f">= {longest}, the longest test sequence")
+    for cfg in configs:  # a scheme that cannot run is named before any unit trains
+        preflight.check_one_step(cfg, longest)
     return configs
 
 

@@ -58,3 +58,19 @@ def check_text_lengths(seq_len: int, n_val: int, n_train: int | None = None, eva
         raise bad_value("eval.length_multipliers", [length // seq_len for length in eval_lengths],
                         f"lengths shorter than the validation text ({n_val} tokens; {max(too_long)} asked)")
 
+
+
+def check_one_step(cfg: GPTConfig, seq_len: int) -> None:
+    """One forward and backward of a 2 x seq_len batch on the CPU, before any unit trains: a scheme that cannot
+    run (a user's bias of the wrong shape, a hook that raises) is named now, not after the others trained."""
+    torch.manual_seed(0)  # the global generator is reseeded by every unit: this draw changes no result
+    model = GPT(cfg)
+    tokens = torch.randint(0, cfg.vocab_size, (2, seq_len))
+    try:
+        model(tokens).float().logsumexp(-1).mean().backward()
+    except ValueError:
+        raise  # already one line naming what is wrong
+    except Exception as err:  # a user's scheme that raises: one line naming the scheme
+        raise bad_value("model.position_embedding_type", cfg.position_embedding_type,
+                        f"a scheme whose forward and backward run: a 2 x {seq_len} batch raised "
+                        f"{type(err).__name__}: {err}") from None
