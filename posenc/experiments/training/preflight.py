@@ -63,11 +63,11 @@ def check_text_lengths(seq_len: int, n_val: int, n_train: int | None = None, eva
 def check_one_step(cfg: GPTConfig, seq_len: int) -> None:
     """One forward and backward of a 2 x seq_len batch on the CPU, before any unit trains: a scheme that cannot
     run (a user's bias of the wrong shape, a hook that raises) is named now, not after the others trained."""
-    torch.manual_seed(0)  # the global generator is reseeded by every unit: this draw changes no result
-    model = GPT(cfg)
-    tokens = torch.randint(0, cfg.vocab_size, (2, seq_len))
     try:
-        model(tokens).float().logsumexp(-1).mean().backward()
+        with torch.random.fork_rng():  # the caller's random state is left as it was
+            torch.manual_seed(0)
+            model = GPT(cfg)
+            model(torch.randint(0, cfg.vocab_size, (2, seq_len))).float().logsumexp(-1).mean().backward()
     except ValueError:
         raise  # already one line naming what is wrong
     except Exception as err:  # a user's scheme that raises: one line naming the scheme
