@@ -20,8 +20,9 @@ from posenc.scheme import Scheme
 SCORE_BUDGET = 1 << 24  # score elements per chunk and map: 64 MiB in float32, a few copies at most live
 
 
-def chunk_rows(batch: int, heads: int, tq: int, tk: int, budget: int = SCORE_BUDGET) -> int:
-    """Query rows per chunk: as many as keep B * H * C * Tk within the budget, at least one."""
+def chunk_rows(batch: int, heads: int, tq: int, tk: int, budget: int | None = None) -> int:
+    """Query rows per chunk: as many as keep B * H * C * Tk within the budget (SCORE_BUDGET), at least one."""
+    budget = SCORE_BUDGET if budget is None else budget
     return max(1, min(tq, budget // max(1, batch * heads * tk)))
 
 
@@ -36,7 +37,7 @@ def _rotate_keys(scheme: Scheme, k: Tensor, pos: Tensor) -> Tensor:
 
 def mapped_attention(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, position_map: PositionMap,
                      q_pos: Tensor, k_pos: Tensor, causal: bool = True, dropout: float = 0.0,
-                     budget: int = SCORE_BUDGET) -> Tensor:
+                     budget: int | None = None) -> Tensor:
     """q (B,H,Tq,Dh), k/v (B,Hkv,Tk,Dh) unrotated, the queries being the last Tq keys; q_pos (B,Tq), k_pos (B,Tk)
     -> (B,H,Tq,Dh). scheme rotates (its rotate()); position_map says at which positions and which keys."""
     dtype = q.dtype
