@@ -46,6 +46,20 @@ def test_matches_the_reference_written_from_the_released_code(spec, scaling, mak
     assert (got - plain).abs().max().item() > 1e-2  # the method changes the model here: the check has teeth
 
 
+@pytest.mark.parametrize(("spec", "scaling", "make"), CASES[::2], ids=lambda c: str(c) if isinstance(c, dict) else "")
+def test_gradients_match_the_reference(spec, scaling, make):
+    """The chunked log-sum-exp merge differentiates like the dense softmax (training through a map works)."""
+    model = tiny_llama(rope_scaling=scaling, attention_extension=spec)
+    rope = reference.Rope(16, 100.0, scaling, TRAINED)
+    ids = token_ids(1, 24)
+    weights = torch.randn(1, 24, model.cfg.vocab_size, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    params = [p for p in model.parameters() if p.requires_grad]
+    got = torch.autograd.grad((model(ids) * weights).sum(), params)
+    expected = torch.autograd.grad((reference.llama_logits(model, ids, make(rope)) * weights).sum(), params)
+    for a, b in zip(got, expected, strict=True):
+        assert (a - b).abs().max().item() < 1e-6 * max(1.0, b.abs().max().item())  # sinks: tables at shifted slots
+
+
 @torch.no_grad()
 def test_plain_reference_matches_posenc_rope():
     """The references' RoPE is the model's: plain attention through both agrees (GQA, yarn scaling)."""

@@ -1,0 +1,112 @@
+"""Properties every position map keeps: plain RoPE when its window covers the sequence, Self-Extend with G = 1 is
+plain RoPE, causality, exactly the keys the paper attends, chunking and batching change nothing, gradients."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from posenc.nn.mapped_attention import mapped_attention
+from posenc.position_maps.scheme import PositionMapped
+from tests.conftest import tiny_gpt
+from tests.position_maps.tiny import tiny_llama, token_ids
+
+T = 30
+SMALL = [  # windows well inside T: every map of every method is used
+    {"type": "self_extend", "group_size": 3, "window": 5},
+    {"type": "dual_chunk", "chunk_size": 8, "local_window": 2},
+    {"type": "lm_infinite", "n_global": 2, "window": 6},
+    {"type": "attention_sinks", "n_sink": 3, "window": 5},
+]
+COVERING = [  # windows (chunks) that hold the whole sequence
+    {"type": "self_extend", "group_size": 4, "window": T},
+    {"type": "dual_chunk", "chunk_size": T + 3, "local_window": 2},
+    {"type": "lm_infinite", "n_global": 0, "window": T},
+    {"type": "attention_sinks", "n_sink": 0, "window": T},
+]
+
+
+def _ids(spec: dict) -> str:
+    return "-".join(str(v) for v in spec.values())
+
+
+@pytest.mark.parametrize("spec", COVERING, ids=_ids)
+@torch.no_grad()
+def test_a_window_covering_the_sequence_is_plain_rope(spec):
+    ids = token_ids(2, T)
+    plain = tiny_llama()(ids)
+    assert (tiny_llama(attention_extension=spec)(ids) - plain).abs().max().item() < 1e-10
+    gpt_plain = tiny_gpt("rope", max_seq_len=16).double()(ids)  # GPT with rope: the same option
+    gpt = tiny_gpt("rope", max_seq_len=16, attention_extension=spec).double()(ids)
+    assert (gpt - gpt_plain).abs().max().item() < 1e-10
+
+
+@pytest.mark.parametrize("window", [1, 4, 100])
+@torch.no_grad()
+def test_self_extend_with_group_size_one_is_plain_rope(window):
+    ids = token_ids(2, T)
+    spec = {"type": "self_extend", "group_size": 1, "window": window}
+    assert (tiny_llama(attention_extension=spec)(ids) - tiny_llama()(ids)).abs().max().item() < 1e-10
+
+
+@pytest.mark.parametrize("spec", SMALL, ids=_ids)
+@torch.no_grad()
+def test_causal_the_past_does_not_read_the_future(spec):
+    model = tiny_llama(attention_extension=spec)
+    ids = token_ids(1, T)
+    changed = ids.clone()
+    changed[:, 20:] = (changed[:, 20:] + 1) % model.cfg.vocab_size
+    a, b = model(ids), model(changed)
+    assert (a[:, :20] - b[:, :20]).abs().max().item() < 1e-12
+    assert (a[:, 20:] - b[:, 20:]).abs().max().item() > 1e-3
+
+
+def _attended(scheme: PositionMapped, t: int) -> torch.Tensor:
+    """(T,T) bool: which keys each query reads, found by changing one value at a time."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, h, t, 16, generator=g, dtype=torch.float64) for h in (4, 2, 2))
+    pos = torch.arange(t)[None]
+    base = scheme.attend(q, k, v, pos, pos, causal=True)
+    seen = torch.zeros(t, t, dtype=torch.bool)
+    for j in range(t):
+        moved = v.clone()
+        moved[:, :, j] += 1.0
+        seen[:, j] = (scheme.attend(q, k, moved, pos, pos, causal=True) - base).abs().amax(dim=(0, 1, 3)) > 1e-9
+    return seen
+
+
+@pytest.mark.parametrize("spec", SMALL, ids=_ids)
+def test_attends_exactly_the_keys_of_the_paper(spec):
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    allowed = {  # what each paper's mask keeps, causal
+        "self_extend": j <= i,
+        "dual_chunk": j <= i,
+        "lm_infinite": (j <= i) & ((i - j < spec.get("window", 0)) | (j < spec.get("n_global", 0))),
+        "attention_sinks": (j <= i) & ((i - j < spec.get("window", 0)) | (j < spec.get("n_sink", 0))),
+    }[spec["type"]]
+    scheme = tiny_llama(attention_extension=spec).schemes[0]
+    assert torch.equal(_attended(scheme, T), allowed)
+
+
+@pytest.mark.parametrize("spec", SMALL, ids=_ids)
+def test_chunk_size_changes_nothing(spec):
+    scheme = tiny_llama(attention_extension=spec).schemes[0]
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, h, T, 16, generator=g, dtype=torch.float64) for h in (4, 2, 2))
+    pos = torch.arange(T).expand(2, T)
+    whole = mapped_attention(q, k, v, scheme.inner, scheme.position_map, pos, pos)
+    for budget in (1, 4 * 2 * 7 * T):  # one query row per chunk; 7 rows per chunk
+        rows = mapped_attention(q, k, v, scheme.inner, scheme.position_map, pos, pos, budget=budget)
+        assert (rows - whole).abs().max().item() < 1e-12
+
+
+@pytest.mark.parametrize("spec", SMALL, ids=_ids)
+@torch.no_grad()
+def test_rows_with_different_positions_batch_like_alone(spec):
+    model = tiny_llama(attention_extension=spec)
+    ids = token_ids(2, T)
+    position_ids = torch.stack((torch.arange(T), torch.arange(T) + 7))  # chunk borders differ per row
+    batched = model(ids, position_ids=position_ids)
+    for r in range(2):
+        alone = model(ids[r:r + 1], position_ids=position_ids[r:r + 1])
+        assert (batched[r:r + 1] - alone).abs().max().item() < 1e-12
