@@ -110,3 +110,25 @@ def test_rows_with_different_positions_batch_like_alone(spec):
     for r in range(2):
         alone = model(ids[r:r + 1], position_ids=position_ids[r:r + 1])
         assert (batched[r:r + 1] - alone).abs().max().item() < 1e-12
+
+
+def test_dropout_acts_on_the_weights_and_the_functional_form_agrees():
+    import posenc
+
+    scheme = tiny_llama(attention_extension=SMALL[0]).schemes[0]
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, h, 12, 16, generator=g, dtype=torch.float64) for h in (4, 2, 2))
+    pos = torch.arange(12)[None]
+    plain = scheme.attend(q, k, v, pos, pos, causal=True)
+    assert torch.equal(scheme.attend(q, k, v, pos, pos, causal=True, dropout=1.0), torch.zeros_like(plain))
+    assert torch.equal(posenc.attention(q, k, v, scheme, pos, pos), plain)  # posenc.attention takes the hook
+
+
+@pytest.mark.parametrize("spec", SMALL, ids=_ids)
+@torch.no_grad()
+def test_half_precision_runs_in_float32_inside(spec):
+    model = tiny_llama(attention_extension=spec, dtype=torch.float32)
+    ids = token_ids(1, T)
+    full = model(ids)
+    half = model.to(torch.bfloat16)(ids).float()
+    assert (half - full).abs().max().item() < 0.1 * full.abs().max().item()
