@@ -87,3 +87,13 @@ def test_switching_in_place_and_back():
     model.set_rope_scaling(None).set_attention_extension(None)
     assert (model(ids) - plain).abs().max().item() == 0.0
     assert (extended - plain).abs().max().item() > 1e-3
+
+
+def test_the_fused_kernel_is_refused_where_its_backward_would_be_wrong():
+    from posenc.nn.mapped_attention import mapped_attention
+
+    scheme = tiny_llama(attention_extension={"type": "self_extend", "group_size": 2, "window": 4}).schemes[0]
+    q, k, v = (torch.randn(1, h, 8, 16, dtype=torch.float64, requires_grad=True) for h in (4, 2, 2))
+    pos = torch.arange(8)[None]
+    with pytest.raises(ConfigError, match="fused=True is not allowed"):
+        mapped_attention(q, k, v, scheme.inner, scheme.position_map, pos, pos, fused=True)

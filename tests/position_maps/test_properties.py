@@ -132,3 +132,18 @@ def test_half_precision_runs_in_float32_inside(spec):
     full = model(ids)
     half = model.to(torch.bfloat16)(ids).float()
     assert (half - full).abs().max().item() < 0.1 * full.abs().max().item()
+
+
+@pytest.mark.parametrize("spec", SMALL, ids=_ids)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@torch.no_grad()
+def test_fused_kernel_equals_the_eager_form(spec, dtype):
+    """The CPU flash kernel per map (inference) against the eager scores (training, other devices)."""
+    scheme = tiny_llama(attention_extension=spec).schemes[0]
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(2, h, T, 16, generator=g, dtype=torch.float64).to(dtype) for h in (4, 2, 2))
+    pos = torch.stack((torch.arange(T), torch.arange(T) + 5))
+    for budget in (None, 4 * 2 * 7 * T):
+        fused = mapped_attention(q, k, v, scheme.inner, scheme.position_map, pos, pos, budget=budget, fused=True)
+        eager = mapped_attention(q, k, v, scheme.inner, scheme.position_map, pos, pos, budget=budget, fused=False)
+        assert (fused - eager).abs().max().item() < (1e-12 if dtype == torch.float64 else 1e-5)
