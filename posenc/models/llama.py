@@ -89,15 +89,17 @@ class Llama(CausalGeneration, nn.Module):
         return model.eval()
 
     @classmethod
-    def from_hf(cls, directory: str | Path, rope_scaling: dict[str, Any] | None = None) -> Llama:
+    def from_hf(cls, directory: str | Path, rope_scaling: dict[str, Any] | None = None,
+                attention_extension: dict[str, Any] | None = None) -> Llama:
         """Load a Hugging Face Llama-family folder (config.json + safetensors); rope_scaling None keeps
-        the checkpoint's own (if any), a dict replaces it."""
+        the checkpoint's own (if any), a dict replaces it; attention_extension as in from_gguf."""
         from posenc.models.hf_llama import config_fields, read_config, read_state
 
         directory = Path(directory)
         fields = config_fields(read_config(directory))
         if rope_scaling is not None:
             fields["rope_scaling"] = rope_scaling
+        fields["attention_extension"] = attention_extension
         cfg = LlamaConfig(**fields)  # a bad config fails here, before the weights are read
         model = cls(cfg)
         missing, unexpected = model.load_state_dict(read_state(directory), strict=False)

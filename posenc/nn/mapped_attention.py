@@ -13,6 +13,8 @@ rows of one chunk; K the keys one map scores in it; g = H // Hkv query heads per
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -25,10 +27,26 @@ _FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu  # returns (
 SCORE_BUDGET = 1 << 24  # score elements per chunk and map: 64 MiB in float32, a few copies at most live
 
 
+MAX_ROWS = 256  # a map's key range is a rectangle around a band (windows, chunks): short chunks waste less
+
+
 def chunk_rows(batch: int, heads: int, tq: int, tk: int, budget: int | None = None) -> int:
     """Query rows per chunk: as many as keep B * H * C * Tk within the budget (SCORE_BUDGET), at least one."""
     budget = SCORE_BUDGET if budget is None else budget
-    return max(1, min(tq, budget // max(1, batch * heads * tk)))
+    return max(1, min(tq, MAX_ROWS, budget // max(1, batch * heads * tk)))
+
+
+def query_chunks(first_row: Tensor, rows: int, period: int | None) -> list[tuple[int, int]]:
+    """(start, end) index ranges of at most `rows` queries; with a period (DCA's chunk), also cut where the first
+    batch row's position is a multiple of it, so each map's key range is one chunk, not two half ones."""
+    tq = first_row.shape[0]
+    cuts = {0, tq}
+    if period is not None:
+        cuts |= set((first_row % period == 0).nonzero().flatten().tolist())
+    bounds, out = sorted(cuts), []
+    for a, b in pairwise(bounds):
+        out += [(s, min(b, s + rows)) for s in range(a, b, rows)]
+    return out
 
 
 def _rotate_queries(scheme: Scheme, q: Tensor, pos: Tensor) -> Tensor:
@@ -68,8 +86,7 @@ def mapped_attention(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, position_m
     rows = chunk_rows(b, h, tq, tk, budget)
     key_index = torch.arange(tk, device=q.device)
     out = []
-    for start in range(0, tq, rows):
-        end = min(tq, start + rows)
+    for start, end in query_chunks(q_pos[0], rows, position_map.period):
         select = position_map.select(q_pos[:, start:end], k_pos, origin)  # (B,C,Tk) int8
         if causal:
             query_index = torch.arange(tk - tq + start, tk - tq + end, device=q.device)

@@ -38,6 +38,12 @@ class PositionMap:
     name: ClassVar[str]
     n_maps: ClassVar[int]
 
+    @property
+    def period(self) -> int | None:
+        """Positions at multiples of this start a new block of the selector (DCA's chunks), or None: a hint
+        that lets attention align its query chunks; correctness never depends on it."""
+        return None
+
     def resolved(self, max_seq_len: int) -> PositionMap:
         """Options left None take their defaults from the trained context length (max_seq_len)."""
         return self

@@ -51,6 +51,10 @@ class DualChunk(PositionMap):
     def chunk_len(self) -> int:
         return self.chunk_size - self.local_window  # s
 
+    @property
+    def period(self) -> int:
+        return self.chunk_len
+
     def query_positions(self, q_pos: Tensor, origin: Tensor) -> tuple[Tensor, ...]:
         s = self.chunk_len
         intra = q_pos % s

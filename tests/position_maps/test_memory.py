@@ -54,3 +54,13 @@ def test_chunk_rows_keep_scores_within_the_budget_at_64k():
     assert engine.chunk_rows(1, 9, 10, 65536) <= 10  # never more rows than queries
     assert engine.chunk_rows(2, 9, 65536, 65536, budget=1) == 1  # at least one row
     assert engine.chunk_rows(1, 4, 100, 100) == 100  # short inputs: one chunk
+    assert engine.chunk_rows(1, 4, 4096, 4096) == engine.MAX_ROWS
+
+
+def test_query_chunks_cover_every_row_once_and_align_to_the_period():
+    first_row = torch.arange(3, 40)  # positions 3..39, period 8: cuts at rows 5, 13, 21, 29
+    chunks = engine.query_chunks(first_row, 6, 8)
+    assert [r for a, b in chunks for r in range(a, b)] == list(range(37))
+    assert all(b - a <= 6 for a, b in chunks)
+    assert all(int(first_row[a]) // 8 == int(first_row[b - 1]) // 8 for a, b in chunks)  # one DCA chunk each
+    assert engine.query_chunks(first_row, 100, None) == [(0, 37)]

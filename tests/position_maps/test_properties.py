@@ -41,6 +41,21 @@ def test_a_window_covering_the_sequence_is_plain_rope(spec):
     assert (gpt - gpt_plain).abs().max().item() < 1e-10
 
 
+@pytest.mark.parametrize("scheme", ["xpos", "p_rope"])
+@torch.no_grad()
+def test_other_rotary_schemes_take_the_maps_too(scheme):
+    ids = token_ids(2, T)
+    plain = tiny_gpt(scheme, max_seq_len=16).double()
+    covering = tiny_gpt(scheme, max_seq_len=16, attention_extension=COVERING[0]).double()
+    assert (covering(ids) - plain(ids)).abs().max().item() < 1e-10
+    extended = tiny_gpt(scheme, max_seq_len=16, attention_extension=SMALL[0]).double()
+    assert (extended(ids) - plain(ids)).abs().max().item() > 1e-4
+    cache = extended.new_cache()
+    steps = torch.cat([extended(ids[:, :4], cache=cache)] + [extended(ids[:, t:t + 1], cache=cache)
+                                                             for t in range(4, T)], dim=1)
+    assert (steps - extended(ids)).abs().max().item() < 1e-10
+
+
 @pytest.mark.parametrize("window", [1, 4, 100])
 @torch.no_grad()
 def test_self_extend_with_group_size_one_is_plain_rope(window):
