@@ -162,3 +162,17 @@ def test_fused_kernel_equals_the_eager_form(spec, dtype):
         fused = mapped_attention(q, k, v, scheme.inner, scheme.position_map, pos, pos, budget=budget, fused=True)
         eager = mapped_attention(q, k, v, scheme.inner, scheme.position_map, pos, pos, budget=budget, fused=False)
         assert (fused - eager).abs().max().item() < (1e-12 if dtype == torch.float64 else 1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run on a GPU machine)")
+@pytest.mark.parametrize("spec", SMALL, ids=_ids)
+@torch.no_grad()
+def test_cuda_takes_the_eager_form_and_agrees_with_the_cpu(spec):
+    scheme = tiny_llama(attention_extension=spec, dtype=torch.float32).schemes[0]
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, h, T, 16, generator=g) for h in (4, 2, 2))
+    pos = torch.arange(T)[None]
+    cpu = mapped_attention(q, k, v, scheme.inner, scheme.position_map, pos, pos)
+    scheme = scheme.cuda()
+    cuda = mapped_attention(q.cuda(), k.cuda(), v.cuda(), scheme.inner, scheme.position_map, pos.cuda(), pos.cuda())
+    assert (cuda.cpu() - cpu).abs().max().item() < 1e-4
