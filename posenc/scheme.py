@@ -2,7 +2,8 @@
 
 A positional scheme touches attention in one of three places (DESIGN.md):
 token embeddings (`embed`), q/k rotation (`rotate`) or the attention logits
-(`bias`, and `score_mod`, its flex-attention form; `mix_values` for Shaw's value term).
+(`bias`, and `score_mod`, its flex-attention form; `mix_values` for Shaw's value term); `attend` lets a
+wrapper run attention itself (the position maps of training-free context extension).
 A family overrides the hook it needs; attention calls every hook without asking which
 scheme it holds. `frame` decides which positions the other hooks see (the origin shift).
 
@@ -126,6 +127,13 @@ class Scheme(nn.Module):
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
         """q (B,H,Tq,Dh), k (B,Hkv,Tk,Dh) at positions (B,Tq), (B,Tk) -> rotated q, k."""
         return q, k
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, k_pos: Tensor, causal: bool,
+               dropout: float = 0.0) -> Tensor | None:
+        """Attention run by the scheme itself: q (B,H,Tq,Dh) and k, v (B,Hkv,Tk,Dh, cache included) as rotate()
+        left them -> (B,H,Tq,Dh); or None (the default), and attention runs its own paths. Position maps
+        (posenc.position_maps: Self-Extend, Dual Chunk Attention, ...) score each pair at remapped positions."""
+        return None
 
     def bias(self, q_pos: Tensor, k_pos: Tensor, q: Tensor | None = None,
              k: Tensor | None = None) -> Tensor | None:

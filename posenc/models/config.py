@@ -14,8 +14,18 @@ from typing import Any
 from posenc.errors import bad_value
 from posenc.models.random_positions import check_randomized_positions
 from posenc.models.scheme_config import SchemeConfig
+from posenc.position_maps.scheme import check_position_map
+from posenc.registry import scheme_class
 from posenc.scheme import Dims
 from posenc.validators import number_in, positive_int
+
+
+def check_extension(cfg: Any) -> None:
+    """attention_extension: a known method with valid options, on a scheme it can remap (rotary, causal)."""
+    name = cfg.position_embedding_type
+    check_position_map(cfg.attention_extension, name, scheme_class(name), cfg.dims(), cfg.options)
+    if cfg.attention_extension is not None:
+        object.__setattr__(cfg, "attention_extension", dict(cfg.attention_extension))
 
 
 def check_shapes(cfg: Any) -> None:
@@ -50,6 +60,7 @@ class GPTConfig(SchemeConfig):
     randomized_positions: bool = False  # Ruoss et al. 2023: train on sorted random positions from [0, L)
     max_random_position: int | None = None  # their L; None: 4 * max_seq_len
     extra: dict[str, Any] = field(default_factory=dict)  # room for experiment notes; unused by the model
+    attention_extension: dict[str, Any] | None = None  # a position map (posenc.position_maps), e.g. Self-Extend
 
     def __post_init__(self) -> None:
         check_shapes(self)
@@ -58,6 +69,7 @@ class GPTConfig(SchemeConfig):
         number_in("norm_eps", self.norm_eps, 0.0, 1.0, low_open=True)
         check_randomized_positions(self.randomized_positions, self.max_random_position, self.max_seq_len)
         self.check_scheme("position_embedding_type", self.dims())
+        check_extension(self)
 
     def dims(self) -> Dims:
         limit = self.random_position_range

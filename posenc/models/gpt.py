@@ -19,7 +19,8 @@ class GPT(CausalGeneration, nn.Module):
         n_kv = cfg.n_kv_head or cfg.n_head
         hidden = cfg.ffn_hidden_size or 4 * cfg.d_model
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.schemes = SchemeStack(cfg.position_embedding_type, cfg.dims(), cfg.options, cfg.n_layer)
+        self.schemes = SchemeStack(cfg.position_embedding_type, cfg.dims(), cfg.options, cfg.n_layer,
+                                   cfg.attention_extension)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(
             TransformerBlock(cfg.d_model, cfg.n_head, n_kv, hidden, i, cfg.bias, cfg.dropout, True, cfg.norm_eps)

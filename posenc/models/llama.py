@@ -10,7 +10,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from posenc.errors import bad_value
-from posenc.models.config import check_shapes
+from posenc.models.config import check_extension, check_shapes
 from posenc.models.generation import CausalGeneration
 from posenc.models.positions import SchemeStack
 from posenc.models.scheme_config import SchemeConfig
@@ -33,10 +33,12 @@ class LlamaConfig(SchemeConfig):
     rms_norm_eps: float = 1e-5
     tie_word_embeddings: bool = True
     position_embedding_type: str = "rope"
+    attention_extension: dict[str, Any] | None = None  # a position map (posenc.position_maps), e.g. Self-Extend
 
     def __post_init__(self) -> None:
         check_shapes(self)
         self.check_scheme("position_embedding_type", self.dims())
+        check_extension(self)
 
     def dims(self) -> Dims:
         return Dims(self.d_model, self.n_head, self.d_model // self.n_head, self.max_seq_len, True, self.n_kv_head)
@@ -51,7 +53,7 @@ class Llama(CausalGeneration, nn.Module):
         super().__init__()
         self.cfg = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.schemes = SchemeStack(cfg.position_embedding_type, cfg.dims(), cfg.options, cfg.n_layer)
+        self.schemes = self._schemes()
         self.blocks = nn.ModuleList(
             LlamaBlock(cfg.d_model, cfg.n_head, cfg.n_kv_head, cfg.ffn_hidden_size, i, cfg.rms_norm_eps)
             for i in range(cfg.n_layer)
@@ -64,14 +66,21 @@ class Llama(CausalGeneration, nn.Module):
         self.hf_path: Path | None = None
         self._tokenizer: Any = None
 
+    def _schemes(self) -> SchemeStack:
+        cfg = self.cfg
+        return SchemeStack(cfg.position_embedding_type, cfg.dims(), cfg.options, cfg.n_layer, cfg.attention_extension)
+
     @classmethod
-    def from_gguf(cls, path: str | Path, rope_scaling: dict[str, Any] | None = None) -> Llama:
-        """Load a llama.cpp GGUF (weights dequantised to float32); rope_scaling in HF's dict format."""
+    def from_gguf(cls, path: str | Path, rope_scaling: dict[str, Any] | None = None,
+                  attention_extension: dict[str, Any] | None = None) -> Llama:
+        """Load a llama.cpp GGUF (weights dequantised to float32); rope_scaling in HF's dict format;
+        attention_extension a position map's dict (posenc.position_maps)."""
         from posenc.models.gguf import read_llama_gguf
 
-        LlamaConfig(rope_scaling=rope_scaling)  # a bad scaling fails here, before the slow read
+        # a bad scaling or extension fails here, before the slow read
+        LlamaConfig(rope_scaling=rope_scaling, attention_extension=attention_extension)
         fields, state = read_llama_gguf(path)
-        model = cls(LlamaConfig(**fields, rope_scaling=rope_scaling))
+        model = cls(LlamaConfig(**fields, rope_scaling=rope_scaling, attention_extension=attention_extension))
         missing, unexpected = model.load_state_dict(state, strict=False)
         missing = [m for m in missing if not (m == "lm_head.weight" and model.cfg.tie_word_embeddings)]
         if missing or unexpected:
@@ -80,15 +89,17 @@ class Llama(CausalGeneration, nn.Module):
         return model.eval()
 
     @classmethod
-    def from_hf(cls, directory: str | Path, rope_scaling: dict[str, Any] | None = None) -> Llama:
+    def from_hf(cls, directory: str | Path, rope_scaling: dict[str, Any] | None = None,
+                attention_extension: dict[str, Any] | None = None) -> Llama:
         """Load a Hugging Face Llama-family folder (config.json + safetensors); rope_scaling None keeps
-        the checkpoint's own (if any), a dict replaces it."""
+        the checkpoint's own (if any), a dict replaces it; attention_extension as in from_gguf."""
         from posenc.models.hf_llama import config_fields, read_config, read_state
 
         directory = Path(directory)
         fields = config_fields(read_config(directory))
         if rope_scaling is not None:
             fields["rope_scaling"] = rope_scaling
+        fields["attention_extension"] = attention_extension
         cfg = LlamaConfig(**fields)  # a bad config fails here, before the weights are read
         model = cls(cfg)
         missing, unexpected = model.load_state_dict(read_state(directory), strict=False)
@@ -101,8 +112,14 @@ class Llama(CausalGeneration, nn.Module):
     def set_rope_scaling(self, rope_scaling: dict[str, Any] | None) -> Llama:
         """Switch the context-extension scaling in place (weights untouched; validated first)."""
         self.cfg = self.cfg.replace(rope_scaling=rope_scaling)
-        self.schemes = SchemeStack(self.cfg.position_embedding_type, self.cfg.dims(), self.cfg.options,
-                                   self.cfg.n_layer)
+        self.schemes = self._schemes()
+        return self
+
+    def set_attention_extension(self, attention_extension: dict[str, Any] | None) -> Llama:
+        """Switch the training-free position map in place (posenc.position_maps; None: plain attention).
+        Composes with the current rope_scaling; validated first, weights untouched."""
+        self.cfg = self.cfg.replace(attention_extension=attention_extension)
+        self.schemes = self._schemes()
         return self
 
     @property

@@ -9,6 +9,7 @@ token history (Abacus). A scheme therefore behaves the same in every model.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,7 @@ from posenc.models.inputs import check_positions, check_token_ids
 from posenc.models.limits import check_fits
 from posenc.models.random_positions import random_positions
 from posenc.nn.kv_cache import KVCache
+from posenc.position_maps.scheme import wrap
 from posenc.registry import scheme_class
 from posenc.scheme import Dims, Scheme
 
@@ -35,9 +37,12 @@ class Positions:
 class SchemeStack(nn.ModuleList):
     """The positional scheme(s) of one attention stack."""
 
-    def __init__(self, name: str, dims: Dims, options: Any, n_layer: int) -> None:
+    def __init__(self, name: str, dims: Dims, options: Any, n_layer: int,
+                 attention_extension: Mapping[str, Any] | None = None) -> None:
+        """attention_extension: a position map's dict (posenc.position_maps), wrapping each scheme."""
         cls = scheme_class(name)
-        super().__init__(cls(dims, options) for _ in range(n_layer if cls.per_layer else 1))
+        super().__init__(wrap(cls(dims, options), attention_extension)
+                         for _ in range(n_layer if cls.per_layer else 1))
         self.name, self.dims = name, dims
 
     def layer(self, index: int) -> Scheme:

@@ -45,6 +45,9 @@ def attention(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, q_pos: Tensor | N
     q_pos = _positions(q_pos, b, tq, tk - tq, "q_pos", q.device) if q_pos is not None else k_pos[:, tk - tq:]
     q_pos, k_pos = scheme.frame(q_pos, k_pos)
     q, k = scheme.rotate(q, k, q_pos, k_pos)
+    out = scheme.attend(q, k, v, q_pos, k_pos, causal)  # a scheme that runs attention itself (position maps)
+    if out is not None:
+        return out
     if scheme.needs_weights:  # Shaw's value term reads the weights
         return weights_attention(q, k, v, scheme, q_pos, k_pos, causal)
     if materialises_bias(scheme):

@@ -1,0 +1,140 @@
+"""Exact attention under a PositionMap (Self-Extend, Dual Chunk Attention, LM-Infinite, attention sinks),
+in chunks of queries so that memory is O(chunk x Tk), never (H, Tq, Tk).
+
+For each chunk of queries and each map m, the keys that map m scores (a contiguous index range, found
+from the selector) are scored at m's positions, giving m's softmax-normalised output and the log-sum-exp
+of its scores; the maps merge by softmax over those log-sum-exps (ChunkLlama's merge_attn_outputs), which
+is exactly the softmax over the merged score row. On the CPU each map runs PyTorch's fused flash kernel,
+which returns the log-sum-exp (~5x faster than the eager form, measured at SmolLM2's shapes); the eager
+form (scores in memory, budgeted) serves other devices, dropout, and as the reference the fused one is
+tested against. Notation: B, H, Hkv, Tq, Tk, Dh as in attention.py; C the
+rows of one chunk; K the keys one map scores in it; g = H // Hkv query heads per key/value head.
+"""
+
+from __future__ import annotations
+
+from itertools import pairwise
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from posenc.errors import bad_value
+from posenc.position_maps.base import PositionMap
+from posenc.scheme import Scheme
+
+_FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu  # returns (out, logsumexp)
+SCORE_BUDGET = 1 << 24  # score elements per chunk and map: 64 MiB in float32, a few copies at most live
+
+
+MAX_ROWS = 256  # a map's key range is a rectangle around a band (windows, chunks): short chunks waste less
+
+
+def chunk_rows(batch: int, heads: int, tq: int, tk: int, budget: int | None = None) -> int:
+    """Query rows per chunk: as many as keep B * H * C * Tk within the budget (SCORE_BUDGET), at least one."""
+    budget = SCORE_BUDGET if budget is None else budget
+    return max(1, min(tq, MAX_ROWS, budget // max(1, batch * heads * tk)))
+
+
+def query_chunks(first_row: Tensor, rows: int, period: int | None) -> list[tuple[int, int]]:
+    """(start, end) index ranges of at most `rows` queries; with a period (DCA's chunk), also cut where the first
+    batch row's position is a multiple of it, so each map's key range is one chunk, not two half ones."""
+    tq = first_row.shape[0]
+    cuts = {0, tq}
+    if period is not None:
+        cuts |= set((first_row % period == 0).nonzero().flatten().tolist())
+    bounds, out = sorted(cuts), []
+    for a, b in pairwise(bounds):
+        out += [(s, min(b, s + rows)) for s in range(a, b, rows)]
+    return out
+
+
+def _rotate_queries(scheme: Scheme, q: Tensor, pos: Tensor) -> Tensor:
+    # rotate() takes a pair; a one-key dummy keeps the scheme's own q rotation (xPos scales q and k apart)
+    return scheme.rotate(q, q[:, :1, :1], pos, pos[:, :1])[0]
+
+
+def _rotate_keys(scheme: Scheme, k: Tensor, pos: Tensor) -> Tensor:
+    return scheme.rotate(k[:, :1, :1], k, pos[:, :1], pos)[1]
+
+
+def mapped_attention(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, position_map: PositionMap,
+                     q_pos: Tensor, k_pos: Tensor, causal: bool = True, dropout: float = 0.0,
+                     budget: int | None = None, fused: bool | None = None) -> Tensor:
+    """q (B,H,Tq,Dh), k/v (B,Hkv,Tk,Dh) unrotated, the queries being the last Tq keys; q_pos (B,Tq), k_pos (B,Tk)
+    -> (B,H,Tq,Dh). scheme rotates (its rotate()); position_map says at which positions and which keys.
+    fused: the CPU flash kernel per map (None: on the CPU, without dropout or gradients; its backward ignores
+    the log-sum-exp that the merge differentiates, so training takes the eager form)."""
+    dtype = q.dtype
+    if q.element_size() < 4:  # half precision: scores and sums in float32, one rounding at the end
+        q, k, v = q.float(), k.float(), v.float()
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if fused is None:
+        fused = q.device.type == "cpu" and dropout == 0.0 and not needs_grad
+    elif fused and (needs_grad or dropout > 0 or q.device.type != "cpu"):
+        raise bad_value("fused", fused, "False (or None) with gradients, dropout or a non-CPU device")
+    b, h, tq, _ = q.shape
+    tk = k.shape[2]
+    origin = k_pos[:, :1]  # (B,1)
+    rotated: dict[int, Tensor] = {}  # maps sharing one key-position tensor share its rotation (DCA)
+    keys = []
+    for pos in position_map.key_positions(k_pos, origin):
+        if id(pos) not in rotated:
+            rotated[id(pos)] = _rotate_keys(scheme, k, pos)  # (B,Hkv,Tk,Dh)
+        keys.append(rotated[id(pos)])
+    q_maps = position_map.query_positions(q_pos, origin)  # per map (B,Tq)
+    rows = chunk_rows(b, h, tq, tk, budget)
+    key_index = torch.arange(tk, device=q.device)
+    out = []
+    for start, end in query_chunks(q_pos[0], rows, position_map.period):
+        select = position_map.select(q_pos[:, start:end], k_pos, origin)  # (B,C,Tk) int8
+        if causal:
+            query_index = torch.arange(tk - tq + start, tk - tq + end, device=q.device)
+            select = select.masked_fill(key_index[None, None, :] > query_index[None, :, None], -1)
+        queries = [_rotate_queries(scheme, q[:, :, start:end], p[:, start:end]) for p in q_maps]
+        out.append(_merged_chunk(queries, keys, v, select, dropout, fused))
+    return torch.cat(out, dim=2).to(dtype)
+
+
+def _merged_chunk(queries: list[Tensor], keys: list[Tensor], v: Tensor, select: Tensor, dropout: float,
+                  fused: bool) -> Tensor:
+    """queries per map (B,H,C,Dh), keys per map (B,Hkv,Tk,Dh), v (B,Hkv,Tk,Dh), select (B,C,Tk) -> (B,H,C,Dh)."""
+    b, h, c, dh = queries[0].shape
+    hkv = v.shape[1]
+    g = h // hkv
+    outs, lses = [], []
+    for m, (q_m, k_m) in enumerate(zip(queries, keys, strict=True)):
+        hit = select == m  # (B,C,Tk)
+        cols = hit.any(dim=1).any(dim=0).nonzero()
+        if cols.numel() == 0:
+            continue
+        lo, hi = int(cols[0]), int(cols[-1]) + 1  # the keys this map scores: one contiguous range
+        q3 = q_m.reshape(b, hkv, g * c, dh)  # GQA without copying keys: g query heads share a key head
+        allowed = hit[:, None, :, lo:hi].repeat(1, 1, g, 1)  # (B,1,g*C,K)
+        if fused:
+            out, lse = _map_fused(q3, k_m[:, :, lo:hi], v[:, :, lo:hi], allowed)
+        else:
+            out, lse = _map_eager(q3, k_m[:, :, lo:hi], v[:, :, lo:hi], allowed, dropout)
+        outs.append(out)
+        lses.append(lse)
+    lse = torch.stack(lses)  # (M,B,Hkv,g*C)
+    total = torch.logsumexp(lse, dim=0)
+    weights = torch.exp(lse - total.masked_fill(total == float("-inf"), 0.0))  # 0 for a map with no key in a row
+    merged = sum(w[..., None] * torch.where(w[..., None] > 0, o, 0.0) for w, o in zip(weights, outs, strict=True))
+    return merged.view(b, h, c, dh)
+
+
+def _map_fused(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor) -> tuple[Tensor, Tensor]:
+    """One map through the CPU flash kernel: q (B,Hkv,R,Dh), k/v (B,Hkv,K,Dh), allowed (B,1,R,K) ->
+    softmax output (B,Hkv,R,Dh) and log-sum-exp (B,Hkv,R), -inf for a row with no key."""
+    mask = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill_(~allowed, float("-inf"))
+    out, lse = _FLASH(q, k, v, 0.0, False, attn_mask=mask, scale=q.shape[-1] ** -0.5)
+    return out, lse.masked_fill(~allowed.any(dim=-1), float("-inf"))  # the kernel reports 0 for an empty row
+
+
+def _map_eager(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, dropout: float) -> tuple[Tensor, Tensor]:
+    """The same in plain operations (scores held): any device, dropout, the reference for _map_fused."""
+    scores = (q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5).masked_fill(~allowed, float("-inf"))  # (B,Hkv,R,K)
+    lse = torch.logsumexp(scores, dim=-1)
+    weights = torch.exp(scores - lse.masked_fill(lse == float("-inf"), 0.0)[..., None])
+    return (F.dropout(weights, dropout) if dropout > 0 else weights) @ v, lse
