@@ -181,7 +181,10 @@ def test_a_killed_run_resumes_and_keeps_its_wall_time(command, tmp_path, capsys)
 
 
 @pytest.mark.pretrained
-def test_a_killed_extend_run_resumes_and_keeps_its_wall_time(tmp_path, capsys):
+def test_a_killed_extend_run_resumes_and_keeps_its_wall_time(tmp_path, capsys, monkeypatch):
+    """Also issue 24, item 2: the resume computes only what the killed run had not saved."""
+    import posenc.experiments.extend.perplexity as extend_perplexity
+
     smollm2_gguf()
     child = start(["extend", "--quick", "--out-dir", str(tmp_path)])  # all 7 scalings: work left at the kill
     wait_for(lambda: any(tmp_path.glob("extend-*/progress.json")), "saved work", child)
@@ -190,9 +193,17 @@ def test_a_killed_extend_run_resumes_and_keeps_its_wall_time(tmp_path, capsys):
     assert not (folder / "results.json").exists(), "the run ended before the kill"
     killed_at = wall(folder)
     assert killed_at > 0
+    saved = json.loads((folder / "progress.json").read_text())["ppl"]
+    computed: list[str] = []
+    real = extend_perplexity.perplexities
+    monkeypatch.setattr(extend_perplexity, "perplexities",
+                        lambda model, scaling, *a, **k: computed.append(scaling) or real(model, scaling, *a, **k))
     code, _, err = cli(capsys, "extend", "--resume", folder)
     assert code == 0, err
     assert (folder / "results.json").is_file() and wall(folder) > killed_at
+    rows = json.loads((folder / "progress.json").read_text())["ppl"]
+    assert len(computed) == len(rows) - len(saved)  # the rows saved before the kill were not computed again
+    assert all(rows[name] == row for name, row in saved.items())
 
 
 WORKERS = """
