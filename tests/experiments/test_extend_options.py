@@ -71,3 +71,22 @@ def test_a_folder_from_before_run_json_resumes_with_its_own_settings_and_time(tm
         (64, 128), 2, 3, 64)
     stored = stored_extend_run(tmp_path)
     assert stored["wall_seconds"] == 12.5 and stored["config"] == cfg.to_dict()
+
+
+@pytest.mark.parametrize("args, field", [
+    (["extend.factor=abc"], "extend.factor"),
+    (["--factor", "nan"], "extend.factor"),
+    (["--factor", "inf"], "extend.factor"),
+    (["extend.factor=true"], "extend.factor"),
+    (["passkey.depths=[abc]"], "passkey.depths"),
+    (["passkey.depths=[0.5,nan]"], "passkey.depths"),
+])
+def test_bad_extend_values_are_one_line_before_any_model_or_folder(tmp_path, capsys, args, field):
+    """Issue 24, items 4, 6 and 7: each was a traceback, a value saved as null, or refused only after the
+    model loaded; now one line naming the field, and no run folder."""
+    from posenc.cli import main
+
+    code = main(["extend", f"out_dir={tmp_path / 'runs'}", *args])
+    err = capsys.readouterr().err
+    assert code == 2 and field in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "runs").exists()
