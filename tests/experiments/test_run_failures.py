@@ -32,6 +32,30 @@ def _count_optimizer_steps(monkeypatch) -> list[int]:
     return calls
 
 
+def _signal_in_step(monkeypatch, step: int, signum: int = signal.SIGINT) -> list[int]:
+    """Raise `signum` inside optimizer step `step` (1-based, counted over the whole command), as if the user
+    pressed Ctrl-C (or a scheduler sent SIGTERM) then; returns the list of steps taken so far."""
+    calls: list[int] = []
+    real = torch.optim.AdamW.step
+
+    def step_and_signal(self, *a, **k):
+        if len(calls) == step - 1:
+            signal.raise_signal(signum)
+        calls.append(1)
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", step_and_signal)
+    return calls
+
+
+def _compare(run_dir, schemes: str, seeds: str) -> list:
+    """An in-process compare (compare.jobs=1) of tiny models, 6 steps per unit."""
+    return ["compare", "--run-dir", run_dir, f"compare.schemes={schemes}", f"compare.seeds={seeds}",
+            "compare.jobs=1", "compare.progress=false", "trainer.progress=false", "trainer.max_steps=6",
+            "trainer.eval_interval=3", "model.n_layer=1", "model.d_model=32", "model.n_head=2",
+            "model.max_seq_len=64", "data.seq_len=16", "eval.max_windows=2", "eval.shift_offsets=[0,10]"]
+
+
 def test_divergence_stops_with_a_message_and_saves_no_nan_weights(tmp_path, capsys):
     code, _, err = cli(capsys, "train", "--run-dir", tmp_path / "run", *RUN, "model.init_std=1e30")
     assert code == 1 and "diverged" in one_line(err)
@@ -193,20 +217,8 @@ def test_written_files_get_the_usual_permissions_not_owner_only(tmp_path):
 def test_ctrl_c_in_an_in_process_compare_is_an_interruption_not_a_divergence(tmp_path, capsys, monkeypatch):
     """Issue 24, item 1: with units in this process (compare.jobs=1), Ctrl-C inside alibi's unit stops the
     whole command with 130; alibi is not recorded as diverged and rope never starts."""
-    calls: list[int] = []
-    real = torch.optim.AdamW.step
-
-    def interrupt_third(self, *a, **k):
-        if len(calls) == 2:
-            signal.raise_signal(signal.SIGINT)
-        calls.append(1)
-        return real(self, *a, **k)
-
-    monkeypatch.setattr(torch.optim.AdamW, "step", interrupt_third)
-    compare = ["compare", "--run-dir", tmp_path / "run", "compare.schemes=[alibi,rope]", "compare.seeds=[0]",
-               "compare.jobs=1", "compare.progress=false", "trainer.progress=false", "trainer.max_steps=6",
-               "trainer.eval_interval=3", "model.n_layer=1", "model.d_model=32", "model.n_head=2",
-               "model.max_seq_len=64", "data.seq_len=16", "eval.max_windows=2", "eval.shift_offsets=[0,10]"]
+    calls = _signal_in_step(monkeypatch, 3)
+    compare = _compare(tmp_path / "run", "[alibi,rope]", "[0]")
     code, out, err = cli(capsys, *compare)
     assert code == 130, err
     assert "diverged" not in (out + err).lower()
@@ -219,16 +231,8 @@ def test_sigterm_saves_and_records_like_ctrl_c_and_exits_143(tmp_path, capsys, m
     """Issue 24, item 9: SIGTERM (schedulers, `timeout`) inside step 3 finishes the step, saves it, records
     the run as interrupted and exits 128 + 15; the run then resumes."""
     args = [*TINY, "model.position_embedding_type=alibi", "trainer.max_steps=6", "trainer.checkpoint_interval=6"]
-    calls: list[int] = []
     real = torch.optim.AdamW.step
-
-    def terminate_third(self, *a, **k):
-        if len(calls) == 2:
-            signal.raise_signal(signal.SIGTERM)
-        calls.append(1)
-        return real(self, *a, **k)
-
-    monkeypatch.setattr(torch.optim.AdamW, "step", terminate_third)
+    _signal_in_step(monkeypatch, 3, signal.SIGTERM)
     before = signal.getsignal(signal.SIGTERM)
     code, _, err = cli(capsys, "train", "--run-dir", tmp_path / "run", *args)
     assert code == 143 and "step 3" in one_line(err) and "SIGTERM" in one_line(err), err
@@ -255,21 +259,10 @@ def test_the_report_of_an_interrupted_compare_says_what_finished_and_judges_only
         tmp_path, capsys, monkeypatch):
     """Issue 24, item 5: `posenc report` on a compare stopped after alibi's first seed labelled rope (never
     started) "diverged", claimed 2 seeds where 1 existed and judged alibi's claim "on every seed" from one."""
-    calls: list[int] = []
     real = torch.optim.AdamW.step
-
-    def interrupt_in_the_second_unit(self, *a, **k):
-        if len(calls) == 8:  # 6 steps per unit: inside alibi seed 1
-            signal.raise_signal(signal.SIGINT)
-        calls.append(1)
-        return real(self, *a, **k)
-
-    monkeypatch.setattr(torch.optim.AdamW, "step", interrupt_in_the_second_unit)
+    _signal_in_step(monkeypatch, 9)  # 6 steps per unit: inside alibi seed 1
     run_dir = tmp_path / "run"
-    compare = ["compare", "--run-dir", run_dir, "compare.schemes=[alibi,rope]", "compare.seeds=[0,1]",
-               "compare.jobs=1", "compare.progress=false", "trainer.progress=false", "trainer.max_steps=6",
-               "trainer.eval_interval=3", "model.n_layer=1", "model.d_model=32", "model.n_head=2",
-               "model.max_seq_len=64", "data.seq_len=16", "eval.max_windows=2", "eval.shift_offsets=[0,10]"]
+    compare = _compare(run_dir, "[alibi,rope]", "[0,1]")
     assert cli(capsys, *compare)[0] == 130
     monkeypatch.setattr(torch.optim.AdamW, "step", real)
     assert cli(capsys, "report", run_dir)[0] == 0
