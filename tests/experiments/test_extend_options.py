@@ -90,3 +90,14 @@ def test_bad_extend_values_are_one_line_before_any_model_or_folder(tmp_path, cap
     err = capsys.readouterr().err
     assert code == 2 and field in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("content", ["{}", "[]", "not json", '{"ppl": {"none": 1}, "passkey": {}, "forwards": []}',
+                                     '{"ppl": {}, "passkey": {}}'])
+def test_a_hand_edited_progress_file_is_one_line_naming_it(tmp_path, content):
+    """Issue 24, item 6: extend's progress.json, read back on --resume, is checked as a whole."""
+    from posenc.experiments.extend.progress import STATE_FILE, RunState
+
+    (tmp_path / STATE_FILE).write_text(content)
+    with pytest.raises(ValueError, match=rf"progress='{tmp_path / STATE_FILE}' is not allowed: an extend progress"):
+        RunState.load(tmp_path)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from posenc.atomic_files import write_json
+from posenc.errors import bad_value
 from posenc.experiments.extend.resource_usage import PeakMemory
 
 STATE_FILE = "progress.json"
@@ -32,8 +33,16 @@ class RunState:
         state = cls(run_dir, on_save)
         path = run_dir / STATE_FILE
         if path.is_file():
-            saved = json.loads(path.read_text())
-            state.ppl = {name: _int_keys(row) for name, row in saved["ppl"].items()}
+            try:  # checked as a whole: a hand-edited file is one line naming it, never a traceback
+                saved = json.loads(path.read_text(encoding="utf-8"))
+                if not (isinstance(saved, dict) and isinstance(saved.get("ppl"), dict)
+                        and isinstance(saved.get("passkey"), dict) and isinstance(saved.get("forwards"), list)
+                        and all(isinstance(row, dict) for row in [*saved["ppl"].values(), *saved["passkey"].values()])):
+                    raise ValueError("an object with ppl {scaling: row}, passkey {cell: record} and forwards [...]")
+                state.ppl = {name: _int_keys(row) for name, row in saved["ppl"].items()}
+            except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as err:
+                raise bad_value("progress", str(path), f"an extend progress file ({err}); restore it, or remove "
+                                                       "it to start the run's work again") from None
             state.passkey, state.forwards = saved["passkey"], saved["forwards"]
         return state
 
