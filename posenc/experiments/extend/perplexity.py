@@ -38,7 +38,11 @@ def token_windows(tokenize: Callable[[str], list[int]], text: str, length: int, 
             break
         chars *= 2
     if len(ids) < need:
-        raise bad_value("windows", windows, f"at most {len(ids) // length} windows of {length} tokens in this corpus")
+        if len(ids) // length == 0:  # the longest length itself does not fit: name the length the user typed
+            raise bad_value("perplexity.lengths", length, f"at most {len(ids) - 1:,} tokens, the length of this "
+                                                          "corpus (perplexity.corpus)")
+        raise bad_value("perplexity.windows", windows,
+                        f"at most {len(ids) // length} windows of {length} tokens in this corpus")
     return torch.tensor(ids[: length * windows]).view(windows, length)
 
 

@@ -72,9 +72,15 @@ def run(cfg: ExtendConfig, run_dir: Path | None) -> int:
     """A new run (run_dir None: a new folder under out_dir) or the unfinished run in run_dir, continued."""
     from posenc.data.corpus import load_builtin
 
+    corpus = load_builtin(cfg.perplexity.corpus)
+    # Preflight before a model loads or a folder is made: a token is at least one character, so a length past
+    # the text's characters can never be windowed (the exact token count needs the model's tokenizer).
+    if cfg.ppl_lengths and max(cfg.ppl_lengths) >= len(corpus.text):
+        raise bad_value("perplexity.lengths", max(cfg.ppl_lengths), f"lengths below the {len(corpus.text):,} "
+                                                                    "characters of perplexity.corpus (a token "
+                                                                    "holds at least one)")
     new = run_dir is None
     run_dir = new_run_dir(cfg.out_dir, "extend") if new else run_dir
-    corpus = load_builtin(cfg.perplexity.corpus)
     record = {"name": cfg.perplexity.corpus, "sha256": corpus.sha256}
     with removed_if_unused(run_dir, manifest.holds_results) if new else contextlib.nullcontext(), \
             open_run(run_dir, RULE, cfg.to_dict(), record, read=stored_extend_run) as opened:
