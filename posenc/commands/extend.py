@@ -1,5 +1,6 @@
 """`posenc extend`: perplexity and passkey retrieval of a pretrained Llama (SmolLM2-135M by default,
-or any Llama GGUF / Hugging Face checkpoint folder) against length, for each RoPE scaling.
+or any Llama GGUF / Hugging Face checkpoint folder) against length, for each method: RoPE scalings and
+attention position maps (Self-Extend, Dual Chunk Attention, LM-Infinite, attention sinks).
 
 Options come the way they do for every command (posenc.experiments.config.loader): the preset
 (configs/extend/NAME.yaml), then a YAML file (`--config`), then dotted overrides
@@ -17,6 +18,7 @@ from posenc.errors import bad_value
 from posenc.experiments.config import loader as config_loader
 from posenc.experiments.extend.config import METRICS, ExtendConfig, load_extend_config, preset_path, presets
 from posenc.experiments.extend.long_context import DTYPES
+from posenc.experiments.extend.methods import EXTENSIONS
 from posenc.experiments.extend.scalings import PRESETS
 
 # option -> (dotted key it sets, parser of the option's text, help): shorthands for `key=value`.
@@ -24,7 +26,8 @@ OPTIONS: dict[str, tuple[str, Any, str]] = {
     "--task": ("extend.metric", str, f"{' | '.join(METRICS)} (default both)"),
     "--lengths": ("perplexity.lengths", "ints", "perplexity (and passkey) lengths in tokens, e.g. 2048,8192,32768"),
     "--passkey-lengths": ("passkey.lengths", "ints", "passkey lengths when they differ from --lengths"),
-    "--scalings": ("extend.scalings", "names", f"comma-separated, from: {', '.join(PRESETS)} (default: all)"),
+    "--methods": ("extend.methods", "names", f"comma-separated, from: {', '.join([*PRESETS, *EXTENSIONS])}, dca "
+                                              "(= dual_chunk), or <map>+<static scaling> (default: every scaling)"),
     "--factor": ("extend.factor", float, "scaling factor (default: max(2, longest / trained context))"),
     "--depths": ("passkey.depths", "floats", "passkey needle depths in [0, 1] (default 0.1,0.5,0.9)"),
     "--trials": ("passkey.trials", int, "passkey keys per (length, depth) cell"),
@@ -65,7 +68,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", default=None, help=f"{' | '.join(presets())} (configs/extend/NAME.yaml): default "
                                                        "~10 min, long ~1 h (to 4x the trained context)")
     for option, (key, _, help_text) in OPTIONS.items():
-        names = {"--model": [option, "--gguf"], "--task": ["--metric", option]}.get(option, [option])
+        names = {"--model": [option, "--gguf"], "--task": ["--metric", option],
+                 "--methods": [option, "--scalings"]}.get(option, [option])
         parser.add_argument(*names, dest=key, default=None, help=f"{help_text} (= {key}=...)")
     parser.add_argument("--quick", action="store_true", help="tiny smoke run (= --preset quick)")
     parser.add_argument("--resume", default=None, help="an unfinished extend run folder: continue it")

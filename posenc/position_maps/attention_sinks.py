@@ -38,6 +38,10 @@ class AttentionSinks(PositionMap):
     def resolved(self, max_seq_len: int) -> AttentionSinks:
         return self if self.window is not None else self.replace(window=max(1, max_seq_len - self.n_sink))
 
+    @property
+    def plain_within(self) -> int:
+        return self.window or 0  # every key recent: the window map, true positions
+
     def query_positions(self, q_pos: Tensor, origin: Tensor) -> tuple[Tensor, ...]:
         in_cache = origin + torch.clamp(q_pos - origin, max=self.n_sink + self.window - 1)
         return q_pos, in_cache

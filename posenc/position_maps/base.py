@@ -44,6 +44,13 @@ class PositionMap:
         that lets attention align its query chunks; correctness never depends on it."""
         return None
 
+    @property
+    def plain_within(self) -> int:
+        """Sequences of at most this many tokens (from the origin) are scored exactly as without the map: every
+        pair either keeps its true distance or is one the map leaves untouched. 0: no such promise. Lets a sweep
+        share a plain forward with a mapped one where they are the same computation."""
+        return 0
+
     def resolved(self, max_seq_len: int) -> PositionMap:
         """Options left None take their defaults from the trained context length (max_seq_len)."""
         return self

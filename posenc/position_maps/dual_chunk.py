@@ -55,6 +55,11 @@ class DualChunk(PositionMap):
     def period(self) -> int:
         return self.chunk_len
 
+    @property
+    def plain_within(self) -> int:
+        return self.chunk_len if self.chunk_size is not None and self.local_window is not None else 0
+        # one chunk: intra-chunk positions j mod s keep every distance
+
     def query_positions(self, q_pos: Tensor, origin: Tensor) -> tuple[Tensor, ...]:
         s = self.chunk_len
         intra = q_pos % s

@@ -41,6 +41,10 @@ class LMInfinite(PositionMap):
         cap = self.max_distance if self.max_distance is not None else window
         return self.replace(window=window, max_distance=cap)
 
+    @property
+    def plain_within(self) -> int:
+        return self.window or 0  # every key local: true distances
+
     def query_positions(self, q_pos: Tensor, origin: Tensor) -> tuple[Tensor, ...]:
         return q_pos, torch.full_like(q_pos, self.max_distance)
 

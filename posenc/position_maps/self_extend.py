@@ -32,6 +32,10 @@ class SelfExtend(PositionMap):
         whole("group_size", self.group_size, 1)
         whole("window", self.window, 1)
 
+    @property
+    def plain_within(self) -> int:
+        return self.window  # every distance < W: the neighbour map, true positions
+
     def query_positions(self, q_pos: Tensor, origin: Tensor) -> tuple[Tensor, ...]:
         shift = self.window - self.window // self.group_size
         return q_pos, q_pos // self.group_size + shift

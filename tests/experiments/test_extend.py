@@ -16,6 +16,7 @@ from posenc.cli import parser
 from posenc.commands.extend import config_from_args
 from posenc.experiments.config import loader as config_loader
 from posenc.experiments.extend.config import ExtendConfig, presets
+from posenc.experiments.extend.methods import Method
 from posenc.experiments.extend.passkey import cells, run_passkey
 from posenc.experiments.extend.passkey_prompts import PromptBuilder
 from posenc.experiments.extend.perplexity import NllMemo, perplexities, planned_tokens
@@ -60,7 +61,8 @@ def direct_ppl(model: Llama, ids: torch.Tensor) -> float:
 def test_prefix_of_a_long_forward_equals_a_short_forward():
     model, ids = tiny_llama(), torch.randint(0, 61, (1, 128), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        ppl = perplexities(model, None, [32, 128], NllMemo(ids, Counter()))  # 32 is served by the 128 forward
+        plain = Method("none", None, None, 0)
+        ppl = perplexities(model, plain, [32, 128], NllMemo(ids, Counter()))  # 32 is served by the 128 forward
         assert ppl[32]["ppl"] == pytest.approx(direct_ppl(model, ids[:, :32]), rel=1e-5)
         assert ppl[128]["ppl"] == pytest.approx(direct_ppl(model, ids), rel=1e-5)
         assert ppl[32]["ppl"] != pytest.approx(ppl[128]["ppl"], rel=1e-3)  # two different token sets
@@ -106,7 +108,7 @@ def test_passkey_answers_are_shared_where_tables_agree(tmp_path):
     counter = Counter()
     with torch.no_grad():
         run_passkey(cfg, model, builder, state, counter)
-    dynamic = [r for r in state.passkey.values() if r["scaling"] == "dynamic"]
+    dynamic = [r for r in state.passkey.values() if r["method"] == "dynamic"]
     assert len(dynamic) == len(cells(cfg)) and all(r["shared_with"] == "none" for r in dynamic)
     assert counter.n == sum(n for n, _, _ in cells(cfg))
 
@@ -122,11 +124,11 @@ def args(*argv):
 
 @pytest.mark.parametrize("name", list(PRESETS))
 def test_every_scaling_name_is_accepted(name):
-    assert config_from_args(args("--scalings", name)).extend.scalings == (name,)
+    assert config_from_args(args("--scalings", name)).extend.methods == (name,)
 
 
 def test_default_runs_every_scaling_and_presets_parse():
-    assert config_from_args(args()).extend.scalings == tuple(PRESETS)
+    assert config_from_args(args()).extend.methods == tuple(PRESETS)
     assert presets() == ["default", "long", "quick"]
     for preset in presets():
         assert config_from_args(args("--preset", preset)).perplexity.lengths
@@ -136,7 +138,7 @@ def test_default_runs_every_scaling_and_presets_parse():
 
 
 @pytest.mark.parametrize(("argv", "named"), [
-    (["--scalings", "yarnn"], "scalings"),
+    (["--scalings", "yarnn"], "methods"),
     (["--lengths", "1,128"], "lengths"),
     (["--lengths", "abc"], "lengths"),
     (["--windows", "0"], "windows"),
@@ -170,10 +172,10 @@ def test_quick_run_writes_results(tmp_path, capsys):
         assert (run_dir / name).stat().st_size > 0
     results = json.loads((run_dir / "results.json").read_text())
     assert results["context_length"] == 8192 and results["longest_forward_peak_rss_gib"] > 0
-    by_name = {r["scaling"]: r["ppl_by_length"] for r in results["ppl"]}
+    by_name = {r["method"]: r["ppl_by_length"] for r in results["ppl"]}
     assert all(math.isfinite(s["ppl"]) and s["ppl"] > 1 for row in by_name.values() for s in row.values())
     assert by_name["dynamic"] == by_name["none"]  # 64 and 128 tokens: far inside the trained 8192
-    assert {r["scaling"] for r in results["passkey"]} == {"none", "dynamic", "yarn"}
+    assert {r["method"] for r in results["passkey"]} == {"none", "dynamic", "yarn"}
     record = json.loads((run_dir / "run.json").read_text())  # extend's folder holds run.json like every other
-    assert record["command"] == "extend" and record["config"]["extend"]["scalings"] == ["none", "dynamic", "yarn"]
+    assert record["command"] == "extend" and record["config"]["extend"]["methods"] == ["none", "dynamic", "yarn"]
     assert record["wall_seconds"] >= results["wall_s"] > 0  # run.json is written last, after the report

@@ -20,7 +20,7 @@ def test_yaml_then_flags_then_overrides(tmp_path):
     preset = tmp_path / "extend.yaml"
     preset.write_text("lengths: [1024, 2048]\ntrials: 2\nscalings: [none, yarn]\n")
     cfg = config("--config", str(preset))
-    assert (cfg.perplexity.lengths, cfg.passkey.trials, cfg.extend.scalings) == ((1024, 2048), 2, ("none", "yarn"))
+    assert (cfg.perplexity.lengths, cfg.passkey.trials, cfg.extend.methods) == ((1024, 2048), 2, ("none", "yarn"))
     cfg = config("--config", str(preset), "--trials", "3", "trials=4", "dtype=float32")
     assert (cfg.passkey.trials, cfg.model.dtype, cfg.perplexity.lengths) == (4, "float32", (1024, 2048))
 
@@ -34,7 +34,7 @@ def test_explicit_lengths_serve_passkey_unless_it_gets_its_own():
 
 
 @pytest.mark.parametrize(("argv", "field"), [(["lenghts=[5]"], "lengths"), (["trials=0"], "trials"),
-                                             (["scalings=[bogus]"], "scalings"), (["depths=[2]"], "depths")])
+                                             (["scalings=[bogus]"], "methods"), (["depths=[2]"], "depths")])
 def test_bad_options_name_the_field(argv, field):
     with pytest.raises(ValueError, match=field):
         config(*argv)
@@ -66,7 +66,7 @@ def test_a_folder_from_before_run_json_resumes_with_its_own_settings_and_time(tm
     (tmp_path / "config.json").write_text(json.dumps(old))
     (tmp_path / "progress.json").write_text(json.dumps({"ppl": {}, "passkey": {}, "forwards": [], "wall_s": 12.5}))
     cfg = _resumed_config(tmp_path)
-    assert (cfg.extend.metric, cfg.extend.scalings, cfg.extend.factor) == ("ppl", ("none", "yarn"), 4.0)
+    assert (cfg.extend.metric, cfg.extend.methods, cfg.extend.factor) == ("ppl", ("none", "yarn"), 4.0)
     assert (cfg.perplexity.lengths, cfg.perplexity.windows, cfg.passkey.seed, cfg.model.prefill_chunk) == (
         (64, 128), 2, 3, 64)
     stored = stored_extend_run(tmp_path)

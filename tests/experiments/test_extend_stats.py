@@ -31,13 +31,13 @@ def test_block_bootstrap_brackets_the_perplexity_and_narrows_with_more_text():
 
 
 def test_passkey_summary_counts_cells_and_lengths():
-    records = [{"scaling": "yarn", "length": 1024, "depth": d, "correct": c}
+    records = [{"method": "yarn", "length": 1024, "depth": d, "correct": c}
                for d, c in [(0.1, True), (0.1, False), (0.9, True), (0.9, True)]]
     (row,) = passkey_summary(records)
     assert (row["correct"], row["total"], row["accuracy"]) == (3, 4, 0.75)
     by_depth = {r["depth"]: r for r in passkey_summary(records, by_depth=True)}
     assert (by_depth[0.1]["correct"], by_depth[0.9]["total"]) == (1, 2)
-    table = markdown({"t": ([{"scaling": "yarn", "1024": "3/4"}], ["scaling", "1024"])})
+    table = markdown({"t": ([{"method": "yarn", "1024": "3/4"}], ["method", "1024"])})
     assert "| yarn | 3/4 |" in table and "|---|---:|" in table
 
 

@@ -197,7 +197,7 @@ def test_a_killed_extend_run_resumes_and_keeps_its_wall_time(tmp_path, capsys, m
     computed: list[str] = []
     real = extend_perplexity.perplexities
     monkeypatch.setattr(extend_perplexity, "perplexities",
-                        lambda model, scaling, *a, **k: computed.append(scaling) or real(model, scaling, *a, **k))
+                        lambda model, method, *a, **k: computed.append(method) or real(model, method, *a, **k))
     code, _, err = cli(capsys, "extend", "--resume", folder)
     assert code == 0, err
     assert (folder / "results.json").is_file() and wall(folder) > killed_at

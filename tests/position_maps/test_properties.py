@@ -176,3 +176,19 @@ def test_cuda_takes_the_eager_form_and_agrees_with_the_cpu(spec):
     scheme = scheme.cuda()
     cuda = mapped_attention(q.cuda(), k.cuda(), v.cuda(), scheme.inner, scheme.position_map, pos.cuda(), pos.cuda())
     assert (cuda.cpu() - cpu).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("spec", SMALL, ids=_ids)
+@torch.no_grad()
+def test_plain_within_is_exactly_the_length_up_to_which_the_map_is_plain_rope(spec):
+    """plain_within is a promise a sweep relies on to share forwards: it must hold up to its length, and
+    not be vacuous (these maps change the scores within T)."""
+    from posenc.position_maps import build_position_map
+    from tests.position_maps.tiny import TRAINED
+
+    within = build_position_map(spec, TRAINED).plain_within
+    assert 1 <= within < T
+    ids = token_ids(2, T)
+    plain, mapped = tiny_llama()(ids), tiny_llama(attention_extension=spec)(ids)
+    assert (mapped[:, :within] - plain[:, :within]).abs().max().item() < 1e-10
+    assert (mapped[:, within:] - plain[:, within:]).abs().max().item() > 1e-4

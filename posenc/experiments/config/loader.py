@@ -67,6 +67,8 @@ def _renamed(schema: type, layer: dict[str, Any], notice: bool) -> dict[str, Any
     renamed = aliases(schema)
     out: dict[str, Any] = {}
     for key, value in layer.items():
+        if isinstance(value, dict):  # a section; its own keys may have been renamed (`section.old`)
+            value = {_inner_name(renamed, key, option, notice): v for option, v in value.items()}
         if key not in renamed or isinstance(value, dict):  # a mapping is a section that kept its name
             out[key] = {**out[key], **value} if isinstance(out.get(key), dict) and isinstance(value, dict) else value
             continue
@@ -76,6 +78,16 @@ def _renamed(schema: type, layer: dict[str, Any], notice: bool) -> dict[str, Any
         current = out.get(section, {})
         out[section] = {**current, option: value} if isinstance(current, dict) else current
     return out
+
+
+def _inner_name(renamed: dict[str, str], section: str, option: str, notice: bool) -> str:
+    """A section's option under its name now: `section.old` -> `section.new` when the schema renamed it."""
+    now = renamed.get(f"{section}.{option}")
+    if now is None:
+        return option
+    if notice:
+        print(f"posenc: note: `{section}.{option}` is now `{now}` (the old spelling still works)", file=sys.stderr)
+    return now.partition(".")[2]
 
 
 def load(schema: type[S], path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),

@@ -15,7 +15,8 @@ from posenc.data.corpus import SOURCES
 from posenc.errors import bad_value, unknown_name
 from posenc.experiments.config import loader as config_loader
 from posenc.experiments.extend.long_context import DTYPES
-from posenc.experiments.extend.scalings import PRESETS
+from posenc.experiments.extend.methods import ALIASES, EXTENSIONS, build_method, canonical, check_method_options
+from posenc.experiments.extend.scalings import PRESETS, Target
 from posenc.experiments.runs.rule import RunRule
 
 METRICS = ("ppl", "passkey", "both")
@@ -42,18 +43,24 @@ def _integer(name: str, value: Any, least: int | None = None) -> None:
 @dataclass(frozen=True, kw_only=True)
 class SweepOptions:
     metric: str = "both"  # ppl, passkey or both
-    scalings: tuple[str, ...] = tuple(PRESETS)  # RoPE scalings compared, one row each (extend/scalings.py)
-    factor: float | None = None  # every scaling's extension factor; null: max(2, longest length / trained context)
+    # Rows compared (extend/methods.py): RoPE scalings, attention position maps (self_extend, dual_chunk or
+    # dca, lm_infinite, attention_sinks) and maps composed with a static scaling (dual_chunk+linear)
+    methods: tuple[str, ...] = tuple(PRESETS)
+    method_options: dict[str, Any] = field(default_factory=dict)  # {map: {option: value}}, e.g. self_extend's window
+    factor: float | None = None  # every method's extension factor; null: max(2, longest length / trained context)
 
     def __post_init__(self) -> None:
-        _as_tuple(self, "scalings")
+        _as_tuple(self, "methods")
         if self.metric not in METRICS:
             raise unknown_name("extend.metric", self.metric, METRICS)
-        if not isinstance(self.scalings, tuple) or not self.scalings:
-            raise bad_value("extend.scalings", self.scalings, f"one or more of {', '.join(PRESETS)}")
-        for name in self.scalings:
-            if name not in PRESETS:
-                raise unknown_name("extend.scalings", name, PRESETS)
+        if not isinstance(self.methods, tuple) or not self.methods:
+            raise bad_value("extend.methods", self.methods, f"one or more of {', '.join([*PRESETS, *EXTENSIONS])}")
+        object.__setattr__(self, "methods", tuple(dict.fromkeys(canonical(name) for name in self.methods)))
+        check_method_options(self.method_options)
+        options = {ALIASES.get(k, k): dict(v) for k, v in self.method_options.items()}
+        object.__setattr__(self, "method_options", options)
+        for name in self.methods:  # a bad map option is one line now, not after the model loads
+            build_method(name, Target(2.0, 8192, 64, 10000.0), options)
         number = isinstance(self.factor, (int, float)) and not isinstance(self.factor, bool)
         if self.factor is not None and not (number and 1.0 <= self.factor < float("inf")):
             raise bad_value("extend.factor", self.factor, "null or a finite number >= 1")
@@ -111,7 +118,8 @@ class PasskeyOptions:
 
 
 # Keys of the flat config of earlier versions -> their dotted names now (config.loader reads both).
-FLAT_KEYS = {"task": "extend.metric", "scalings": "extend.scalings", "factor": "extend.factor",
+FLAT_KEYS = {"task": "extend.metric", "scalings": "extend.methods", "methods": "extend.methods",
+             "extend.scalings": "extend.methods", "factor": "extend.factor",
              "model": "model.path", "dtype": "model.dtype", "prefill_chunk": "model.prefill_chunk",
              "lengths": "perplexity.lengths", "windows": "perplexity.windows", "corpus": "perplexity.corpus",
              "passkey_lengths": "passkey.lengths", "depths": "passkey.depths", "trials": "passkey.trials",

@@ -1,5 +1,6 @@
-"""The model of an extend run: load it (GGUF or HF folder, plain RoPE only) and set a RoPE scaling
-held at one length (scalings.held), keyed by the frequency table it computes."""
+"""The model of an extend run: load it (GGUF or HF folder, plain RoPE only) and set one method (methods.py):
+its RoPE scaling held at one length (scalings.held) and its attention position map, keyed by what they
+compute, so two rows that compute the same thing at a length share one forward."""
 
 from __future__ import annotations
 
@@ -8,24 +9,56 @@ from typing import Any
 
 from posenc.errors import bad_value
 from posenc.experiments.extend.config import ExtendConfig
+from posenc.experiments.extend.methods import Method, build_method
 from posenc.experiments.extend.scalings import Target, held
 from posenc.models.llama import Llama
 from posenc.rotary.scaling import frequencies
 
 
+def rope_of(model: Llama) -> Any:
+    """Layer 0's rotary scheme, under its position map when one is set."""
+    layer = model.schemes.layer(0)
+    return getattr(layer, "inner", layer)
+
+
+def attention_scaling(model: Llama) -> float:
+    return rope_of(model).attention_scaling
+
+
 def target(model: Llama, cfg: ExtendConfig) -> Target:
-    rope = model.schemes.layer(0)
+    rope = rope_of(model)
     return Target(cfg.scaling_factor(model.cfg.max_seq_len), model.cfg.max_seq_len, rope.rot_dim, rope.rotary_base)
 
 
-def use_scaling(model: Llama, scaling: dict[str, Any] | None, length: int) -> Llama:
-    """Set `scaling`, held at `length` (scalings.held): one table for the whole sequence."""
-    return model.set_rope_scaling(held(scaling, length, model.cfg.max_seq_len))
+def sweep_methods(model: Llama, cfg: ExtendConfig) -> list[Method]:
+    """The rows of the run, in the order asked, for this model and factor."""
+    t = target(model, cfg)
+    return [build_method(name, t, cfg.extend.method_options) for name in cfg.extend.methods]
+
+
+def use_method(model: Llama, method: Method, length: int) -> Llama:
+    """Set the method for a `length`-token sequence: its scaling held there (one table for the whole
+    sequence) and its map where the map changes anything."""
+    model.set_attention_extension(None)  # first: a map refuses a length-dependent scaling beside it
+    model.set_rope_scaling(held(method.rope_scaling, length, model.cfg.max_seq_len))
+    return model.set_attention_extension(method.extension_at(length))
+
+
+def plain_model(model: Llama) -> Llama:
+    model.set_attention_extension(None)
+    return model.set_rope_scaling(None)
+
+
+def computation_key(model: Llama, method: Method, length: int) -> tuple:
+    """What the method computes for a `length`-token sequence: equal keys, equal logits."""
+    extension = method.extension_at(length)
+    return frequency_key(model, method.rope_scaling, length), None if extension is None else repr(sorted(
+        extension.items()))
 
 
 def frequency_key(model: Llama, scaling: dict[str, Any] | None, length: int) -> tuple:
     """What RoPE computes for a `length`-token sequence under `scaling`: equal keys, equal logits."""
-    rope = model.schemes.layer(0)
+    rope = rope_of(model)
     inv_freq, scale = frequencies(rope.rot_dim, rope.rotary_base, scaling, model.cfg.max_seq_len, length)
     return tuple(inv_freq.tolist()), scale
 

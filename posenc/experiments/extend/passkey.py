@@ -1,4 +1,4 @@
-"""The passkey sweep of `posenc extend --task passkey`: every scaling x length x depth x trial,
+"""The passkey sweep of `posenc extend --task passkey`: every method x length x depth x trial,
 greedy decoding through the KV cache, one record per prompt (saved as it finishes)."""
 
 from __future__ import annotations
@@ -9,11 +9,10 @@ import torch
 
 from posenc.experiments.extend.config import ExtendConfig
 from posenc.experiments.extend.long_context import greedy_answer
-from posenc.experiments.extend.model import frequency_key, target, use_scaling
+from posenc.experiments.extend.model import computation_key, plain_model, sweep_methods, use_method
 from posenc.experiments.extend.passkey_prompts import PromptBuilder, answer, draw_key, is_correct
 from posenc.experiments.extend.progress import RunState, cell_id
 from posenc.experiments.extend.resource_usage import PeakMemory
-from posenc.experiments.extend.scalings import PRESETS
 from posenc.models.llama import Llama
 
 
@@ -23,7 +22,7 @@ def cells(cfg: ExtendConfig) -> list[tuple[int, float, int]]:
 
 def ask(model: Llama, builder: PromptBuilder, cfg: ExtendConfig, length: int, depth: float,
         trial: int) -> tuple[dict[str, Any], PeakMemory]:
-    """One prompt: (record without the scaling, its time and peak memory)."""
+    """One prompt: (record without the method, its time and peak memory)."""
     key = draw_key(cfg.passkey.seed, length, depth, trial)
     prompt = builder.build(length, depth, key)
     with PeakMemory() as usage:
@@ -37,39 +36,37 @@ def ask(model: Llama, builder: PromptBuilder, cfg: ExtendConfig, length: int, de
 
 
 def run_passkey(cfg: ExtendConfig, model: Llama, builder: PromptBuilder, state: RunState, progress: Any) -> None:
-    """Fill state.passkey. A scaling whose frequency table at a length equals one already run
-    (dynamic = none inside the trained context) reuses those answers, marked `shared_with`."""
-    tgt = target(model, cfg)
-    answered: dict[tuple, dict[str, Any]] = {}  # (frequency key, length, depth, trial) -> record
-    for name in cfg.extend.scalings:
-        scaling = PRESETS[name](tgt)
+    """Fill state.passkey. A method that computes at a length what one already run computed (dynamic = none
+    inside the trained context; a map inside its plain_within) reuses those answers, marked `shared_with`."""
+    answered: dict[tuple, dict[str, Any]] = {}  # (computation key, length, depth, trial) -> record
+    for method in sweep_methods(model, cfg):
         for length, depth, trial in cells(cfg):
-            freq = frequency_key(model, scaling, length)
-            done = state.passkey.get(cell_id(name, length, depth, trial))
+            same = (computation_key(model, method, length), length, depth, trial)
+            done = state.passkey.get(cell_id(method.name, length, depth, trial))
             if done is not None:
-                answered.setdefault((freq, length, depth, trial), done)
+                answered.setdefault(same, done)
                 continue
-            twin = answered.get((freq, length, depth, trial))
+            twin = answered.get(same)
             if twin is not None:
-                record = {**twin, "scaling": name, "shared_with": twin.get("shared_with", twin["scaling"])}
+                record = {**twin, "method": method.name, "shared_with": twin.get("shared_with", twin["method"])}
             else:
-                progress.set_description(f"passkey {name} {length}")
-                use_scaling(model, scaling, length)
+                progress.set_description(f"passkey {method.name} {length}")
+                use_method(model, method, length)
                 record, usage = ask(model, builder, cfg, length, depth, trial)
-                record["scaling"] = name
+                record["method"] = method.name
                 state.forward_done("passkey", length, usage)
                 progress.update(length)
-            answered[(freq, length, depth, trial)] = record
+            answered[same] = record
             state.prompt_done(record)
-    model.set_rope_scaling(None)
+    plain_model(model)
 
 
 def planned_prompts(cfg: ExtendConfig, model: Llama) -> list[int]:
-    """Lengths of the prompts the sweep will prefill (prompts shared between scalings counted once)."""
-    tgt, seen, lengths = target(model, cfg), set(), []
-    for name in cfg.extend.scalings:
+    """Lengths of the prompts the sweep will prefill (prompts shared between methods counted once)."""
+    seen, lengths = set(), []
+    for method in sweep_methods(model, cfg):
         for length in cfg.key_lengths:
-            key = (frequency_key(model, PRESETS[name](tgt), length), length)
+            key = (computation_key(model, method, length), length)
             if key not in seen:
                 seen.add(key)
                 lengths += [length] * len(cfg.passkey.depths) * cfg.trials_at(length)

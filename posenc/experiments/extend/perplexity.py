@@ -1,13 +1,15 @@
 """Context extension of a pretrained Llama (SmolLM2-135M by default): perplexity and passkey
-retrieval against length, one row per RoPE scaling (scalings.PRESETS), without fine-tuning.
+retrieval against length, one row per method (methods.py: RoPE scalings and attention position maps),
+without fine-tuning.
 
 Perplexity: the text is cut into non-overlapping windows of the longest length; perplexity at
 length L is measured on the first L tokens of every window (attention is causal, so the model
 sees only those). One forward of the longest length therefore serves every shorter length whose
-RoPE frequencies are the same, and results are memoised by frequency table (dynamic NTK equals
-no scaling inside the trained context and shares its forward there). Passkey: passkey.py's
-prompts, one per (length, depth, trial), the same keys for every scaling; prompts whose
-frequency table another scaling already ran reuse its answers.
+computation is the same (causal attention, and every map is a function of absolute positions), and
+results are memoised by what the method computes (dynamic NTK equals no scaling inside the trained
+context, a map equals no map inside its plain_within, and they share a forward there). Passkey:
+passkey.py's prompts, one per (length, depth, trial), the same keys for every method; prompts whose
+computation another method already ran reuse its answers.
 """
 
 from __future__ import annotations
@@ -23,9 +25,9 @@ from posenc.errors import bad_value
 from posenc.experiments.evaluation.statistics import block_bootstrap_ppl
 from posenc.experiments.extend.config import ExtendConfig
 from posenc.experiments.extend.long_context import window_nll
-from posenc.experiments.extend.model import frequency_key, target, use_scaling
+from posenc.experiments.extend.methods import Method
+from posenc.experiments.extend.model import attention_scaling, computation_key, plain_model, sweep_methods, use_method
 from posenc.experiments.extend.resource_usage import PeakMemory
-from posenc.experiments.extend.scalings import PRESETS
 from posenc.models.llama import Llama
 
 
@@ -52,7 +54,7 @@ def token_nll(model: Llama, ids: Tensor, chunk: int = 0) -> Tensor:
 
 
 class NllMemo:
-    """Per-token NLL of each window, memoised by frequency table; a longer forward serves shorter ones.
+    """Per-token NLL of each window, memoised by computation key; a longer forward serves shorter ones.
     on_forward(length, usage) hears about every forward (time and peak memory)."""
 
     def __init__(self, windows: Tensor, progress: Any, chunk: int = 0,
@@ -74,16 +76,15 @@ class NllMemo:
         return [nll[: length - 1] for nll in have]
 
 
-def perplexities(model: Llama, scaling: dict[str, Any] | None, lengths: list[int],
-                 memo: NllMemo) -> dict[int, dict[str, float]]:
-    """{length: {ppl, lo, hi}} (95% block-bootstrap interval), one forward per frequency group at
-    its longest length, with the scaling held there."""
+def perplexities(model: Llama, method: Method, lengths: list[int], memo: NllMemo) -> dict[int, dict[str, float]]:
+    """{length: {ppl, lo, hi}} (95% block-bootstrap interval), one forward per computation group at
+    its longest length, with the method set for that length."""
     groups: dict[tuple, list[int]] = {}
     for length in lengths:
-        groups.setdefault(frequency_key(model, scaling, length), []).append(length)
+        groups.setdefault(computation_key(model, method, length), []).append(length)
     result = {}
     for key, group in groups.items():
-        use_scaling(model, scaling, max(group))
+        use_method(model, method, max(group))
         for length in sorted(group, reverse=True):
             nll = memo.nll(model, key, length)
             lo, hi = block_bootstrap_ppl(nll)
@@ -92,12 +93,11 @@ def perplexities(model: Llama, scaling: dict[str, Any] | None, lengths: list[int
 
 
 def planned_forwards(model: Llama, cfg: ExtendConfig) -> list[int]:
-    """Lengths of the forwards the perplexity sweep will run: one per frequency group and window."""
+    """Lengths of the forwards the perplexity sweep will run: one per computation group and window."""
     longest: dict[tuple, int] = {}
-    tgt = target(model, cfg)
-    for name in cfg.extend.scalings:
+    for method in sweep_methods(model, cfg):
         for length in cfg.ppl_lengths:
-            key = frequency_key(model, PRESETS[name](tgt), length)
+            key = computation_key(model, method, length)
             longest[key] = max(longest.get(key, 0), length)
     return sorted(longest.values()) * cfg.perplexity.windows
 
@@ -107,19 +107,16 @@ def planned_tokens(model: Llama, cfg: ExtendConfig) -> int:
 
 
 def run_perplexity(cfg: ExtendConfig, model: Llama, windows: Tensor, state: Any, progress: Any) -> None:
-    """One row per scaling into state.ppl: its rope_scaling dict, attention scaling and perplexity by
-    length. Rows a resumed run already has are skipped."""
-    tgt = target(model, cfg)
+    """One row per method into state.ppl: its rope_scaling and attention_extension dicts, attention
+    scaling and perplexity by length. Rows a resumed run already has are skipped."""
     memo = NllMemo(windows, progress, cfg.model.prefill_chunk,
                    lambda length, usage: state.forward_done("ppl", length, usage))
-    for name in cfg.extend.scalings:
-        if name in state.ppl:
+    for method in sweep_methods(model, cfg):
+        if method.name in state.ppl:
             continue
-        scaling = PRESETS[name](tgt)
-        progress.set_description(f"ppl {name}")
-        by_length = perplexities(model, scaling, cfg.ppl_lengths, memo)
-        state.ppl_done({"scaling": name, "rope_scaling": scaling,
-                        "attention_scaling": model.schemes.layer(0).attention_scaling, "ppl_by_length": by_length})
-    model.set_rope_scaling(None)
-
-
+        progress.set_description(f"ppl {method.name}")
+        by_length = perplexities(model, method, cfg.ppl_lengths, memo)
+        state.ppl_done({"method": method.name, "rope_scaling": method.rope_scaling,
+                        "attention_extension": method.extension,
+                        "attention_scaling": attention_scaling(model), "ppl_by_length": by_length})
+    plain_model(model)

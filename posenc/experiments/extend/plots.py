@@ -1,5 +1,5 @@
 """Plots of an extend run: perplexity and passkey accuracy against length (with their 95% bands),
-and one depth x length heat map of passkey accuracy per scaling."""
+and one depth x length heat map of passkey accuracy per method."""
 
 from __future__ import annotations
 
@@ -73,8 +73,8 @@ def accuracy_plot(path: Path, summary: Sequence[dict[str, Any]], meta: dict[str,
     fig = _figure(7, 4.5)
     ax = fig.add_subplot()
     series = {name: [(r["length"], r["accuracy"], r["lo"], r["hi"])
-                     for r in sorted((r for r in summary if r["scaling"] == name), key=lambda r: r["length"])]
-              for name in dict.fromkeys(r["scaling"] for r in summary)}
+                     for r in sorted((r for r in summary if r["method"] == name), key=lambda r: r["length"])]
+              for name in dict.fromkeys(r["method"] for r in summary)}
     lengths = _errorbars(ax, series)
     ax.set(xlabel="prompt length (tokens)", ylabel="passkey accuracy", ylim=(-0.04, 1.04),
            title=f"{meta['model']}: passkey retrieval (95% Wilson bars)")
@@ -82,15 +82,15 @@ def accuracy_plot(path: Path, summary: Sequence[dict[str, Any]], meta: dict[str,
     return _save(fig, path)
 
 
-def heatmaps(path: Path, by_depth: Sequence[dict[str, Any]], scalings: Sequence[str], meta: dict[str, Any]) -> Path:
-    """One panel per scaling: depth (rows) x length (columns), colour = accuracy, text = correct/total."""
-    names = [s for s in scalings if any(r["scaling"] == s for r in by_depth)]
+def heatmaps(path: Path, by_depth: Sequence[dict[str, Any]], methods: Sequence[str], meta: dict[str, Any]) -> Path:
+    """One panel per method: depth (rows) x length (columns), colour = accuracy, text = correct/total."""
+    names = [s for s in methods if any(r["method"] == s for r in by_depth)]
     lengths = sorted({r["length"] for r in by_depth})
     depths = sorted({r["depth"] for r in by_depth})
     cols = min(4, len(names))
     rows_n = math.ceil(len(names) / cols)
     fig = _figure(max(6.0, 3.2 * cols + 0.8), 2.4 * rows_n + 0.8)
-    cell = {(r["scaling"], r["length"], r["depth"]): r for r in by_depth}
+    cell = {(r["method"], r["length"], r["depth"]): r for r in by_depth}
     image = None
     for i, name in enumerate(names):
         ax = fig.add_subplot(rows_n, cols, i + 1)

@@ -17,14 +17,19 @@ from posenc.experiments.extend.resource_usage import PeakMemory
 STATE_FILE = "progress.json"
 
 
-def cell_id(scaling: str, length: int, depth: float, trial: int) -> str:
-    return f"{scaling}|{length}|{depth:g}|{trial}"
+def cell_id(method: str, length: int, depth: float, trial: int) -> str:
+    return f"{method}|{length}|{depth:g}|{trial}"
+
+
+def _named_method(row: dict[str, Any]) -> dict[str, Any]:
+    """A row saved before extend compared methods names its row `scaling`: the same thing."""
+    return {"method": row["scaling"], **{k: v for k, v in row.items() if k != "scaling"}} if "scaling" in row else row
 
 
 class RunState:
     def __init__(self, run_dir: Path, on_save: Callable[[], None] | None = None) -> None:
         self.run_dir, self.on_save = run_dir, on_save  # on_save: e.g. record the run's wall time
-        self.ppl: dict[str, dict[str, Any]] = {}  # scaling -> row
+        self.ppl: dict[str, dict[str, Any]] = {}  # method -> row
         self.passkey: dict[str, dict[str, Any]] = {}  # cell_id -> record
         self.forwards: list[dict[str, Any]] = []  # time and peak memory of every forward
 
@@ -38,12 +43,13 @@ class RunState:
                 if not (isinstance(saved, dict) and isinstance(saved.get("ppl"), dict)
                         and isinstance(saved.get("passkey"), dict) and isinstance(saved.get("forwards"), list)
                         and all(isinstance(row, dict) for row in [*saved["ppl"].values(), *saved["passkey"].values()])):
-                    raise ValueError("an object with ppl {scaling: row}, passkey {cell: record} and forwards [...]")
-                state.ppl = {name: _int_keys(row) for name, row in saved["ppl"].items()}
+                    raise ValueError("an object with ppl {method: row}, passkey {cell: record} and forwards [...]")
+                state.ppl = {name: _int_keys(_named_method(row)) for name, row in saved["ppl"].items()}
             except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as err:
                 raise bad_value("progress", str(path), f"an extend progress file ({err}); restore it, or remove "
                                                        "it to start the run's work again") from None
-            state.passkey, state.forwards = saved["passkey"], saved["forwards"]
+            state.passkey = {cell: _named_method(record) for cell, record in saved["passkey"].items()}
+            state.forwards = saved["forwards"]
         return state
 
     def save(self) -> None:
@@ -52,11 +58,11 @@ class RunState:
         write_json(self.run_dir / STATE_FILE, {"ppl": self.ppl, "passkey": self.passkey, "forwards": self.forwards})
 
     def ppl_done(self, row: dict[str, Any]) -> None:
-        self.ppl[row["scaling"]] = row
+        self.ppl[row["method"]] = row
         self.save()
 
     def prompt_done(self, record: dict[str, Any]) -> None:
-        self.passkey[cell_id(record["scaling"], record["length"], record["depth"], record["trial"])] = record
+        self.passkey[cell_id(record["method"], record["length"], record["depth"], record["trial"])] = record
         self.save()
 
     def forward_done(self, task: str, length: int, usage: PeakMemory) -> None:

@@ -17,15 +17,15 @@ from posenc.experiments.extend.progress import RunState
 
 
 def passkey_summary(records: list[dict[str, Any]], by_depth: bool = False) -> list[dict[str, Any]]:
-    """Accuracy per (scaling, length[, depth]) with its 95% Wilson interval, in first-seen order."""
+    """Accuracy per (method, length[, depth]) with its 95% Wilson interval, in first-seen order."""
     groups: dict[tuple, list[bool]] = defaultdict(list)
     for r in records:
-        key = (r["scaling"], r["length"], r["depth"]) if by_depth else (r["scaling"], r["length"])
+        key = (r["method"], r["length"], r["depth"]) if by_depth else (r["method"], r["length"])
         groups[key].append(bool(r["correct"]))
     rows = []
     for key, hits in groups.items():
         lo, hi = wilson(sum(hits), len(hits))
-        rows.append({"scaling": key[0], "length": key[1], **({"depth": key[2]} if by_depth else {}),
+        rows.append({"method": key[0], "length": key[1], **({"depth": key[2]} if by_depth else {}),
                      "correct": sum(hits), "total": len(hits), "accuracy": sum(hits) / len(hits), "lo": lo, "hi": hi})
     return rows
 
@@ -42,19 +42,19 @@ def _acc_cell(row: dict[str, Any]) -> str:
 
 
 def wide_tables(state: RunState, cfg: ExtendConfig) -> dict[str, tuple[list[dict], list[str]]]:
-    """title -> (rows, columns): scalings down, lengths across, spreads in brackets."""
+    """title -> (rows, columns): methods down, lengths across, spreads in brackets."""
     out = {}
     if state.ppl:
-        cols = ["scaling", *map(str, cfg.ppl_lengths)]
-        rows = [{"scaling": name, **{str(n): _ppl_cell(r["ppl_by_length"][n]) for n in cfg.ppl_lengths}}
-                for name in cfg.extend.scalings if (r := state.ppl.get(name))]
+        cols = ["method", *map(str, cfg.ppl_lengths)]
+        rows = [{"method": name, **{str(n): _ppl_cell(r["ppl_by_length"][n]) for n in cfg.ppl_lengths}}
+                for name in cfg.extend.methods if (r := state.ppl.get(name))]
         out["perplexity (95% block-bootstrap interval)"] = (rows, cols)
     if state.passkey:
-        cols = ["scaling", *map(str, cfg.key_lengths)]
+        cols = ["method", *map(str, cfg.key_lengths)]
         table: dict[str, dict[str, str]] = {}
         for row in passkey_summary(list(state.passkey.values())):
-            table.setdefault(row["scaling"], {"scaling": row["scaling"]})[str(row["length"])] = _acc_cell(row)
-        rows = [table[name] for name in cfg.extend.scalings if name in table]
+            table.setdefault(row["method"], {"method": row["method"]})[str(row["length"])] = _acc_cell(row)
+        rows = [table[name] for name in cfg.extend.methods if name in table]
         out["passkey retrieval: correct/prompts (95% Wilson interval)"] = (rows, cols)
     return out
 
@@ -85,7 +85,7 @@ def write_results(state: RunState, cfg: ExtendConfig, meta: dict[str, Any]) -> l
     tables = wide_tables(state, cfg)
     for title, (rows, cols) in tables.items():
         report_writer.print_table(rows, cols, f"{title}; trained context {meta['context_length']} tokens")
-    ppl_rows = [{"scaling": name, "length": n, "attention_scaling": r["attention_scaling"], **stat}
+    ppl_rows = [{"method": name, "length": n, "attention_scaling": r["attention_scaling"], **stat}
                 for name, r in state.ppl.items() for n, stat in r["ppl_by_length"].items()]
     summary, by_depth = passkey_summary(records), passkey_summary(records, by_depth=True)
     files = [write_json(run_dir / "results.json", {
@@ -93,13 +93,13 @@ def write_results(state: RunState, cfg: ExtendConfig, meta: dict[str, Any]) -> l
         "passkey_by_depth": by_depth, "passkey": records, "forwards": state.forwards})]
     if ppl_rows:
         files.append(report_writer.write_csv(run_dir / "ppl.csv", ppl_rows,
-                                      ["scaling", "length", "ppl", "lo", "hi", "attention_scaling"]))
+                                      ["method", "length", "ppl", "lo", "hi", "attention_scaling"]))
         files.append(ppl_plot(run_dir / "ppl_vs_length.png", state.ppl, meta))
     if records:
         files.append(report_writer.write_csv(run_dir / "passkey.csv", records, list(records[0])))
         files.append(report_writer.write_csv(run_dir / "passkey_summary.csv", summary, list(summary[0])))
         files.append(accuracy_plot(run_dir / "passkey_vs_length.png", summary, meta))
-        files.append(heatmaps(run_dir / "passkey_heatmap.png", by_depth, cfg.extend.scalings, meta))
+        files.append(heatmaps(run_dir / "passkey_heatmap.png", by_depth, cfg.extend.methods, meta))
     files.append(write_text(run_dir / "tables.md", markdown(tables, meta)))
     sections = [(title, report_writer.html_table(rows, cols)) for title, (rows, cols) in tables.items()]
     sections.append(("run", f"<p>{run_summary(meta)}</p>"))

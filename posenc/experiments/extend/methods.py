@@ -1,0 +1,98 @@
+"""The rows `posenc extend` compares: a RoPE scaling (scalings.PRESETS), an attention position map
+(posenc.position_maps: Self-Extend, Dual Chunk Attention, LM-Infinite, attention sinks), or a map composed
+with a static scaling (`dual_chunk+linear`: ChunkLlama's DCA with position interpolation). Every row is
+built from the model's RoPE, the trained context and one factor, so every method extends by the same amount.
+
+Options a map derives from the factor (`target_length` = factor x trained context):
+- Self-Extend: neighbour window W = trained / 4 (LongLM's examples use 1/4 to 1/2 of the context), and the
+  smallest group size G whose largest grouped distance, (target - 1) // G + W - W // G, stays inside the
+  trained context (LongLM's rule for choosing G: no position past the pretraining length).
+- Dual Chunk Attention, LM-Infinite, attention sinks: their defaults from the trained context
+  (position_maps), which hold for any length.
+`extend.method_options` ({method: {option: value}}) replaces any of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from posenc.errors import bad_value, unknown_name
+from posenc.experiments.extend.scalings import PRESETS, Target
+from posenc.position_maps import build_position_map
+from posenc.rotary.scaling import SEQ_LEN_DEPENDENT, rope_type
+
+ALIASES = {"dca": "dual_chunk"}  # the name the ChunkLlama paper and vLLM use
+
+
+def self_extend_options(t: Target) -> dict[str, Any]:
+    window = max(1, t.trained // 4)
+    target_length = max(t.trained, round(t.factor * t.trained))
+    group = 1
+    while (target_length - 1) // group + window - window // group > t.trained - 1:
+        group += 1
+    return {"group_size": max(2, group), "window": window}
+
+
+EXTENSIONS: dict[str, Callable[[Target], dict[str, Any]]] = {
+    "self_extend": self_extend_options,
+    "dual_chunk": lambda t: {},
+    "lm_infinite": lambda t: {},
+    "attention_sinks": lambda t: {},
+}
+
+
+@dataclass(frozen=True)
+class Method:
+    """One row: what RoPE's frequencies do (a rope_scaling dict or None) and what attention's positions do
+    (an attention_extension dict, resolved for the trained context, or None)."""
+
+    name: str
+    rope_scaling: dict[str, Any] | None
+    extension: dict[str, Any] | None
+    plain_within: int  # lengths up to this are computed exactly as without the extension
+
+    def extension_at(self, length: int) -> dict[str, Any] | None:
+        """The map, or None where the map would change nothing for a `length`-token sequence."""
+        return None if length <= self.plain_within else self.extension
+
+
+def canonical(name: str) -> str:
+    """`dca` -> `dual_chunk`, `dca+linear` -> `dual_chunk+linear`; unknown parts raise, naming extend.methods."""
+    if not isinstance(name, str):
+        raise bad_value("extend.methods", name, "method names, e.g. none, yarn, self_extend, dca+linear")
+    extension, plus, scaling = name.partition("+")
+    extension = ALIASES.get(extension, extension)
+    if not plus:
+        if extension in PRESETS or extension in EXTENSIONS:
+            return extension
+        raise unknown_name("extend.methods", name, [*PRESETS, *EXTENSIONS, *ALIASES, "<map>+<scaling>"])
+    if extension not in EXTENSIONS:
+        raise unknown_name("extend.methods", name, [f"{e}+<scaling>" for e in EXTENSIONS])
+    if scaling not in PRESETS or scaling == "none" or rope_type(PRESETS[scaling](_PROBE)) in SEQ_LEN_DEPENDENT:
+        static = [s for s in PRESETS if s != "none" and rope_type(PRESETS[s](_PROBE)) not in SEQ_LEN_DEPENDENT]
+        raise unknown_name("extend.methods", name, [f"{extension}+{s}" for s in static])
+    return f"{extension}+{scaling}"
+
+
+_PROBE = Target(factor=2.0, trained=64, rot_dim=8, base=10000.0)  # only to read each preset's rope_type
+
+
+def build_method(name: str, t: Target, options: Mapping[str, Mapping[str, Any]] | None = None) -> Method:
+    """The row `name` (canonical) for this model and factor; `options` override a map's derived options."""
+    extension, plus, scaling = name.partition("+")
+    if extension in PRESETS and not plus:
+        return Method(name, PRESETS[extension](t), None, 0)
+    spec = {"type": extension, **EXTENSIONS[extension](t), **dict((options or {}).get(extension, {}))}
+    built = build_position_map(spec, t.trained)  # validated: a bad option is one line naming it
+    return Method(name, PRESETS[scaling](t) if plus else None, built.spec(), built.plain_within)
+
+
+def check_method_options(options: Any) -> None:
+    if not isinstance(options, Mapping) or any(not isinstance(v, Mapping) for v in options.values()):
+        raise bad_value("extend.method_options", options, "a mapping {map: {option: value}}, e.g. "
+                                                          "{self_extend: {window: 1024}}")
+    for name in options:
+        if ALIASES.get(name, name) not in EXTENSIONS:
+            raise unknown_name("extend.method_options", name, EXTENSIONS)

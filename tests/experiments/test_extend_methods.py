@@ -1,0 +1,113 @@
+"""`posenc extend` compares attention position maps next to RoPE scalings: the names (dca, map+scaling) are
+checked before any model loads, Self-Extend's group size keeps every position inside the trained context,
+a map shares forwards with plain RoPE exactly where it computes the same thing, and a run with every map
+gives each its own perplexity past the trained context."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from posenc.errors import ConfigError
+from posenc.experiments.config import loader as config_loader
+from posenc.experiments.extend.config import ExtendConfig
+from posenc.experiments.extend.methods import build_method, self_extend_options
+from posenc.experiments.extend.model import use_method
+from posenc.experiments.extend.passkey import run_passkey
+from posenc.experiments.extend.perplexity import NllMemo, perplexities, planned_tokens, run_perplexity
+from posenc.experiments.extend.progress import RunState
+from posenc.experiments.extend.scalings import Target
+from tests.experiments.test_extend import Counter, direct_ppl, passkey_setup, tiny_llama
+
+MAPS = ("self_extend", "dual_chunk", "lm_infinite", "attention_sinks")
+
+
+def config(**extend) -> ExtendConfig:
+    return config_loader.build(ExtendConfig, {"extend": extend, "perplexity": {"lengths": [32, 128]}})
+
+
+def test_methods_name_maps_scalings_and_compositions():
+    cfg = config(methods=["none", "yarn", "self_extend", "dca", "dca+linear", "lm_infinite", "attention_sinks"])
+    assert cfg.extend.methods == ("none", "yarn", "self_extend", "dual_chunk", "dual_chunk+linear", "lm_infinite",
+                                  "attention_sinks")
+    assert config(methods=["dca", "dual_chunk"]).extend.methods == ("dual_chunk",)  # one row, not two
+
+
+def test_the_old_spelling_scalings_still_works():
+    built = config_loader.build(ExtendConfig, {"extend": {"scalings": ["none", "yarn"]}})
+    assert built.extend.methods == ("none", "yarn")
+    assert config_loader.load(ExtendConfig, None, ["extend.scalings=[linear]"]).extend.methods == ("linear",)
+
+
+@pytest.mark.parametrize("methods, named", [
+    (["selfextend"], "extend.methods"),
+    (["dca+dynamic"], "extend.methods"),  # a length-dependent scaling cannot sit under a map
+    (["yarn+linear"], "extend.methods"),  # only a map composes with a scaling
+    (["dca+none"], "extend.methods"),
+    ([], "extend.methods"),
+])
+def test_bad_method_names_are_one_line_naming_the_field(methods, named):
+    with pytest.raises(ConfigError) as err:
+        config(methods=methods)
+    assert named in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("options, named", [
+    ({"self_extend": {"window": 0}}, "attention_extension.window"),
+    ({"self_extend": {"windw": 3}}, "windw"),
+    ({"chunky": {}}, "extend.method_options"),
+    ({"dca": 3}, "extend.method_options"),
+])
+def test_bad_method_options_fail_before_any_model(options, named):
+    with pytest.raises(ConfigError) as err:
+        config(methods=["self_extend", "dca"], method_options=options)
+    assert named in str(err.value)
+
+
+@pytest.mark.parametrize("trained", [64, 2048, 8192])
+@pytest.mark.parametrize("factor", [1.5, 2.0, 4.0, 8.0, 16.0])
+def test_self_extend_group_keeps_every_position_inside_the_trained_context(trained, factor):
+    options = self_extend_options(Target(factor, trained, 64, 10000.0))
+    g, w, longest = options["group_size"], options["window"], round(factor * trained)
+    largest = lambda g: (longest - 1) // g + w - w // g  # the grouped distance of the last query to key 0
+    assert largest(g) <= trained - 1
+    assert g == 2 or largest(g - 1) > trained - 1  # the smallest such group: the finest positions
+
+
+def test_a_map_shares_forwards_with_plain_rope_only_inside_its_plain_window():
+    model = tiny_llama(trained=64)
+    cfg = config_loader.build(ExtendConfig, {"extend": {"methods": ["none", "lm_infinite", "self_extend"]},
+                                             "perplexity": {"lengths": [16, 64, 128], "windows": 1}})
+    # none: one 128 forward. lm_infinite (window 64): none's forward up to 64, its own at 128. self_extend
+    # (window 16): plain only up to 16, so its own forward at 128 serves 64 too.
+    assert planned_tokens(model, cfg) == 128 + 128 + 128
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("name", MAPS)
+def test_each_map_is_plain_rope_inside_the_trained_context_choice_and_its_own_past_it(name):
+    model, ids = tiny_llama(trained=64), torch.randint(0, 61, (1, 192), generator=torch.Generator().manual_seed(1))
+    method = build_method(name, Target(3.0, 64, 8, 10000.0))
+    ppl = perplexities(model, method, [method.plain_within, 192], NllMemo(ids, Counter()))
+    assert ppl[method.plain_within]["ppl"] == pytest.approx(direct_ppl(model, ids[:, :method.plain_within]), rel=1e-5)
+    use_method(model, method, 192)
+    assert model.cfg.attention_extension == method.extension  # the map is set past its window ...
+    assert ppl[192]["ppl"] == pytest.approx(direct_ppl(model, ids), rel=1e-5)  # ... and the row is its forward
+    model.set_attention_extension(None)
+    assert ppl[192]["ppl"] != pytest.approx(direct_ppl(model, ids), rel=1e-4)  # plain RoPE differs there
+
+
+@torch.no_grad()
+def test_a_run_of_maps_and_scalings_records_each_row(tmp_path):
+    model, cfg, builder, state = passkey_setup(tmp_path, ("none", "self_extend", "dca+linear"), trained=64)
+    run_passkey(cfg, model, builder, state, Counter())
+    assert {r["method"] for r in state.passkey.values()} == {"none", "self_extend", "dual_chunk+linear"}
+    assert model.cfg.attention_extension is None and model.cfg.rope_scaling is None  # left as it was
+    windows = torch.randint(0, 128, (1, 256), generator=torch.Generator().manual_seed(2))
+    ppl_cfg = config_loader.build(ExtendConfig, {"extend": {"methods": ["none", "self_extend", "dca+linear"]},
+                                                 "perplexity": {"lengths": [64, 256]}})
+    run_perplexity(ppl_cfg, model, windows, state, Counter())
+    rows = RunState.load(tmp_path).ppl
+    assert rows["dual_chunk+linear"]["rope_scaling"]["rope_type"] == "linear"
+    assert rows["dual_chunk+linear"]["attention_extension"]["type"] == "dual_chunk"
+    assert len({round(r["ppl_by_length"][256]["ppl"], 6) for r in rows.values()}) == 3  # three computations
