@@ -110,13 +110,14 @@ def _merged_chunk(queries: list[Tensor], keys: list[Tensor], v: Tensor, select: 
             continue
         lo, hi = int(cols[0]), int(cols[-1]) + 1  # the keys this map scores: one contiguous range
         q3 = q_m.reshape(b, hkv, g * c, dh)  # GQA without copying keys: g query heads share a key head
-        allowed = hit[:, None, :, lo:hi].repeat(1, 1, g, 1)  # (B,1,g*C,K)
-        if fused:
-            out, lse = _map_fused(q3, k_m[:, :, lo:hi], v[:, :, lo:hi], allowed)
-        else:
-            out, lse = _map_eager(q3, k_m[:, :, lo:hi], v[:, :, lo:hi], allowed, dropout)
-        outs.append(out)
-        lses.append(lse)
+        for a, z, every_row in _segments(hit, lo, hi):
+            allowed = None if every_row else hit[:, None, :, a:z].repeat(1, 1, g, 1)  # (B,1,g*C,K)
+            if fused:
+                out, lse = _map_fused(q3, k_m[:, :, a:z], v[:, :, a:z], allowed)
+            else:
+                out, lse = _map_eager(q3, k_m[:, :, a:z], v[:, :, a:z], allowed, dropout)
+            outs.append(out)
+            lses.append(lse)
     lse = torch.stack(lses)  # (M,B,Hkv,g*C)
     total = torch.logsumexp(lse, dim=0)
     weights = torch.exp(lse - total.masked_fill(total == float("-inf"), 0.0))  # 0 for a map with no key in a row
@@ -124,17 +125,35 @@ def _merged_chunk(queries: list[Tensor], keys: list[Tensor], v: Tensor, select: 
     return merged.view(b, h, c, dh)
 
 
-def _map_fused(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor) -> tuple[Tensor, Tensor]:
-    """One map through the CPU flash kernel: q (B,Hkv,R,Dh), k/v (B,Hkv,K,Dh), allowed (B,1,R,K) ->
-    softmax output (B,Hkv,R,Dh) and log-sum-exp (B,Hkv,R), -inf for a row with no key."""
+def _segments(hit: Tensor, lo: int, hi: int) -> list[tuple[int, int, bool]]:
+    """The key range [lo, hi) of one map cut into (start, end, every_row): the middle run of keys that every query
+    of the chunk scores with this map needs no mask (most of a band's or a window's range: the fast unmasked
+    kernel), the edges do. Parts of one map merge by log-sum-exp exactly as the maps do."""
+    full = hit[:, :, lo:hi].all(dim=1).all(dim=0).nonzero()  # (n,1) keys every row scores here
+    if full.numel() == 0:
+        return [(lo, hi, False)]
+    a, z = lo + int(full[0]), lo + int(full[-1]) + 1
+    if z - a != full.numel():  # not one run (no method of ours does this): one masked range
+        return [(lo, hi, False)]
+    return [(x, y, every) for x, y, every in ((lo, a, False), (a, z, True), (z, hi, False)) if y > x]
+
+
+def _map_fused(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None) -> tuple[Tensor, Tensor]:
+    """One map through the CPU flash kernel: q (B,Hkv,R,Dh), k/v (B,Hkv,K,Dh), allowed (B,1,R,K) or None (every
+    key) -> softmax output (B,Hkv,R,Dh) and log-sum-exp (B,Hkv,R), -inf for a row with no key."""
+    if allowed is None:
+        out, lse = _FLASH(q, k, v, 0.0, False, scale=q.shape[-1] ** -0.5)[:2]
+        return out, lse
     mask = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill_(~allowed, float("-inf"))
     out, lse = _FLASH(q, k, v, 0.0, False, attn_mask=mask, scale=q.shape[-1] ** -0.5)
     return out, lse.masked_fill(~allowed.any(dim=-1), float("-inf"))  # the kernel reports 0 for an empty row
 
 
-def _map_eager(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, dropout: float) -> tuple[Tensor, Tensor]:
+def _map_eager(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, dropout: float) -> tuple[Tensor, Tensor]:
     """The same in plain operations (scores held): any device, dropout, the reference for _map_fused."""
-    scores = (q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5).masked_fill(~allowed, float("-inf"))  # (B,Hkv,R,K)
+    scores = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5  # (B,Hkv,R,K)
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)
     weights = torch.exp(scores - lse.masked_fill(lse == float("-inf"), 0.0)[..., None])
     return (F.dropout(weights, dropout) if dropout > 0 else weights) @ v, lse

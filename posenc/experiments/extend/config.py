@@ -19,7 +19,9 @@ from posenc.experiments.extend.methods import ALIASES, EXTENSIONS, build_method,
 from posenc.experiments.extend.scalings import PRESETS, Target
 from posenc.experiments.runs.rule import RunRule
 
-METRICS = ("ppl", "passkey", "both")
+METRICS = ("ppl", "passkey", "ruler", "both", "all")  # both: ppl and passkey; all: the three
+MEASURES = {"ppl": ("ppl",), "passkey": ("passkey",), "ruler": ("ruler",), "both": ("ppl", "passkey"),
+            "all": ("ppl", "passkey", "ruler")}
 DEFAULT_LENGTHS = (1024, 2048, 4096, 8192, 12288)
 PRESET_DIR = Path(__file__).resolve().parents[3] / "configs" / "extend"  # run presets are data: one YAML each
 
@@ -42,7 +44,7 @@ def _integer(name: str, value: Any, least: int | None = None) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class SweepOptions:
-    metric: str = "both"  # ppl, passkey or both
+    metric: str = "both"  # ppl, passkey, ruler, both (ppl + passkey), all, or names joined by commas
     # Rows compared (extend/methods.py): RoPE scalings, attention position maps (self_extend, dual_chunk or
     # dca, lm_infinite, attention_sinks) and maps composed with a static scaling (dual_chunk+linear)
     methods: tuple[str, ...] = tuple(PRESETS)
@@ -51,8 +53,12 @@ class SweepOptions:
 
     def __post_init__(self) -> None:
         _as_tuple(self, "methods")
-        if self.metric not in METRICS:
-            raise unknown_name("extend.metric", self.metric, METRICS)
+        if isinstance(self.metric, (list, tuple)) and all(isinstance(m, str) for m in self.metric):
+            object.__setattr__(self, "metric", ",".join(self.metric))  # YAML's [passkey, ruler]
+        names = self.metric.split(",") if isinstance(self.metric, str) else [self.metric]
+        for name in names:
+            if name.strip() not in METRICS:
+                raise unknown_name("extend.metric", self.metric, [*METRICS, "e.g. passkey,ruler"])
         if not isinstance(self.methods, tuple) or not self.methods:
             raise bad_value("extend.methods", self.methods, f"one or more of {', '.join([*PRESETS, *EXTENSIONS])}")
         object.__setattr__(self, "methods", tuple(dict.fromkeys(canonical(name) for name in self.methods)))
@@ -64,6 +70,36 @@ class SweepOptions:
         number = isinstance(self.factor, (int, float)) and not isinstance(self.factor, bool)
         if self.factor is not None and not (number and 1.0 <= self.factor < float("inf")):
             raise bad_value("extend.factor", self.factor, "null or a finite number >= 1")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RulerOptions:
+    tasks: tuple[str, ...] | None = None  # RULER-style tasks (extend/ruler); null: all of them
+    lengths: tuple[int, ...] | None = None  # prompt lengths in tokens; null: the passkey lengths
+    trials: int = 2  # prompts per (task, length), the same for every method
+    seed: int = 0  # needles, values and word lists
+
+    def __post_init__(self) -> None:
+        _as_tuple(self, "tasks")
+        _as_tuple(self, "lengths")
+        if self.tasks is not None:
+            from posenc.experiments.extend.ruler import TASKS
+
+            if not isinstance(self.tasks, tuple) or not self.tasks:
+                raise bad_value("ruler.tasks", self.tasks, f"null or one or more of {', '.join(TASKS)}")
+            for name in self.tasks:
+                if name not in TASKS:
+                    raise unknown_name("ruler.tasks", name, TASKS)
+        if self.lengths is not None:
+            _positive_ints("ruler.lengths", self.lengths, 2)
+        _integer("ruler.trials", self.trials, 1)
+        _integer("ruler.seed", self.seed)
+
+    @property
+    def task_names(self) -> tuple[str, ...]:
+        from posenc.experiments.extend.ruler import TASKS
+
+        return self.tasks if self.tasks is not None else tuple(TASKS)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -132,6 +168,7 @@ class ExtendConfig:
     model: ModelOptions = field(default_factory=ModelOptions)
     perplexity: PerplexityOptions = field(default_factory=PerplexityOptions)
     passkey: PasskeyOptions = field(default_factory=PasskeyOptions)
+    ruler: RulerOptions = field(default_factory=RulerOptions)
     out_dir: str = "runs"  # parent of new run folders
 
     aliases: ClassVar[dict[str, str]] = FLAT_KEYS
@@ -146,17 +183,27 @@ class ExtendConfig:
         return p.trials if p.trial_tokens is None else max(1, min(p.trials, p.trial_tokens // length))
 
     @property
+    def measures(self) -> set[str]:
+        """What the run measures: ppl, passkey and/or ruler."""
+        return {m for name in self.extend.metric.split(",") for m in MEASURES[name.strip()]}
+
+    @property
     def ppl_lengths(self) -> list[int]:
-        return sorted(set(self.perplexity.lengths)) if self.extend.metric != "passkey" else []
+        return sorted(set(self.perplexity.lengths)) if "ppl" in self.measures else []
 
     @property
     def key_lengths(self) -> list[int]:
         lengths = self.passkey.lengths or self.perplexity.lengths
-        return sorted(set(lengths)) if self.extend.metric != "ppl" else []
+        return sorted(set(lengths)) if "passkey" in self.measures else []
+
+    @property
+    def ruler_lengths(self) -> list[int]:
+        lengths = self.ruler.lengths or self.passkey.lengths or self.perplexity.lengths
+        return sorted(set(lengths)) if "ruler" in self.measures else []
 
     @property
     def all_lengths(self) -> list[int]:
-        return sorted(set(self.ppl_lengths) | set(self.key_lengths))
+        return sorted(set(self.ppl_lengths) | set(self.key_lengths) | set(self.ruler_lengths))
 
     def to_dict(self) -> dict[str, Any]:
         return config_loader.as_dict(self)

@@ -88,15 +88,19 @@ def greedy_answer(model: Llama, ids: Tensor, new_tokens: int, chunk: int) -> lis
 # 50 s at 16k and 148 s at 32k, i.e. about COST_TOKEN per token (projections, MLP) plus COST_PAIR per
 # causal query-key pair (attention). Chunks after the first take SDPA's masked path, which measured
 # MASKED_PAIR_COST times the causal kernel's cost per pair.
-COST_TOKEN, COST_PAIR, MASKED_PAIR_COST = 1.55e-3, 1.8e-7, 2.2
+# An attention position map (Self-Extend, DCA) costs MAPPED_PAIR_COST times plain causal attention per pair:
+# one SmolLM2 layer at 32,768 tokens, float32, one thread, on an AMD Zen 5 (AVX-512): plain SDPA 13.5 CPU s,
+# Self-Extend 23.3 s, DCA 22.6 s (EXTEND.md, "cost of the maps"); the windowed maps cost less, so it bounds them.
+COST_TOKEN, COST_PAIR, MASKED_PAIR_COST, MAPPED_PAIR_COST = 1.55e-3, 1.8e-7, 2.2, 1.7
 
 
-def estimated_cpu_seconds(length: int, chunk: int) -> float:
-    """Rough bfloat16 cost of prefilling `length` tokens `chunk` at a time (see the constants)."""
+def estimated_cpu_seconds(length: int, chunk: int, mapped: bool = False) -> float:
+    """Rough bfloat16 cost of prefilling `length` tokens `chunk` at a time (see the constants); `mapped`: under
+    an attention position map."""
     step = length if chunk <= 0 else min(chunk, length)
     seconds = COST_TOKEN * length
     for start in range(0, length, step):
         size = min(step, length - start)
         pairs = size * start + size * size / 2
-        seconds += COST_PAIR * pairs * (1.0 if start == 0 else MASKED_PAIR_COST)
+        seconds += COST_PAIR * pairs * (MAPPED_PAIR_COST if mapped else 1.0 if start == 0 else MASKED_PAIR_COST)
     return seconds

@@ -61,17 +61,18 @@ def run_passkey(cfg: ExtendConfig, model: Llama, builder: PromptBuilder, state: 
     plain_model(model)
 
 
-def planned_prompts(cfg: ExtendConfig, model: Llama) -> list[int]:
-    """Lengths of the prompts the sweep will prefill (prompts shared between methods counted once)."""
+def planned_prompts(cfg: ExtendConfig, model: Llama) -> list[tuple[int, bool]]:
+    """(length, under a map) of the prompts the sweep will prefill (prompts shared between methods counted once)."""
     seen, lengths = set(), []
     for method in sweep_methods(model, cfg):
         for length in cfg.key_lengths:
             key = (computation_key(model, method, length), length)
             if key not in seen:
                 seen.add(key)
-                lengths += [length] * len(cfg.passkey.depths) * cfg.trials_at(length)
+                mapped = method.extension_at(length) is not None
+                lengths += [(length, mapped)] * len(cfg.passkey.depths) * cfg.trials_at(length)
     return lengths
 
 
 def planned_passkey_tokens(cfg: ExtendConfig, model: Llama) -> int:
-    return sum(planned_prompts(cfg, model))
+    return sum(n for n, _ in planned_prompts(cfg, model))

@@ -92,18 +92,18 @@ def perplexities(model: Llama, method: Method, lengths: list[int], memo: NllMemo
     return dict(sorted(result.items()))
 
 
-def planned_forwards(model: Llama, cfg: ExtendConfig) -> list[int]:
-    """Lengths of the forwards the perplexity sweep will run: one per computation group and window."""
+def planned_forwards(model: Llama, cfg: ExtendConfig) -> list[tuple[int, bool]]:
+    """(length, under a map) of the forwards the perplexity sweep will run: one per computation group and window."""
     longest: dict[tuple, int] = {}
     for method in sweep_methods(model, cfg):
         for length in cfg.ppl_lengths:
             key = computation_key(model, method, length)
             longest[key] = max(longest.get(key, 0), length)
-    return sorted(longest.values()) * cfg.perplexity.windows
+    return sorted((n, key[1] is not None) for key, n in longest.items()) * cfg.perplexity.windows
 
 
 def planned_tokens(model: Llama, cfg: ExtendConfig) -> int:
-    return sum(planned_forwards(model, cfg))
+    return sum(n for n, _ in planned_forwards(model, cfg))
 
 
 def run_perplexity(cfg: ExtendConfig, model: Llama, windows: Tensor, state: Any, progress: Any) -> None:

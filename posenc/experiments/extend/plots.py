@@ -111,3 +111,19 @@ def heatmaps(path: Path, by_depth: Sequence[dict[str, Any]], methods: Sequence[s
     fig.suptitle(f"{meta['model']}: passkey accuracy by needle depth and prompt length\n"
                  f"(trained context {meta['context_length']}; text: correct/prompts)", fontsize=9)
     return _save(fig, path)
+
+
+def ruler_plot(path: Path, summary: Sequence[dict[str, Any]], meta: dict[str, Any]) -> Path:
+    """RULER-style average over tasks against length, one line per method (no bars: an average of tasks)."""
+    from posenc.experiments.extend.ruler_report import ruler_average
+
+    average = ruler_average(list(summary))
+    fig = _figure(7, 4.5)
+    ax = fig.add_subplot()
+    series = {name: [(n, score, math.nan, math.nan) for (m, n), score in sorted(average.items()) if m == name]
+              for name in dict.fromkeys(r["method"] for r in summary)}
+    lengths = _errorbars(ax, series)
+    ax.set(xlabel="prompt length (tokens)", ylabel="RULER-style average (0-100)", ylim=(-4, 104),
+           title=f"{meta['model']}: RULER-style tasks, average over tasks")
+    _length_axis(ax, meta, lengths)
+    return _save(fig, path)

@@ -21,6 +21,10 @@ def cell_id(method: str, length: int, depth: float, trial: int) -> str:
     return f"{method}|{length}|{depth:g}|{trial}"
 
 
+def ruler_cell_id(method: str, task: str, length: int, trial: int) -> str:
+    return f"{method}|{task}|{length}|{trial}"
+
+
 def _named_method(row: dict[str, Any]) -> dict[str, Any]:
     """A row saved before extend compared methods names its row `scaling`: the same thing."""
     return {"method": row["scaling"], **{k: v for k, v in row.items() if k != "scaling"}} if "scaling" in row else row
@@ -31,6 +35,7 @@ class RunState:
         self.run_dir, self.on_save = run_dir, on_save  # on_save: e.g. record the run's wall time
         self.ppl: dict[str, dict[str, Any]] = {}  # method -> row
         self.passkey: dict[str, dict[str, Any]] = {}  # cell_id -> record
+        self.ruler: dict[str, dict[str, Any]] = {}  # ruler_cell_id -> record
         self.forwards: list[dict[str, Any]] = []  # time and peak memory of every forward
 
     @classmethod
@@ -42,20 +47,23 @@ class RunState:
                 saved = json.loads(path.read_text(encoding="utf-8"))
                 if not (isinstance(saved, dict) and isinstance(saved.get("ppl"), dict)
                         and isinstance(saved.get("passkey"), dict) and isinstance(saved.get("forwards"), list)
-                        and all(isinstance(row, dict) for row in [*saved["ppl"].values(), *saved["passkey"].values()])):
+                        and isinstance(saved.setdefault("ruler", {}), dict)  # none before extend ran RULER
+                        and all(isinstance(row, dict) for row in [*saved["ppl"].values(), *saved["passkey"].values(),
+                                                                  *saved["ruler"].values()])):
                     raise ValueError("an object with ppl {method: row}, passkey {cell: record} and forwards [...]")
                 state.ppl = {name: _int_keys(_named_method(row)) for name, row in saved["ppl"].items()}
             except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as err:
                 raise bad_value("progress", str(path), f"an extend progress file ({err}); restore it, or remove "
                                                        "it to start the run's work again") from None
             state.passkey = {cell: _named_method(record) for cell, record in saved["passkey"].items()}
-            state.forwards = saved["forwards"]
+            state.ruler, state.forwards = saved["ruler"], saved["forwards"]
         return state
 
     def save(self) -> None:
         if self.on_save is not None:  # first: a saved step's time is always recorded
             self.on_save()
-        write_json(self.run_dir / STATE_FILE, {"ppl": self.ppl, "passkey": self.passkey, "forwards": self.forwards})
+        write_json(self.run_dir / STATE_FILE, {"ppl": self.ppl, "passkey": self.passkey, "ruler": self.ruler,
+                                               "forwards": self.forwards})
 
     def ppl_done(self, row: dict[str, Any]) -> None:
         self.ppl[row["method"]] = row
@@ -63,6 +71,10 @@ class RunState:
 
     def prompt_done(self, record: dict[str, Any]) -> None:
         self.passkey[cell_id(record["method"], record["length"], record["depth"], record["trial"])] = record
+        self.save()
+
+    def ruler_done(self, record: dict[str, Any]) -> None:
+        self.ruler[ruler_cell_id(record["method"], record["task"], record["length"], record["trial"])] = record
         self.save()
 
     def forward_done(self, task: str, length: int, usage: PeakMemory) -> None:

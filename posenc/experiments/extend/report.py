@@ -12,8 +12,10 @@ from posenc.atomic_files import write_json, write_text
 from posenc.experiments import report_writer
 from posenc.experiments.evaluation.statistics import wilson
 from posenc.experiments.extend.config import ExtendConfig
-from posenc.experiments.extend.plots import accuracy_plot, heatmaps, ppl_plot
+from posenc.experiments.extend.plots import accuracy_plot, heatmaps, ppl_plot, ruler_plot
 from posenc.experiments.extend.progress import RunState
+from posenc.experiments.extend.recommend import RULE, recommend
+from posenc.experiments.extend.ruler_report import ruler_average, ruler_summary, ruler_tables
 
 
 def passkey_summary(records: list[dict[str, Any]], by_depth: bool = False) -> list[dict[str, Any]]:
@@ -56,7 +58,28 @@ def wide_tables(state: RunState, cfg: ExtendConfig) -> dict[str, tuple[list[dict
             table.setdefault(row["method"], {"method": row["method"]})[str(row["length"])] = _acc_cell(row)
         rows = [table[name] for name in cfg.extend.methods if name in table]
         out["passkey retrieval: correct/prompts (95% Wilson interval)"] = (rows, cols)
+    out.update(ruler_tables(ruler_summary(list(state.ruler.values())), list(cfg.extend.methods), cfg.ruler_lengths))
     return out
+
+
+def recommendation(state: RunState, cfg: ExtendConfig, trained: int) -> list[dict[str, Any]]:
+    """recommend.RULE applied to this run's numbers."""
+    methods = list(cfg.extend.methods)
+    passkey = {(r["method"], r["length"]): r["accuracy"] for r in passkey_summary(list(state.passkey.values()))}
+    ruler = ruler_average(ruler_summary(list(state.ruler.values())))
+    ppl = {(name, n): stat["ppl"] for name, row in state.ppl.items() for n, stat in row["ppl_by_length"].items()}
+    return recommend(methods, passkey, ruler, ppl, trained)
+
+
+def recommendation_table(rows: list[dict[str, Any]]) -> tuple[list[dict], list[str]]:
+    cols = ["length", "multiple", "method", "passkey", "RULER avg", "ppl", "ppl vs trained", "tied"]
+    out = [{"length": r["length"], "multiple": f"{r['multiple']:g}x", "method": r["method"],
+            "passkey": "" if r["passkey"] is None else f"{100 * r['passkey']:.0f}%",
+            "RULER avg": "" if r["ruler"] is None else f"{r['ruler']:.1f}",
+            "ppl": "" if r["ppl"] is None else report_writer.fmt(r["ppl"]),
+            "ppl vs trained": "" if r["ppl_vs_trained"] is None else f"{r['ppl_vs_trained']:.2f}x",
+            "tied": ", ".join(r["tied"])} for r in rows]
+    return out, cols
 
 
 def run_summary(meta: dict[str, Any]) -> str:
@@ -83,14 +106,20 @@ def write_results(state: RunState, cfg: ExtendConfig, meta: dict[str, Any]) -> l
     """Print the tables; write results.json, CSVs, tables.md, plots and report.html."""
     run_dir, records = state.run_dir, list(state.passkey.values())
     tables = wide_tables(state, cfg)
+    advice = recommendation(state, cfg, meta["context_length"])
+    if advice:
+        tables["which method at which multiple (rule below)"] = recommendation_table(advice)
     for title, (rows, cols) in tables.items():
         report_writer.print_table(rows, cols, f"{title}; trained context {meta['context_length']} tokens")
     ppl_rows = [{"method": name, "length": n, "attention_scaling": r["attention_scaling"], **stat}
                 for name, r in state.ppl.items() for n, stat in r["ppl_by_length"].items()]
     summary, by_depth = passkey_summary(records), passkey_summary(records, by_depth=True)
+    ruler_records = list(state.ruler.values())
+    ruler_rows = ruler_summary(ruler_records)
     files = [write_json(run_dir / "results.json", {
         "config": cfg.to_dict(), **meta, "ppl": list(state.ppl.values()), "passkey_summary": summary,
-        "passkey_by_depth": by_depth, "passkey": records, "forwards": state.forwards})]
+        "passkey_by_depth": by_depth, "passkey": records, "ruler_summary": ruler_rows, "ruler": ruler_records,
+        "recommendation": advice, "recommendation_rule": RULE, "forwards": state.forwards})]
     if ppl_rows:
         files.append(report_writer.write_csv(run_dir / "ppl.csv", ppl_rows,
                                       ["method", "length", "ppl", "lo", "hi", "attention_scaling"]))
@@ -100,8 +129,16 @@ def write_results(state: RunState, cfg: ExtendConfig, meta: dict[str, Any]) -> l
         files.append(report_writer.write_csv(run_dir / "passkey_summary.csv", summary, list(summary[0])))
         files.append(accuracy_plot(run_dir / "passkey_vs_length.png", summary, meta))
         files.append(heatmaps(run_dir / "passkey_heatmap.png", by_depth, cfg.extend.methods, meta))
-    files.append(write_text(run_dir / "tables.md", markdown(tables, meta)))
+    if ruler_rows:
+        files.append(report_writer.write_csv(run_dir / "ruler.csv", ruler_records, list(ruler_records[0])))
+        files.append(report_writer.write_csv(run_dir / "ruler_summary.csv", ruler_rows, list(ruler_rows[0])))
+        files.append(ruler_plot(run_dir / "ruler_vs_length.png", ruler_rows, meta))
+    if advice:
+        print(f"rule: {RULE}")
+    files.append(write_text(run_dir / "tables.md", markdown(tables, meta) + (f"\nRule: {RULE}\n" if advice else "")))
     sections = [(title, report_writer.html_table(rows, cols)) for title, (rows, cols) in tables.items()]
+    if advice:
+        sections.append(("the recommendation's rule", f"<p>{RULE}</p>"))
     sections.append(("run", f"<p>{run_summary(meta)}</p>"))
     files.append(report_writer.html_report(run_dir / "report.html", f"{meta['model']}: context extension", sections,
                                     [f for f in files if f.suffix == ".png"], files))

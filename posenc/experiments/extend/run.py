@@ -21,6 +21,7 @@ from posenc.experiments.extend.passkey_prompts import PromptBuilder
 from posenc.experiments.extend.perplexity import planned_forwards, planned_tokens, run_perplexity, token_windows
 from posenc.experiments.extend.progress import STATE_FILE, RunState
 from posenc.experiments.extend.report import write_results
+from posenc.experiments.extend.ruler_sweep import planned_ruler_prompts, run_ruler
 from posenc.experiments.runs import manifest
 from posenc.experiments.runs.files import new_run_dir, removed_if_unused
 from posenc.experiments.runs.rule import Run, open_run
@@ -34,10 +35,19 @@ def _check_passkey_lengths(cfg: ExtendConfig, builder: PromptBuilder) -> None:
                         "needle and question alone take that many tokens of this tokenizer)")
 
 
+def _check_ruler_lengths(cfg: ExtendConfig, builder: Any) -> None:
+    for task in cfg.ruler.task_names:
+        short = [n for n in cfg.ruler_lengths if n < builder.min_length(task)]
+        if short:
+            raise bad_value("ruler.lengths", tuple(short), f"lengths >= {builder.min_length(task)} for {task} (its "
+                                                          "instructions, needles and question alone take that many "
+                                                          "tokens of this tokenizer)")
+
+
 def estimate_minutes(cfg: ExtendConfig, model: Llama) -> float:
     """Rough wall minutes on 2 idle cores for the planned forwards (bfloat16; float32 takes roughly 2-3x)."""
-    lengths = planned_forwards(model, cfg) + planned_prompts(cfg, model)
-    return sum(estimated_cpu_seconds(n, cfg.model.prefill_chunk) for n in lengths) / 2 / 60
+    lengths = planned_forwards(model, cfg) + planned_prompts(cfg, model) + planned_ruler_prompts(cfg, model)
+    return sum(estimated_cpu_seconds(n, cfg.model.prefill_chunk, mapped) for n, mapped in lengths) / 2 / 60
 
 
 def _longest_forward(forwards: list[dict[str, Any]]) -> dict[str, Any]:
@@ -97,19 +107,29 @@ def _sweep(cfg: ExtendConfig, opened: Run, corpus: Any) -> int:
     encode = lambda text: model.tokenizer.encode(text, add_special_tokens=False)
     builder = PromptBuilder(encode)
     _check_passkey_lengths(cfg, builder)
+    ruler_builder = None
+    if cfg.ruler_lengths:
+        from posenc.experiments.extend.ruler import RulerBuilder
+
+        ruler_builder = RulerBuilder(encode)
+        _check_ruler_lengths(cfg, ruler_builder)
     windows = (token_windows(encode, corpus.text, max(cfg.ppl_lengths), cfg.perplexity.windows)
                if cfg.ppl_lengths else None)
     state = RunState.load(run_dir, on_save=lambda: opened.tick(force=True))
-    done = f"; done before: {len(state.ppl)} perplexity rows, {len(state.passkey)} prompts" if state.forwards else ""
+    done = (f"; done before: {len(state.ppl)} perplexity rows, {len(state.passkey)} passkey and {len(state.ruler)} "
+            "RULER prompts" if state.forwards else "")
     print(f"run folder: {run_dir}\nplan: about {estimate_minutes(cfg, model):.0f} min on 2 idle cores for the whole "
           f"run ({cfg.model.dtype}, prefill chunk {cfg.model.prefill_chunk}){done}; progress is saved after every "
           "step")
-    total = planned_tokens(model, cfg) + planned_passkey_tokens(cfg, model)
+    ruler_tokens = sum(n for n, _ in planned_ruler_prompts(cfg, model))
+    total = planned_tokens(model, cfg) + planned_passkey_tokens(cfg, model) + ruler_tokens
     with inference(cfg.model.dtype), tqdm(total=total, unit="tok", dynamic_ncols=True) as bar:
         if windows is not None:
             run_perplexity(cfg, model, windows, state, bar)
         if cfg.key_lengths:
             run_passkey(cfg, model, builder, state, bar)
+        if ruler_builder is not None:
+            run_ruler(cfg, model, ruler_builder, state, bar)
     state.save()
     trained = model.cfg.max_seq_len
     longest = _longest_forward(state.forwards)

@@ -1,0 +1,74 @@
+"""The RULER-style sweep of `posenc extend --task ruler`: every method x task x length x trial, the same
+prompt (needles, values, words) for every method, greedy decoding through the KV cache, scored as RULER
+scores it (the share of the expected answers found in the output), one record per prompt, saved as it
+finishes. A method that computes at a length what one already run computed reuses its answers."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from posenc.experiments.extend.config import ExtendConfig
+from posenc.experiments.extend.long_context import greedy_answer
+from posenc.experiments.extend.model import computation_key, plain_model, sweep_methods, use_method
+from posenc.experiments.extend.progress import RunState, ruler_cell_id
+from posenc.experiments.extend.resource_usage import PeakMemory
+from posenc.models.llama import Llama
+
+if TYPE_CHECKING:
+    from posenc.experiments.extend.ruler import RulerBuilder
+
+
+def ruler_cells(cfg: ExtendConfig) -> list[tuple[str, int, int]]:
+    return [(task, n, t) for task in cfg.ruler.task_names for n in cfg.ruler_lengths for t in range(cfg.ruler.trials)]
+
+
+def ask(model: Llama, builder: RulerBuilder, cfg: ExtendConfig, task: str, length: int,
+        trial: int) -> tuple[dict[str, Any], PeakMemory]:
+    from posenc.experiments.extend.ruler import score
+
+    prompt = builder.build(task, length, cfg.ruler.seed, trial)
+    with PeakMemory() as usage:
+        tokens = greedy_answer(model, torch.tensor([prompt.ids]), prompt.answer_tokens, cfg.model.prefill_chunk)
+    output = model.tokenizer.decode(tokens)
+    record = {"task": task, "length": length, "trial": trial, "answers": list(prompt.answers), "output": output,
+              "score": score(output, prompt.answers), "seconds": usage.seconds, "cpu_seconds": usage.cpu_seconds}
+    return record, usage
+
+
+def run_ruler(cfg: ExtendConfig, model: Llama, builder: RulerBuilder, state: RunState, progress: Any) -> None:
+    answered: dict[tuple, dict[str, Any]] = {}  # (computation key, task, length, trial) -> record
+    for method in sweep_methods(model, cfg):
+        for task, length, trial in ruler_cells(cfg):
+            same = (computation_key(model, method, length), task, length, trial)
+            done = state.ruler.get(ruler_cell_id(method.name, task, length, trial))
+            if done is not None:
+                answered.setdefault(same, done)
+                continue
+            twin = answered.get(same)
+            if twin is not None:
+                record = {**twin, "method": method.name, "shared_with": twin.get("shared_with", twin["method"])}
+            else:
+                progress.set_description(f"ruler {method.name} {task} {length}")
+                use_method(model, method, length)
+                record, usage = ask(model, builder, cfg, task, length, trial)
+                record["method"] = method.name
+                state.forward_done("ruler", length, usage)
+                progress.update(length)
+            answered[same] = record
+            state.ruler_done(record)
+    plain_model(model)
+
+
+def planned_ruler_prompts(cfg: ExtendConfig, model: Llama) -> list[tuple[int, bool]]:
+    """(length, under a map) of the prompts the sweep will prefill (prompts shared between methods counted once)."""
+    seen, lengths = set(), []
+    for method in sweep_methods(model, cfg):
+        for length in cfg.ruler_lengths:
+            key = (computation_key(model, method, length), length)
+            if key not in seen:
+                seen.add(key)
+                mapped = method.extension_at(length) is not None
+                lengths += [(length, mapped)] * len(cfg.ruler.task_names) * cfg.ruler.trials
+    return lengths
