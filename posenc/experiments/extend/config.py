@@ -78,6 +78,7 @@ class RulerOptions:
     lengths: tuple[int, ...] | None = None  # prompt lengths in tokens; null: the passkey lengths
     trials: int = 2  # prompts per (task, length), the same for every method
     seed: int = 0  # needles, values and word lists
+    model_template: str = "base"  # RULER's base-model template, or smollm2_chat (the GGUF's chat template)
 
     def __post_init__(self) -> None:
         _as_tuple(self, "tasks")
@@ -94,6 +95,8 @@ class RulerOptions:
             _positive_ints("ruler.lengths", self.lengths, 2)
         _integer("ruler.trials", self.trials, 1)
         _integer("ruler.seed", self.seed)
+        if self.model_template not in ("base", "smollm2_chat"):  # extend/ruler/templates.py MODEL_TEMPLATES
+            raise unknown_name("ruler.model_template", self.model_template, ("base", "smollm2_chat"))
 
     @property
     def task_names(self) -> tuple[str, ...]:

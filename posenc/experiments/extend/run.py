@@ -111,7 +111,7 @@ def _sweep(cfg: ExtendConfig, opened: Run, corpus: Any) -> int:
     if cfg.ruler_lengths:
         from posenc.experiments.extend.ruler import RulerBuilder
 
-        ruler_builder = RulerBuilder(encode)
+        ruler_builder = RulerBuilder(encode, cfg.ruler.model_template)
         _check_ruler_lengths(cfg, ruler_builder)
     windows = (token_windows(encode, corpus.text, max(cfg.ppl_lengths), cfg.perplexity.windows)
                if cfg.ppl_lengths else None)
