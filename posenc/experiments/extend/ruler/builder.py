@@ -44,9 +44,8 @@ class RulerBuilder:
         rng = random.Random(f"ruler:{task}:{seed}:{length}:{trial}")
         try:
             draft = TASKS[task].build(self.pieces, length, rng)
-        except TooShort:
-            raise bad_value("lengths", length, f"more tokens for this {task} prompt (this tokenizer's "
-                                               f"pieces are longer than min_length {least} allowed for)") from None
+        except TooShort as err:
+            raise bad_value("lengths", length, f"more tokens for this {task} prompt: {err}") from None
         except TooLong as err:
             raise bad_value("lengths", length, str(err)) from None
         if len(draft.ids) != length:  # a bug, never bad input

@@ -12,6 +12,7 @@ that appear once are mixed in (RULER stops below the length instead): the top 10
 from __future__ import annotations
 
 import random
+from collections import Counter
 from dataclasses import dataclass
 
 from posenc.experiments.extend.ruler.draft import Draft
@@ -20,7 +21,8 @@ from posenc.experiments.extend.ruler.templates import ANSWER_TOKENS, CWE
 from posenc.experiments.extend.ruler.words import pseudo_words
 
 LONG = 4096  # RULER switches to the long-context frequencies at max_seq_length >= 4096
-SPARES = 64  # words set aside for the exact-length padding
+SPARES = 256  # words set aside for the exact-length padding: up to PER_SIZE of each token count
+PER_SIZE = 16
 MAX_PADDING_WORDS = 16
 PADDING_MARGIN = 64  # tokens min_length keeps for the padding: enough for any mix of spare sizes
 
@@ -70,35 +72,31 @@ class CommonWords:
              freq: Frequencies) -> list[str]:
         """The list's words (unordered) whose numbered entries take exactly `room` tokens: the common
         words, as many rare words as fit, and words that appear once for the last few tokens."""
-        def word(w: str) -> int:
-            return len(pieces(" " + w))
-
         entries = self.common * freq.common
-        used = number_tokens(pieces, 0, entries) + freq.common * sum(map(word, common))
+        used = number_tokens(pieces, 0, entries) + freq.common * sum(word_tokens(pieces, w) for w in common)
         steps = []  # tokens each rare word added
         while len(steps) < len(rare):
-            step = number_tokens(pieces, entries, entries + freq.rare) + freq.rare * word(rare[len(steps)])
+            step = (number_tokens(pieces, entries, entries + freq.rare)
+                    + freq.rare * word_tokens(pieces, rare[len(steps)]))
             if used + step > room:
                 break
             steps.append(step)
             used, entries = used + step, entries + freq.rare
         if len(steps) == len(rare):
             raise TooLong(f"cwe ran out of its {len(pseudo_words())} words")
-        spare_sizes = {w: word(w) for w in spares}
-        while True:
-            for count in range(MAX_PADDING_WORDS + 1):
-                numbers = number_tokens(pieces, entries, entries + count)
-                once = words_adding_up(room - used - numbers, spare_sizes, count)
-                if once is not None:
-                    return common * freq.common + rare[: len(steps)] * freq.rare + once
-            if not steps:
-                raise TooShort
-            used, entries = used - steps.pop(), entries - freq.rare
+        while (once := padding(pieces, room - used, entries, spares)) is None:
+            if not steps:  # at min_length and above this happens only to RULER's long list
+                raise TooShort(f"from {LONG} tokens on, RULER's longer list (a {freq.example_words}-word example, "
+                               f"common words {freq.common} times) does not fit" if freq == frequencies(LONG)
+                               else "its drawn words do not fit")
+            used, entries = used - steps.pop(), entries - freq.rare  # one rare word fewer: more room
+        return common * freq.common + rare[: len(steps)] * freq.rare + once
 
     def min_length(self, pieces: Pieces) -> int:
-        """Enough for every draw below 4,096 tokens: the longest words in the most repeated places."""
+        """Enough for every draw below 4,096 tokens: the longest words in the most repeated places.
+        From 4,096 on the list is RULER's long one (~3,400 SmolLM2 tokens; ~5,600 one-per-character)."""
         freq = frequencies(0)
-        longest = sorted((len(pieces(" " + w)) for w in pseudo_words()), reverse=True)
+        longest = sorted((word_tokens(pieces, w) for w in pseudo_words()), reverse=True)
         main, example_common, example_rare = (longest[i * self.common : (i + 1) * self.common] for i in range(3))
         example_entries = self.common * (freq.example_common + freq.example_rare)
         words = (freq.common * sum(main) + (freq.example_common + 1) * sum(example_common)
@@ -107,6 +105,23 @@ class CommonWords:
                    + sum(len(pieces(f" {i}.")) for i in range(1, self.common + 1)))
         fixed = pieces.head(CWE[0]) + pieces(CWE[1] + CWE[2]) + pieces("\n" + CWE[0]) + pieces.tail(CWE[1], CWE[2])
         return len(fixed) + numbers + words + PADDING_MARGIN
+
+
+def padding(pieces: Pieces, tokens: int, entries: int, spares: list[str]) -> list[str] | None:
+    """Spare words, each listed once after `entries` entries, whose entries take exactly `tokens`."""
+    sizes: dict[str, int] = {}
+    for w in spares:  # up to PER_SIZE of each token count, so that sums of sizes cover every number
+        if Counter(sizes.values())[word_tokens(pieces, w)] < PER_SIZE:
+            sizes[w] = word_tokens(pieces, w)
+    for count in range(MAX_PADDING_WORDS + 1):
+        once = words_adding_up(tokens - number_tokens(pieces, entries, entries + count), sizes, count)
+        if once is not None:
+            return once
+    return None
+
+
+def word_tokens(pieces: Pieces, word: str) -> int:
+    return len(pieces(" " + word))
 
 
 def number_piece(i: int) -> str:

@@ -18,6 +18,9 @@ from posenc.experiments.extend.ruler.templates import NOISE
 class TooShort(Exception):
     """The drawn content does not fit the length (the builder turns it into the one-line error)."""
 
+    def __init__(self, why: str = "its drawn content does not fit") -> None:
+        super().__init__(why)
+
 
 class TooLong(Exception):
     """The length needs more distinct words than the vocabulary has (the message says how many fit)."""
