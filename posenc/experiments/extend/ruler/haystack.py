@@ -23,7 +23,7 @@ class TooShort(Exception):
 
 
 class TooLong(Exception):
-    """The length needs more distinct words than the vocabulary has (the message says how many fit)."""
+    """The length needs more distinct words than the vocabulary has."""
 
 
 class Pieces:

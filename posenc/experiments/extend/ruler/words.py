@@ -5,8 +5,8 @@ package's English word lists. posenc has no pinned English list of the few thous
 at 64k tokens (Python's own docs give ~2,500 distinct words, mostly Python terms, and change with
 the Python version), so:
 - needle keys are "adjective-noun" pairs of the short lists below, as RULER's keys are;
-- cwe's words are pronounceable pseudo-words (consonant-vowel syllables) enumerated in a fixed
-  order, ~15,000 of them, none a substring of another or of RULER's instructions: RULER scores an
+- cwe's words are pronounceable pseudo-words (consonant-vowel syllables) in a fixed seeded
+  order, VOCABULARY_SIZE of them, none a substring of another or of RULER's instructions: RULER scores an
   answer found as a substring of the output, so a listed word can never count for another word,
   and a model that echoes the question scores nothing;
 - fwe's coded words are random 6-letter strings drawn per prompt, as RULER draws them.
