@@ -111,3 +111,31 @@ def test_a_run_of_maps_and_scalings_records_each_row(tmp_path):
     assert rows["dual_chunk+linear"]["rope_scaling"]["rope_type"] == "linear"
     assert rows["dual_chunk+linear"]["attention_extension"]["type"] == "dual_chunk"
     assert len({round(r["ppl_by_length"][256]["ppl"], 6) for r in rows.values()}) == 3  # three computations
+
+
+def test_a_ruler_run_on_smollm2_with_a_map_writes_its_tables_and_the_recommendation(tmp_path, capsys):
+    """`posenc extend --task ruler` end to end on the real model: the map's window is set small so the map is
+    in use at this short length; every prompt is scored; the report holds the RULER tables, the rule and
+    its table."""
+    import json
+
+    from posenc.cli import main as cli_main
+    from tests.conftest import smollm2_gguf
+
+    smollm2_gguf()  # skips where the package is absent
+    code = cli_main(["extend", "--quick", "--task", "ruler", "--methods", "none,self_extend",
+                     "--out-dir", str(tmp_path),
+                     "ruler.tasks=[niah_single]", "ruler.lengths=[160]", "ruler.trials=1", "extend.factor=2",
+                     "extend.method_options={self_extend: {window: 32, group_size: 4}}"])
+    assert code == 0
+    (folder,) = tmp_path.iterdir()
+    results = json.loads((folder / "results.json").read_text())
+    assert {(r["method"], r["task"], r["length"]) for r in results["ruler"]} == {
+        ("none", "niah_single", 160), ("self_extend", "niah_single", 160)}
+    assert all(0.0 <= r["score"] <= 1.0 and len(r["answers"]) == 1 for r in results["ruler"])
+    assert "shared_with" not in results["ruler"][1]  # the map is in use at 160 tokens: its own prompt
+    tables = (folder / "tables.md").read_text()
+    assert "RULER-style average" in tables and "niah_single" in tables
+    assert all((folder / name).is_file() for name in ("ruler.csv", "ruler_summary.csv", "ruler_vs_length.png",
+                                                      "report.html"))
+    assert results["recommendation_rule"].startswith("At each length past the trained context")

@@ -18,7 +18,7 @@ def test_score_is_the_mean_share_found_and_the_interval_counts_answers():
     rows = ruler_summary([record("none", "niah_multivalue", 8192, 1.0), record("none", "niah_multivalue", 8192, 0.5)])
     (row,) = rows
     assert (row["score"], row["found"], row["expected"], row["prompts"]) == (75.0, 6, 8, 2)
-    assert row["lo"] < 75.0 < row["hi"] and 0 <= row["lo"] and row["hi"] <= 100
+    assert row["lo"] < 75.0 < row["hi"] and row["lo"] >= 0 and row["hi"] <= 100
 
 
 def test_the_average_weighs_every_task_the_same():

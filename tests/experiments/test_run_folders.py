@@ -237,3 +237,24 @@ def test_workers_end_when_the_process_that_started_them_is_killed(tmp_path):
     assert all(alive(pid) for pid in workers)
     kill(parent)
     wait_for(lambda: not any(alive(pid) for pid in workers), "end of the orphaned workers")
+
+
+def test_a_folder_holding_only_a_killed_atomic_writes_temp_file_opens_as_new(tmp_path):
+    """A SIGKILL inside the first run.json write leaves `.run.json.XXXX.tmp` and nothing else: the folder is
+    posenc's, not a stranger's; opening it again starts the run (the leftover goes) instead of refusing it."""
+    from posenc.errors import ConfigError
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / ".run.json.k3j9.tmp").write_text("{")
+    with open_run(folder, RunRule("compare", keeps_results=()), {"seed": 1}) as run:
+        assert run.path == folder
+    assert sorted(p.name for p in folder.iterdir()) == ["run.json"]
+    stranger = tmp_path / "other"
+    stranger.mkdir()
+    (stranger / ".run.json.k3j9.tmp").write_text("{")
+    (stranger / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="did not write"), open_run(stranger, RunRule("compare", keeps_results=()),
+                                                                     {"seed": 1}):
+        pass
+    assert (stranger / ".run.json.k3j9.tmp").exists()  # a folder with other files is left as it was

@@ -95,8 +95,10 @@ class RulerOptions:
             _positive_ints("ruler.lengths", self.lengths, 2)
         _integer("ruler.trials", self.trials, 1)
         _integer("ruler.seed", self.seed)
-        if self.model_template not in ("base", "smollm2_chat"):  # extend/ruler/templates.py MODEL_TEMPLATES
-            raise unknown_name("ruler.model_template", self.model_template, ("base", "smollm2_chat"))
+        from posenc.experiments.extend.ruler.templates import MODEL_TEMPLATES
+
+        if self.model_template not in MODEL_TEMPLATES:
+            raise unknown_name("ruler.model_template", self.model_template, MODEL_TEMPLATES)
 
     @property
     def task_names(self) -> tuple[str, ...]:

@@ -69,8 +69,9 @@ def window_nll(model: Llama, ids: Tensor, chunk: int) -> Tensor:
     return torch.cat(out)
 
 
-def greedy_answer(model: Llama, ids: Tensor, new_tokens: int, chunk: int) -> list[int]:
-    """Prefill the prompt ids (1,T) in chunks, then decode `new_tokens` greedily from the cache."""
+def greedy_answer(model: Llama, ids: Tensor, new_tokens: int, chunk: int, stop: int | None = None) -> list[int]:
+    """Prefill the prompt ids (1,T) in chunks, then decode up to `new_tokens` greedily from the cache, ending
+    after the token `stop` (the tokenizer's end of sequence: generation ends there, as every server's does)."""
     cache = model.new_cache()
     for hidden in prefill(model, ids, cache, chunk):
         last = hidden[:, -1]  # (1,D): only the last position's logits are needed
@@ -78,6 +79,8 @@ def greedy_answer(model: Llama, ids: Tensor, new_tokens: int, chunk: int) -> lis
     for step in range(new_tokens):
         token = model.lm_head(last).argmax(-1, keepdim=True)  # (1,1)
         tokens.append(int(token))
+        if stop is not None and tokens[-1] == stop:
+            break
         if step < new_tokens - 1:
             last = model.features(token, cache=cache)[:, -1]
     return tokens

@@ -1,7 +1,8 @@
 """The RULER-style sweep of `posenc extend --task ruler`: every method x task x length x trial, the same
 prompt (needles, values, words) for every method, greedy decoding through the KV cache, scored as RULER
 scores it (the share of the expected answers found in the output), one record per prompt, saved as it
-finishes. A method that computes at a length what one already run computed reuses its answers."""
+finishes. Decoding takes RULER's token budget per task and ends early at the tokenizer's end of sequence.
+A method that computes at a length what one already run computed reuses its answers."""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ def ask(model: Llama, builder: RulerBuilder, cfg: ExtendConfig, task: str, lengt
 
     prompt = builder.build(task, length, cfg.ruler.seed, trial)
     with PeakMemory() as usage:
-        tokens = greedy_answer(model, torch.tensor([prompt.ids]), prompt.answer_tokens, cfg.model.prefill_chunk)
+        tokens = greedy_answer(model, torch.tensor([prompt.ids]), prompt.answer_tokens, cfg.model.prefill_chunk,
+                               stop=getattr(model.tokenizer, "eos_token_id", None))
     output = model.tokenizer.decode(tokens)
     record = {"task": task, "length": length, "trial": trial, "answers": list(prompt.answers), "output": output,
               "score": score(output, prompt.answers), "seconds": usage.seconds, "cpu_seconds": usage.cpu_seconds}

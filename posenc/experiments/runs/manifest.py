@@ -45,7 +45,17 @@ def holds_results(folder: Path) -> bool:
 
 
 def is_empty(folder: Path) -> bool:
-    return not folder.exists() or (folder.is_dir() and not any(folder.iterdir()))
+    """Nothing in it but what a killed atomic write leaves (posenc.atomic_files' `.NAME.*.tmp`), which goes."""
+    if not folder.exists():
+        return True
+    if not folder.is_dir():
+        return False
+    leftovers = [p for p in folder.iterdir() if p.is_file() and p.name.startswith(".") and p.name.endswith(".tmp")]
+    if len(leftovers) != sum(1 for _ in folder.iterdir()):
+        return False
+    for leftover in leftovers:
+        leftover.unlink(missing_ok=True)
+    return True
 
 
 def _flat(config: dict[str, Any]) -> dict[str, Any]:
