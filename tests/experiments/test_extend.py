@@ -129,7 +129,7 @@ def test_every_scaling_name_is_accepted(name):
 
 def test_default_runs_every_scaling_and_presets_parse():
     assert config_from_args(args()).extend.methods == tuple(PRESETS)
-    assert presets() == ["default", "long", "quick"]
+    assert presets() == ["default", "long", "methods", "quick"]
     for preset in presets():
         assert config_from_args(args("--preset", preset)).perplexity.lengths
     long = config_from_args(args("--preset", "long"))

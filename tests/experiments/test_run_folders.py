@@ -20,7 +20,7 @@ from tests.conftest import smollm2_gguf
 from tests.experiments.cli_helpers import TINY, cli, one_line, snapshot
 
 ROOT = Path(__file__).resolve().parents[2]
-WAIT = 120.0  # seconds a child may take to reach a state (a limit on a hang, not a speed requirement)
+WAIT = 600.0  # seconds a child may take to reach a state (a limit on a hang, not a speed requirement)
 HOLD = """
 import sys, time
 from pathlib import Path

@@ -228,7 +228,7 @@ def test_yaml_presets(capsys, trained_run, data):
 
 
 EXTEND_FLAGS = {
-    "--lengths": ["64,128", "0", "abc", "1,x", ""], "--scalings": ["none,linear", "bogus", "", "none,,yarn"],
+    "--lengths": ["64,128", "0", "abc", "1,x", ""], "--methods": ["none,linear", "bogus", "", "none,,yarn", "dca+yarn"],
     "--windows": ["1", "0", "-1", "x"], "--factor": ["2", "0.5", "nan", "x"], "--corpus": ["python_docs", "bogus"],
 }
 
