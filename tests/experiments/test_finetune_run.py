@@ -73,3 +73,22 @@ def test_a_resume_redoes_only_what_is_missing_and_replays_it_exactly(finished, t
 def test_a_resume_with_other_settings_is_refused_naming_the_key(finished, capsys):
     code, _, err = cli(capsys, "finetune", "--run-dir", finished, *TINY, "finetune.range_threshold=0.5")
     assert code == 2 and "finetune.range_threshold: 0.8 -> 0.5" in one_line(err)
+
+
+def test_a_posenc_train_run_is_a_base_and_no_base_is_trained_here(tmp_path, capsys):
+    from posenc.experiments.config.training_run import load_config
+    from posenc.experiments.training.language_model import train
+
+    base = tmp_path / "base"
+    train(load_config(None, ["model.n_layer=1", "model.d_model=16", "model.n_head=2", "data.seq_len=40",
+                             "trainer.batch_size=2", "trainer.max_steps=2", "trainer.warmup_steps=1",
+                             "trainer.eval_batches=1", "trainer.progress=false"]), base)
+    options = [o for o in TINY if not o.startswith(("model.", "pretrain."))]
+    code, _, _ = cli(capsys, "finetune", "--run-dir", tmp_path / "run", f"finetune.base={base}", *options,
+                     "finetune.methods=[none,linear]", "finetune.seeds=[0]")
+    assert code == 0
+    assert not (tmp_path / "run" / "seed-0" / "base").exists()
+    assert set(units_of(tmp_path / "run")) == {("none", 0), ("linear", 0)}
+    code, _, err = cli(capsys, "finetune", "--run-dir", tmp_path / "run2", f"finetune.base={base}",
+                       "model.position_embedding_type=xpos")
+    assert code == 2 and "a run of model.position_embedding_type=xpos" in one_line(err)
