@@ -15,7 +15,7 @@ TINY = ["model.n_layer=1", "model.d_model=16", "model.n_head=2", "data.seq_len=4
         "finetune.schedule=[0,1,3]", "finetune.seeds=[0,1]", "finetune.jobs=1", "finetune.progress=false",
         "passkey.length_multipliers=[1,2,4]", "passkey.trials=2", "perplexity.length_multipliers=[1,2]",
         "perplexity.max_windows=1"]
-OUTPUTS = ("run.json", "results.json", "report.md", "report.html", "range_by_step.csv", "steps_to_target.csv",
+OUTPUTS = ("run.json", "results.json", "tables.md", "report.html", "range_by_step.csv", "steps_to_target.csv",
            "claims.csv", "passkey_by_length.csv", "ppl_by_length.csv", "records.csv", "range_vs_steps.png",
            "accuracy_by_length.png", "ppl_by_length.png")
 
@@ -92,3 +92,15 @@ def test_a_posenc_train_run_is_a_base_and_no_base_is_trained_here(tmp_path, caps
     code, _, err = cli(capsys, "finetune", "--run-dir", tmp_path / "run2", f"finetune.base={base}",
                        "model.position_embedding_type=xpos")
     assert code == 2 and "a run of model.position_embedding_type=xpos" in one_line(err)
+
+
+def test_posenc_report_renders_a_finetune_run_again_from_its_files(finished, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
+    claims = (run / "claims.csv").read_text()
+    for name in ("tables.md", "report.html", "claims.csv", "range_vs_steps.png"):
+        (run / name).unlink()
+    code, out, _ = cli(capsys, "report", run)
+    assert code == 0 and "report.html" in out
+    assert (run / "claims.csv").read_text() == claims
+    assert all((run / name).is_file() for name in ("tables.md", "report.html", "range_vs_steps.png"))

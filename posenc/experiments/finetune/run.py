@@ -23,7 +23,7 @@ from posenc.experiments.config.sections import run_device
 from posenc.experiments.finetune.config import RULE, FinetuneConfig
 from posenc.experiments.finetune.model_source import BYTES, check_base
 from posenc.experiments.finetune.pretrain import base_finished, train_base
-from posenc.experiments.finetune.report import finetune_report
+from posenc.experiments.finetune.report import MARKDOWN, finetune_report
 from posenc.experiments.finetune.retrieval import Retrieval
 from posenc.experiments.finetune.tune import finetune_unit
 from posenc.experiments.runs import manifest
@@ -59,7 +59,8 @@ def run(cfg: FinetuneConfig, run_dir: Path | None) -> int:
             open_run(run_dir, RULE, cfg.to_dict(), corpus) as opened:
         bases = _bases(cfg, run_dir, opened)
         units = _finetune(cfg, run_dir, opened, bases)
-        files = report_writer.write(run_dir, finetune_report(cfg, units, bases, opened.wall_seconds))
+        files = report_writer.write(run_dir, finetune_report(cfg, units, bases, opened.wall_seconds),
+                                    markdown=MARKDOWN)
     print(f"run folder: {run_dir}\nreport:     {files[-1]}")
     return 0
 
