@@ -48,6 +48,11 @@ def _text(s: Spread, digits: int = 0) -> str:
     return s.text(digits) if s.complete else f"{s.text(digits)} ({len(s.finite)} of {len(s.values)} seeds)"
 
 
+def _whole(value: float) -> int | None:
+    """A range over seeds is a tested length (an int); NaN when no seed measured it."""
+    return int(value) if is_number(value) else None
+
+
 def _range_rows(cfg: FinetuneConfig, units: Sequence[dict]) -> list[dict[str, Any]]:
     f, rows = cfg.finetune, []
     for method in f.methods:
@@ -55,7 +60,7 @@ def _range_rows(cfg: FinetuneConfig, units: Sequence[dict]) -> list[dict[str, An
             records = [_record(units, method, seed, step) for seed in f.seeds]
             s = _spread([r["range"] if r else None for r in records])
             reached = sum(1 for r in records if r and r["range"] >= cfg.target_length)
-            rows.append({"method": method, "step": step, "range": _text(s), "min": s.low, "max": s.high,
+            rows.append({"method": method, "step": step, "range": _text(s), "min": _whole(s.low), "max": _whole(s.high),
                          "range / L": s.mean / cfg.data.seq_len if s.finite else None,
                          "seeds at target": f"{reached}/{len(f.seeds)}"})
     return rows
@@ -128,8 +133,9 @@ def _plots(cfg: FinetuneConfig, units: Sequence[dict]) -> list[Plot]:
                                               else None for seed in f.seeds]).mean for m in multipliers}
         return out
 
-    return [Plot("range_vs_steps", f"Passkey range against fine-tuning steps (threshold {f.range_threshold:g}; "
-                 "band: min-max over seeds)", "fine-tuning steps", "passkey range / L", series, bands, log_x=False),
+    return [Plot("range_vs_steps", "Passkey range against fine-tuning steps (band: min-max over seeds)",
+                 "fine-tuning steps", f"passkey range / L (threshold {f.range_threshold:g})", series, bands,
+                 log_x=False),
             Plot("accuracy_by_length", "Passkey accuracy by length (mean over seeds)", "length (tokens)",
                  "accuracy", final("passkey", cfg.passkey.length_multipliers), ylim=(-0.02, 1.02), vline=L),
             Plot("ppl_by_length", "Perplexity by length (mean over seeds)", "length (tokens)", "perplexity",
