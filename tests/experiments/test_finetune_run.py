@@ -104,3 +104,16 @@ def test_posenc_report_renders_a_finetune_run_again_from_its_files(finished, tmp
     assert code == 0 and "report.html" in out
     assert (run / "claims.csv").read_text() == claims
     assert all((run / name).is_file() for name in ("tables.md", "report.html", "range_vs_steps.png"))
+
+
+def test_a_diverged_unit_is_kept_named_and_never_a_success(finished, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
+    unit = run / "seed-0" / "linear"
+    (unit / "unit.json").write_text(json.dumps({"status": "diverged", "error": "training diverged at step 2"}))
+    code, _, err = cli(capsys, "finetune", "--run-dir", run)
+    assert code == 1 and "linear seed 0 diverged" in one_line(err)
+    results = json.loads((run / "results.json").read_text())
+    assert results["diverged"] == ["linear seed 0"]
+    steps = (run / "steps_to_target.csv").read_text().splitlines()
+    assert any(row.startswith("linear,diverged") for row in steps)

@@ -6,6 +6,7 @@ two measurements (`passkey.*`, `perplexity.*`)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -186,8 +187,6 @@ class FinetuneConfig:
 
 def resolved(cfg: FinetuneConfig) -> FinetuneConfig:
     """The derived options filled in: the model sized for the longest length, the steps from the schedule."""
-    import dataclasses
-
     model = cfg.model.replace(max_seq_len=max(cfg.model.max_seq_len, cfg.longest))
     trainer = dataclasses.replace(cfg.trainer, max_steps=cfg.finetune.schedule[-1])
     return dataclasses.replace(cfg, model=model, trainer=trainer)

@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from posenc.atomic_files import write_json
 from posenc.data.tokens import load_corpus, split
+from posenc.errors import RunFailed
 from posenc.experiments import report_writer
 from posenc.experiments.config.sections import run_device
 from posenc.experiments.finetune.config import RULE, FinetuneConfig
@@ -62,6 +63,10 @@ def run(cfg: FinetuneConfig, run_dir: Path | None) -> int:
         files = report_writer.write(run_dir, finetune_report(cfg, units, bases, opened.wall_seconds),
                                     markdown=MARKDOWN)
     print(f"run folder: {run_dir}\nreport:     {files[-1]}")
+    diverged = [f"{u['method']} seed {u['seed']}" for u in units if u["status"] != "ok"]
+    if diverged:  # a result (kept on resume, named in the report), but never a success
+        raise RunFailed(f"{', '.join(diverged)} diverged (reported as such, with no numbers after it); the other "
+                        f"units' results are in {run_dir}")
     return 0
 
 
