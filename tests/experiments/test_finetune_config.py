@@ -67,3 +67,11 @@ def test_a_base_that_is_not_a_run_folder_is_refused_before_any_folder(tmp_path, 
     code, _, err = cli(capsys, "finetune", "--run-dir", tmp_path / "run", f"finetune.base={tmp_path / 'nothing'}")
     assert code == 2 and "finetune.base=" in one_line(err) and "posenc train run folder" in err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("override, field", [("data.seq_len=16", "data.seq_len=16"),
+                                             ("passkey.length_multipliers=[1,4,2000]", "passkey.length_multipliers=")])
+def test_passkey_lengths_that_cannot_be_built_are_refused_before_any_folder(tmp_path, capsys, override, field):
+    code, _, err = cli(capsys, "finetune", "--run-dir", tmp_path / "run", override)
+    assert code == 2 and one_line(err).startswith(f"posenc finetune: error: {field}") and "passkey" in err
+    assert not (tmp_path / "run").exists()

@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from posenc.atomic_files import write_json
 from posenc.data.tokens import load_corpus, split
-from posenc.errors import RunFailed
+from posenc.errors import RunFailed, bad_value
 from posenc.experiments import report_writer
 from posenc.experiments.config.sections import run_device
 from posenc.experiments.finetune.config import RULE, FinetuneConfig
@@ -43,13 +43,22 @@ def preflight_all(cfg: FinetuneConfig) -> dict[str, str]:
         train_stream, val_stream = split(BYTES.stream(corpus.text), cfg.data.val_fraction)
         L, longest_ppl = cfg.data.seq_len, cfg.data.seq_len * max(cfg.perplexity.length_multipliers)
         preflight.check_text_lengths(L, len(val_stream), len(train_stream), [longest_ppl])
-        longest_passkey = L * max(cfg.passkey.length_multipliers)
-        for length in (L, longest_passkey):  # raises, naming the length, when the text cannot hold it
-            Retrieval(BYTES.encode, val_stream).sequence(length, 0.5, 10_000, random.Random(0))
+        _check_passkey_lengths(cfg, Retrieval(BYTES.encode, val_stream))
         meta = preflight.check_model_fits(cfg.model, training=True)
         preflight.check_sequences_fit(meta, cfg.trainer.batch_size, cfg.target_length, "finetune.factor",
                                       cfg.finetune.factor)
     return {"name": cfg.data.corpus, "sha256": corpus.sha256}
+
+
+def _check_passkey_lengths(cfg: FinetuneConfig, retrieval: Retrieval) -> None:
+    """A passkey sequence fits at L (needle and question) and the validation text holds the longest one."""
+    multipliers, L = cfg.passkey.length_multipliers, cfg.data.seq_len
+    for field, value, length in (("data.seq_len", L, L), ("passkey.length_multipliers", list(multipliers),
+                                                           L * max(multipliers))):
+        try:
+            retrieval.sequence(length, 0.5, 10_000, random.Random(0))
+        except ValueError as err:
+            raise bad_value(field, value, f"passkey sequences that fit ({err})") from None
 
 
 def run(cfg: FinetuneConfig, run_dir: Path | None) -> int:
