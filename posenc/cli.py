@@ -23,6 +23,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("posenc.commands.bench", "speed and memory of every scheme vs the peers (writes BENCHMARKS.md)"),
     "compare": ("posenc.commands.compare", "the main job: train one tiny GPT per scheme short, evaluate long"),
     "extend": ("posenc.commands.extend", "pretrained Llama: perplexity and passkey retrieval vs length per scaling"),
+    "finetune": ("posenc.commands.finetune", "fine-tune a RoPE model to 4x its length: passkey range vs steps per "
+                                             "method (none, PI, YaRN)"),
 }
 
 

@@ -1,6 +1,6 @@
 """`posenc report RUN_DIR`: re-render a run's tables, plots, Markdown and HTML from its saved files
 (e.g. after an interrupted run, or to restyle), without retraining. Any study whose report module
-has `rerender(run_dir, stored)` can be re-rendered (compare and tasks today)."""
+has `rerender(run_dir, stored)` can be re-rendered (compare, tasks and finetune today)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from posenc.errors import bad_value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dir", help="a folder written by `posenc compare` or `posenc tasks`")
+    parser.add_argument("run_dir", help="a folder written by `posenc compare`, `posenc tasks` or `posenc finetune`")
 
 
 def _rerender(command: object):
@@ -35,7 +35,8 @@ def main(args: argparse.Namespace) -> int:
     stored = manifest.read(run_dir) if run_dir.is_dir() else None
     rerender = _rerender(stored["command"]) if stored is not None else None
     if rerender is None or not (run_dir / "results.json").is_file():
-        raise bad_value("run_dir", str(run_dir), "a `posenc compare` or `posenc tasks` folder holding results.json")
+        raise bad_value("run_dir", str(run_dir), "a `posenc compare`, `posenc tasks` or `posenc finetune` folder "
+                                                 "holding results.json")
     check_writable(run_dir, "run_dir")
     with locked(run_dir):  # no other process is writing the files read here
         path = rerender(run_dir, stored)

@@ -29,9 +29,11 @@ def test_overrides_are_typed_and_layered_over_yaml(tmp_path):
 def test_every_shipped_preset_parses(preset):
     from posenc.experiments.compare.config import CompareConfig
     from posenc.experiments.config import loader as config_loader
+    from posenc.experiments.finetune.config import FinetuneConfig
     from posenc.experiments.tasks.config import TasksConfig
 
-    schema = {"compare": CompareConfig, "tasks": TasksConfig}.get(preset.stem.split("_")[0], RunConfig)
+    schemas = {"compare": CompareConfig, "tasks": TasksConfig, "finetune": FinetuneConfig}
+    schema = schemas.get(preset.stem.split("_")[0], RunConfig)
     assert isinstance(config_loader.load(schema, preset), schema)
 
 
