@@ -1,0 +1,40 @@
+"""Counting (Golovneva et al. 2024, CoPE, Sec. 4.3): how often one variable occurs among distractors."""
+
+from __future__ import annotations
+
+import random
+
+from posenc.data.tasks.base import draw
+from posenc.data.tasks.splits import IN_DIST, SplitTask, spread_out
+
+VARIABLES = "abc"
+PASS = "."  # an operation that touches no variable: a distractor
+QUERY = "?"
+
+
+class Counting(SplitTask):
+    """`^ab.c..b.?b=` -> `3$`... zero-padded to the digits of `length`: how many of the `length`
+    variable operations (each a, b or c, uniformly) name the queried variable, with passes among them.
+
+    The count is the number of matching tokens, whatever sits between them: a scheme that counts
+    tokens sees the same count spread over more positions when passes are added; CoPE can count the
+    matches themselves. Golovneva et al. train on shorter contexts and test on longer ones with more
+    distractors; here 8 operations with 8 passes in distribution, 24 passes (sparse) or none (dense)
+    out of it. The count's distribution is the same in every split: only the distractors change.
+    """
+
+    name = "counting"
+    alphabet = VARIABLES + PASS + QUERY
+    size = 8
+    parameter = "passes per variable operation"
+    splits = {IN_DIST: 1.0, "ood-dense": 0.0, "ood-sparse": 3.0}
+
+    def problem(self, length: int, rng: random.Random) -> str:
+        operations = list(draw(VARIABLES, length, rng))
+        context = spread_out(operations, PASS, int(self.value * length), rng)
+        return context + QUERY + rng.choice(VARIABLES)
+
+    def solve(self, problem: str) -> str:
+        context, variable = problem.split(QUERY)
+        width = len(str(len(context.replace(PASS, ""))))  # digits of `length`: fixed per size
+        return str(context.count(variable)).zfill(width)
