@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import ClassVar
 
 from posenc.data.tasks.base import draw
 from posenc.data.tasks.splits import IN_DIST, SplitTask, spread_out
@@ -27,12 +28,11 @@ class Counting(SplitTask):
     alphabet = VARIABLES + PASS + QUERY
     size = 8
     parameter = "passes per variable operation"
-    splits = {IN_DIST: 1.0, "ood-dense": 0.0, "ood-sparse": 3.0}
+    splits: ClassVar[dict[str, float]] = {IN_DIST: 1.0, "ood-dense": 0.0, "ood-sparse": 3.0}
 
     def problem(self, length: int, rng: random.Random) -> str:
-        operations = list(draw(VARIABLES, length, rng))
-        context = spread_out(operations, PASS, int(self.value * length), rng)
-        return context + QUERY + rng.choice(VARIABLES)
+        operations, variable = list(draw(VARIABLES, length, rng)), rng.choice(VARIABLES)  # the same in every split
+        return spread_out(operations, PASS, int(self.value * length), rng) + QUERY + variable
 
     def solve(self, problem: str) -> str:
         context, variable = problem.split(QUERY)

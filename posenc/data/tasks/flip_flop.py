@@ -4,6 +4,7 @@ Modeling", arXiv 2306.00946; Golovneva et al. 2024, CoPE, Sec. 4.1)."""
 from __future__ import annotations
 
 import random
+from typing import ClassVar
 
 from posenc.data.tasks.splits import IN_DIST, SplitTask
 
@@ -27,7 +28,7 @@ class FlipFlop(SplitTask):
     alphabet = WRITE + IGNORE + READ + BITS
     size = 16
     parameter = "p(ignore)"
-    splits = {IN_DIST: 0.8, "ood-dense": 0.1, "ood-sparse": 0.98}
+    splits: ClassVar[dict[str, float]] = {IN_DIST: 0.8, "ood-dense": 0.1, "ood-sparse": 0.98}
 
     def problem(self, length: int, rng: random.Random) -> str:
         memory = rng.choice(BITS)

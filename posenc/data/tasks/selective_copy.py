@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import string
+from typing import ClassVar
 
 from posenc.data.tasks.base import draw
 from posenc.data.tasks.splits import IN_DIST, SplitTask, spread_out
@@ -24,7 +25,7 @@ class SelectiveCopy(SplitTask):
     alphabet = string.ascii_lowercase + BLANK
     size = 6
     parameter = "blanks per letter"
-    splits = {IN_DIST: 1.0, "ood-dense": 0.5, "ood-sparse": 2.0}
+    splits: ClassVar[dict[str, float]] = {IN_DIST: 1.0, "ood-dense": 0.5, "ood-sparse": 2.0}
 
     def blanks(self, length: int) -> int:
         return int(self.value * length)  # fixed per size: every row of a batch has the same length
