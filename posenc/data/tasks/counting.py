@@ -20,13 +20,13 @@ class Counting(SplitTask):
     The count is the number of matching tokens, whatever sits between them: a scheme that counts
     tokens sees the same count spread over more positions when passes are added; CoPE can count the
     matches themselves. Golovneva et al. train on shorter contexts and test on longer ones with more
-    distractors; here 8 operations with 8 passes in distribution, 24 passes (sparse) or none (dense)
+    distractors; here 6 operations with 6 passes in distribution, 18 passes (sparse) or none (dense)
     out of it. The count's distribution is the same in every split: only the distractors change.
     """
 
     name = "counting"
     alphabet = VARIABLES + PASS + QUERY
-    size = 8
+    size = 6
     parameter = "passes per variable operation"
     splits: ClassVar[dict[str, float]] = {IN_DIST: 1.0, "ood-dense": 0.0, "ood-sparse": 3.0}
 
