@@ -32,8 +32,9 @@ def test_split_tasks_run_end_to_end_with_the_claim_judged_by_its_printed_rule(tm
     assert "| task | scheme | in-dist | ood-dense | ood-sparse |" in board and "| counting | cope | " in board
     assert "| task | scheme | in-dist (1-2) |" in board and "counting: size 6;" in board
     # 3 steps learn nothing: CoPE has not learned the task, so the claim cannot be judged at this budget
-    assert [(c["claim"].split(" where")[0], c["verdict"]) for c in result["claims"]] == [
-        ("CoPE solves counting", "inconclusive"), ("CoPE solves selective copy, counting and Flip-Flop", "inconclusive")]
+    claims = [(c["claim"].split(" where")[0], c["verdict"]) for c in result["claims"]]
+    assert claims == [("CoPE solves counting", "inconclusive"),
+                      ("CoPE solves selective copy, counting and Flip-Flop", "inconclusive")]
     assert RULE in board and "not in this run: selective_copy, flip_flop" in board
     assert (out / "accuracy_copy.png").exists() and not (out / "accuracy_counting.png").exists()
     with open(out / "results.csv", newline="") as f:

@@ -26,10 +26,11 @@ SUBJECT = "cope"  # the scheme the claim is about (a name the registry maps, as 
 TASKS = ("selective_copy", "counting", "flip_flop")
 LEARNED = 0.90  # CoPE's in-dist mean at or above this: it has learned the task at this budget
 MIN_GAP = 0.05  # a difference of means smaller than this is never a difference
-RULE = (f"per task, over seeds: {SUBJECT} in-dist mean >= {LEARNED:g} and within max({MIN_GAP:g}, the two stds) of "
-        f"the best scheme's; OOD (mean of the out-of-distribution splits): held if {SUBJECT}'s mean minus every "
-        f"other scheme's > max({MIN_GAP:g}, the two stds added), failed if some scheme's mean minus {SUBJECT}'s is; "
-        "else inconclusive. All tasks: held/failed if every task is, else inconclusive")
+TASK_RULE = (f"{SUBJECT} in-dist mean >= {LEARNED:g} and within max({MIN_GAP:g}, the two stds) of the best's; then OOD "
+             f"mean (of the OOD splits): held if {SUBJECT}'s minus each other scheme's > max({MIN_GAP:g}, the two stds "
+             f"added), failed if some scheme's minus {SUBJECT}'s is; else inconclusive")
+ALL_RULE = "held (failed) when held (failed) on every one of the three tasks; else inconclusive"
+RULE = f"Claims: per task, over seeds, {TASK_RULE}. Over the tasks: {ALL_RULE}."
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,7 @@ def judge_task(rows: Sequence[dict], task: str) -> Verdict:
     why = (f"{SUBJECT} not in this run" if SUBJECT not in seeds else "no other scheme in this run" if not others
            else "fewer than 2 seeds: no spread" if min(len(v) for v in seeds.values()) < 2 else None)
     if why:
-        return Verdict(SOURCE, claim, RULE, "inconclusive", why)
+        return Verdict(SOURCE, claim, TASK_RULE, "inconclusive", why)
     ind = {s: Spread.of([v[0] for v in seeds[s].values()]) for s in seeds}
     ood = {s: Spread.of([v[1] for v in seeds[s].values()]) for s in seeds}
     best = max(ind, key=lambda s: ind[s].mean)
@@ -90,13 +91,14 @@ def judge_task(rows: Sequence[dict], task: str) -> Verdict:
     evidence = (f"in-dist {SUBJECT} {ind[SUBJECT]}, best {best} {ind[best]}; OOD "
                 + ", ".join(f"{s} {ood[s]}" for s in [SUBJECT, *others]))
     if not learned:
-        return Verdict(SOURCE, claim, RULE, "inconclusive", f"{SUBJECT} has not learned it in distribution; {evidence}")
+        return Verdict(SOURCE, claim, TASK_RULE, "inconclusive",
+                       f"{SUBJECT} has not learned it in distribution; {evidence}")
     verdict = "held" if len(ahead) == len(others) else "failed" if behind else "inconclusive"
     if verdict == "failed":
         evidence += f"; ahead of {SUBJECT} OOD: {', '.join(behind)}"
     elif verdict == "inconclusive":
         evidence += f"; within seed noise of {SUBJECT} OOD: {', '.join(s for s in others if s not in ahead)}"
-    return Verdict(SOURCE, claim, RULE, verdict, evidence)
+    return Verdict(SOURCE, claim, TASK_RULE, verdict, evidence)
 
 
 def judge_all(rows: Sequence[dict], tasks: Sequence[str]) -> list[Verdict]:
@@ -112,7 +114,8 @@ def judge_all(rows: Sequence[dict], tasks: Sequence[str]) -> list[Verdict]:
     if len(present) < len(TASKS):
         evidence += f"; not in this run: {', '.join(t for t in TASKS if t not in present)}"
     return [*judged, Verdict(SOURCE, "CoPE solves selective copy, counting and Flip-Flop where other schemes fail "
-                                     "out of distribution", RULE, overall, evidence)]
+                                     "out of distribution", ALL_RULE, overall, evidence)]
 
 
-__all__ = ["LEARNED", "MIN_GAP", "RULE", "SUBJECT", "TASKS", "Verdict", "judge_all", "judge_task", "per_seed"]
+__all__ = ["ALL_RULE", "LEARNED", "MIN_GAP", "RULE", "SUBJECT", "TASKS", "TASK_RULE", "Verdict", "judge_all",
+           "judge_task", "per_seed"]

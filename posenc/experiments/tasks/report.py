@@ -13,6 +13,7 @@ from posenc.data.tasks import SplitTask, get_task
 from posenc.errors import bad_value
 from posenc.experiments import report_writer
 from posenc.experiments.report_writer import Plot, Report, Table
+from posenc.experiments.tasks.claims import RULE as CLAIM_RULE
 from posenc.experiments.tasks.claims import judge_all
 
 FIELDS = ["scheme", "task", "seed", "split", "length", "accuracy"]  # split: only a split task's rows
@@ -84,6 +85,16 @@ def diverged_units(diverged: Sequence[dict]) -> str:
     return "; ".join(f"{d['scheme']} on {d['task']}, seed {d['seed']}" for d in diverged)
 
 
+def grid_table(summary: Sequence[dict], name: str, title: str, tasks: Sequence[str], lost: Sequence[dict]) -> Table:
+    """The grid of `tasks` (length tasks by bucket, split tasks by split); a scheme x task with no seed left reads
+    `diverged`."""
+    columns, table = grid([r for r in summary if r["task"] in tasks])
+    for d in lost:
+        if d["task"] in tasks and not any(r["task"] == d["task"] and r["scheme"] == d["scheme"] for r in table):
+            table.append({"task": d["task"], "scheme": d["scheme"], **{c: "diverged" for c in columns[2:]}})
+    return Table(name, title, columns, table, group="task")
+
+
 def leaderboard_report(rows: Sequence[dict], summary: Sequence[dict], config: dict, results: dict) -> Report:
     """Terminal table, leaderboard.csv, results.csv (every row), plots, leaderboard.md and report.html. Units
     that diverged (results["diverged"]) are named, and a scheme x task with no seed left reads `diverged`."""
@@ -99,21 +110,14 @@ def leaderboard_report(rows: Sequence[dict], summary: Sequence[dict], config: di
     if split_tasks:
         intro += (" Split tasks train at one size and are tested at it on every distribution: "
                   + "; ".join(get_task(t).describe() for t in split_tasks) + ".")
-    tables = []
-    for name, title, tasks in (("leaderboard", "exact-match accuracy by problem size: mean ± std over seeds",
-                                [t for t in b["tasks"] if t not in split_tasks]),
-                               ("splits", "split tasks (Golovneva et al. 2024), exact match at one size per "
-                                          "distribution: mean ± std over seeds", split_tasks)):
-        keep = lambda task, tasks=tasks: task in tasks
-        part = [r for r in summary if keep(r["task"])]
-        if tasks:
-            columns, table = grid(part)
-            for d in lost:
-                if keep(d["task"]) and not any(r["task"] == d["task"] and r["scheme"] == d["scheme"] for r in table):
-                    table.append({"task": d["task"], "scheme": d["scheme"], **{c: "diverged" for c in columns[2:]}})
-            tables.append(Table(name, title, columns, table, group="task"))
+    tables = [grid_table(summary, name, title, tasks, lost) for name, title, tasks in (
+        ("leaderboard", "exact-match accuracy by problem size: mean ± std over seeds",
+         [t for t in b["tasks"] if t not in split_tasks]),
+        ("splits", "split tasks (Golovneva et al. 2024), exact match at one size per distribution: mean ± std over "
+                   "seeds", split_tasks)) if tasks]
     claims = [v.__dict__ for v in judge_all(rows, b["tasks"])]
     if claims:
+        intro += f" {CLAIM_RULE}"
         tables.append(Table("claims", "What this run shows: published claims, judged by the rule beside each",
                             ["source", "claim", "rule", "verdict", "evidence"], claims))
     tables.append(Table("results", "every test size", FIELDS, list(rows), shown=False))
