@@ -65,6 +65,15 @@ def test_inconclusive_without_what_the_rule_needs(accuracy, why):
     assert verdict.verdict == "inconclusive" and why in verdict.evidence
 
 
+def test_an_interrupted_run_judges_only_schemes_with_every_seed_and_names_the_others():
+    partial = rows("counting", {SUBJECT: SOLVES, "rope": FAILS_OOD, "alibi": SOLVES[:2]})  # alibi: seeds 0, 1
+    verdict = judge_task(partial, "counting", asked=[0, 1, 2])
+    assert verdict.verdict == "held" and "left out: alibi" in verdict.evidence
+    assert judge_task(partial, "counting").verdict == "inconclusive"  # alibi ties CoPE when kept
+    alone = judge_task(rows("counting", {SUBJECT: SOLVES[:2], "rope": FAILS_OOD}), "counting", asked=[0, 1, 2])
+    assert alone.verdict == "inconclusive" and "not on every seed" in alone.evidence
+
+
 def test_the_claim_over_all_tasks_holds_or_fails_only_when_every_task_agrees():
     held = {SUBJECT: SOLVES, "rope": FAILS_OOD}
     failed = {SUBJECT: FAILS_OOD, "rope": SOLVES}

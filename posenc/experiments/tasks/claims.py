@@ -73,12 +73,17 @@ def _noise(a: Spread, b: Spread) -> float:
     return max(MIN_GAP, a.std + b.std)
 
 
-def judge_task(rows: Sequence[dict], task: str) -> Verdict:
+def judge_task(rows: Sequence[dict], task: str, asked: Sequence[int] | None = None) -> Verdict:
+    """asked: the run's seeds; a scheme without every one of them (an interrupted run) is left out, and named."""
     claim = f"CoPE solves {task} where other schemes fail out of distribution"
     seeds = per_seed(rows, task)
+    partial = sorted(s for s in seeds if asked is not None and set(seeds[s]) != set(asked))
+    seeds = {s: v for s, v in seeds.items() if s not in partial}
     others = sorted(s for s in seeds if s != SUBJECT)
-    why = (f"{SUBJECT} not in this run" if SUBJECT not in seeds else "no other scheme in this run" if not others
+    why = (f"{SUBJECT} not in this run, or not on every seed" if SUBJECT not in seeds
+           else "no other scheme in this run on every seed" if not others
            else "fewer than 2 seeds: no spread" if min(len(v) for v in seeds.values()) < 2 else None)
+    why = why and why + (f" (not on every seed, left out: {', '.join(partial)})" if partial else "")
     if why:
         return Verdict(SOURCE, claim, TASK_RULE, "inconclusive", why)
     ind = {s: Spread.of([v[0] for v in seeds[s].values()]) for s in seeds}
@@ -94,6 +99,8 @@ def judge_task(rows: Sequence[dict], task: str) -> Verdict:
         return Verdict(SOURCE, claim, TASK_RULE, "inconclusive",
                        f"{SUBJECT} has not learned it in distribution; {evidence}")
     verdict = "held" if len(ahead) == len(others) else "failed" if behind else "inconclusive"
+    if partial:
+        evidence += f"; not on every seed, left out: {', '.join(partial)}"
     if verdict == "failed":
         evidence += f"; ahead of {SUBJECT} OOD: {', '.join(behind)}"
     elif verdict == "inconclusive":
@@ -101,10 +108,10 @@ def judge_task(rows: Sequence[dict], task: str) -> Verdict:
     return Verdict(SOURCE, claim, TASK_RULE, verdict, evidence)
 
 
-def judge_all(rows: Sequence[dict], tasks: Sequence[str]) -> list[Verdict]:
+def judge_all(rows: Sequence[dict], tasks: Sequence[str], asked: Sequence[int] | None = None) -> list[Verdict]:
     """One verdict per claim task in the run, then the claim over all of them; [] when the run has none."""
     present = [t for t in TASKS if t in tasks]
-    judged = [judge_task(rows, t) for t in present]
+    judged = [judge_task(rows, t, asked) for t in present]
     if not judged:
         return []
     verdicts = {v.verdict for v in judged}

@@ -115,7 +115,7 @@ def leaderboard_report(rows: Sequence[dict], summary: Sequence[dict], config: di
          [t for t in b["tasks"] if t not in split_tasks]),
         ("splits", "split tasks (Golovneva et al. 2024), exact match at one size per distribution: mean ± std over "
                    "seeds", split_tasks)) if tasks]
-    claims = [v.__dict__ for v in judge_all(rows, b["tasks"])]
+    claims = [v.__dict__ for v in judge_all(rows, b["tasks"], b["seeds"])]  # a scheme on every seed, or left out
     if claims:
         intro += f" {CLAIM_RULE}"
         tables.append(Table("claims", "What this run shows: published claims, judged by the rule beside each",
