@@ -9,6 +9,7 @@ Each split is one number, the task's distribution parameter (`parameter` says wh
 
 from __future__ import annotations
 
+import random
 from typing import ClassVar
 
 from posenc.data.tasks.base import Task
@@ -54,7 +55,7 @@ class SplitTask(Task):
         return f"{type(self).__name__}(name={self.name!r}, split={self.split!r})"
 
 
-def spread_out(items: list[str], filler: str, n_fillers: int, rng) -> str:
+def spread_out(items: list[str], filler: str, n_fillers: int, rng: random.Random) -> str:
     """`items` in order with `n_fillers` copies of `filler` at uniformly random places among them."""
     slots = set(rng.sample(range(len(items) + n_fillers), len(items)))
     it = iter(items)

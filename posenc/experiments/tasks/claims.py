@@ -95,12 +95,12 @@ def judge_task(rows: Sequence[dict], task: str, asked: Sequence[int] | None = No
     learned = ind[SUBJECT].mean >= LEARNED and ind[best].mean - ind[SUBJECT].mean <= _noise(ind[SUBJECT], ind[best])
     evidence = (f"in-dist {SUBJECT} {ind[SUBJECT]}, best {best} {ind[best]}; OOD "
                 + ", ".join(f"{s} {ood[s]}" for s in [SUBJECT, *others]))
+    if partial:
+        evidence += f"; not on every seed, left out: {', '.join(partial)}"
     if not learned:
         return Verdict(SOURCE, claim, TASK_RULE, "inconclusive",
                        f"{SUBJECT} has not learned it in distribution; {evidence}")
     verdict = "held" if len(ahead) == len(others) else "failed" if behind else "inconclusive"
-    if partial:
-        evidence += f"; not on every seed, left out: {', '.join(partial)}"
     if verdict == "failed":
         evidence += f"; ahead of {SUBJECT} OOD: {', '.join(behind)}"
     elif verdict == "inconclusive":
