@@ -57,6 +57,22 @@ class Task(ABC):
         text = self.problem(check_length(length), rng)
         return encode(BOS + text + SEP), encode(self.solve(text) + END)
 
+    # The protocol a leaderboard runs: which sizes train, which (split, task, sizes) are tested. A length
+    # task trains at sizes 1..L and is tested at every size given (split None: buckets by size);
+    # SplitTask (splits.py) overrides all three.
+    def training_sizes(self, train_len: int) -> tuple[int, int]:
+        """(lowest, highest) problem size of a training batch, drawn uniformly."""
+        return 1, train_len
+
+    def test_plan(self, test_lengths: list[int]) -> list[tuple[str | None, Task, list[int]]]:
+        """[(split name or None, the task to draw test problems from, sizes)]."""
+        return [(None, self, list(test_lengths))]
+
+    def longest_sequence(self, length: int) -> int:
+        """Prompt + answer tokens of the longest sequence tested up to size `length` (fixed per size)."""
+        prompt, answer = self.sample(length, random.Random(0))
+        return len(prompt) + len(answer)
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r})"
 

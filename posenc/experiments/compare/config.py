@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from posenc.data.tasks import get_task
+from posenc.data.tasks import TASKS, SplitTask, get_task
 from posenc.errors import bad_value
 from posenc.experiments.config.fields import boolean, int_list, name_list
 from posenc.experiments.config.sections import TaskOptim
@@ -62,8 +62,10 @@ class TaskSetting(TaskOptim):
         super().__post_init__()
         if self.name == "none":  # YAML reads `none` as a string; both mean no task
             object.__setattr__(self, "name", None)
-        if self.name is not None:
-            get_task(self.name, field="task.name")
+        if self.name is not None and isinstance(get_task(self.name, field="task.name"), SplitTask):
+            lengths = ", ".join(name for name, task in TASKS.items() if not isinstance(task, SplitTask))
+            raise bad_value("task.name", self.name, f"a task tested past its training size: {lengths} "
+                                                    "(split tasks run in `posenc tasks`)")
         for key in ("train_len", "samples"):
             positive_int(f"task.{key}", getattr(self, key))
 

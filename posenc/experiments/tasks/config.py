@@ -22,7 +22,9 @@ from posenc.validators import positive_int
 class LeaderboardConfig:
     # scheme names (posenc list), each optionally +randomized (Ruoss et al. positions)
     schemes: tuple[str, ...] = ("none", "rope", "alibi", "learned_absolute", "abacus", "rope+randomized")
-    tasks: tuple[str, ...] = ("copy", "reverse", "addition")  # from copy, reverse, addition, sort, sum_mod10, parity
+    # Split tasks (selective_copy, counting, flip_flop) train at their own size and are tested on each split:
+    # train_len and test_max_len do not apply to them.
+    tasks: tuple[str, ...] = ("copy", "reverse", "addition")  # or sort, sum_mod10, parity and the split tasks
     train_len: int = 5  # train on problem sizes 1..train_len
     test_max_len: int | None = None  # test sizes 1..this; null: 4 x train_len
     seeds: tuple[int, ...] = (0, 1, 2)  # each seed trains a fresh model

@@ -9,11 +9,14 @@ from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
+from posenc.data.tasks import SplitTask, get_task
 from posenc.errors import bad_value
 from posenc.experiments import report_writer
 from posenc.experiments.report_writer import Plot, Report, Table
+from posenc.experiments.tasks.claims import RULE as CLAIM_RULE
+from posenc.experiments.tasks.claims import judge_all
 
-FIELDS = ["scheme", "task", "seed", "length", "accuracy"]
+FIELDS = ["scheme", "task", "seed", "split", "length", "accuracy"]  # split: only a split task's rows
 
 
 def bucket(length: int, train_len: int) -> str:
@@ -31,10 +34,12 @@ def spread(values: Sequence[float]) -> float:
 
 
 def summarize(rows: Sequence[dict], train_len: int) -> list[dict]:
-    """Per scheme x task x length bucket: mean and spread across seeds of each seed's bucket mean."""
+    """Per scheme x task x length bucket (a split task: x split): mean and spread across seeds of each seed's
+    bucket mean."""
     per_seed: dict[tuple, list[float]] = defaultdict(list)
     for row in rows:
-        per_seed[(row["scheme"], row["task"], bucket(row["length"], train_len), row["seed"])].append(row["accuracy"])
+        name = row.get("split") or bucket(row["length"], train_len)
+        per_seed[(row["scheme"], row["task"], name, row["seed"])].append(row["accuracy"])
     per_bucket: dict[tuple, list[float]] = defaultdict(list)
     for (scheme, task, name, _seed), accs in per_seed.items():
         per_bucket[(scheme, task, name)].append(statistics.fmean(accs))
@@ -80,6 +85,16 @@ def diverged_units(diverged: Sequence[dict]) -> str:
     return "; ".join(f"{d['scheme']} on {d['task']}, seed {d['seed']}" for d in diverged)
 
 
+def grid_table(summary: Sequence[dict], name: str, title: str, tasks: Sequence[str], lost: Sequence[dict]) -> Table:
+    """The grid of `tasks` (length tasks by bucket, split tasks by split); a scheme x task with no seed left reads
+    `diverged`."""
+    columns, table = grid([r for r in summary if r["task"] in tasks])
+    for d in lost:
+        if d["task"] in tasks and not any(r["task"] == d["task"] and r["scheme"] == d["scheme"] for r in table):
+            table.append({"task": d["task"], "scheme": d["scheme"], **{c: "diverged" for c in columns[2:]}})
+    return Table(name, title, columns, table, group="task")
+
+
 def leaderboard_report(rows: Sequence[dict], summary: Sequence[dict], config: dict, results: dict) -> Report:
     """Terminal table, leaderboard.csv, results.csv (every row), plots, leaderboard.md and report.html. Units
     that diverged (results["diverged"]) are named, and a scheme x task with no seed left reads `diverged`."""
@@ -91,14 +106,24 @@ def leaderboard_report(rows: Sequence[dict], summary: Sequence[dict], config: di
              "Exact match of the greedy answer; mean ± std over seeds of each seed's bucket mean.")
     if lost:
         intro += f" Diverged, so not in the means: {diverged_units(lost)}."
-    columns, table = grid(summary)
-    for d in lost:
-        if not any(r["task"] == d["task"] and r["scheme"] == d["scheme"] for r in table):
-            table.append({"task": d["task"], "scheme": d["scheme"], **{c: "diverged" for c in columns[2:]}})
-    return Report("Length generalisation on algorithmic tasks", intro,
-                  [Table("leaderboard", "exact-match accuracy: mean ± std over seeds", columns, table, group="task"),
-                   Table("results", "every test size", FIELDS, list(rows), shown=False)],
-                  [accuracy_plot(rows, task, b["train_len"]) for task in b["tasks"]], results)
+    split_tasks = [t for t in b["tasks"] if isinstance(get_task(t), SplitTask)]
+    if split_tasks:
+        intro += (" Split tasks train at one size and are tested at it on every distribution: "
+                  + "; ".join(get_task(t).describe() for t in split_tasks) + ".")
+    tables = [grid_table(summary, name, title, tasks, lost) for name, title, tasks in (
+        ("leaderboard", "exact-match accuracy by problem size: mean ± std over seeds",
+         [t for t in b["tasks"] if t not in split_tasks]),
+        ("splits", "split tasks (Golovneva et al. 2024), exact match at one size per distribution: mean ± std over "
+                   "seeds", split_tasks)) if tasks]
+    claims = [v.__dict__ for v in judge_all(rows, b["tasks"], b["seeds"])]  # a scheme on every seed, or left out
+    if claims:
+        intro += f" {CLAIM_RULE}"
+        tables.append(Table("claims", "What this run shows: published claims, judged by the rule beside each",
+                            ["source", "claim", "rule", "verdict", "evidence"], claims))
+    tables.append(Table("results", "every test size", FIELDS, list(rows), shown=False))
+    return Report("Length generalisation on algorithmic tasks", intro, tables,
+                  [accuracy_plot(rows, task, b["train_len"]) for task in b["tasks"] if task not in split_tasks],
+                  results | {"claims": claims})
 
 
 def rerender(run_dir: Path, stored: dict) -> Path:

@@ -72,17 +72,21 @@ class Budget:
 
 
 def run_unit(cfg: GPTConfig, unit: Unit, budget: Budget) -> list[dict]:
-    """Train one (scheme, task, seed) and test it: rows {scheme, task, seed, length, accuracy}; a unit that
-    diverges is a result too, one row {scheme, task, seed, status: "diverged", error} (its seed would
-    diverge again: a resume keeps it, the report names it)."""
+    """Train one (scheme, task, seed) and test it: rows {scheme, task, seed, length, accuracy}, with the split
+    for a split task (one row per split, at its size); a unit that diverges is a result too, one row
+    {scheme, task, seed, status: "diverged", error} (its seed would diverge again: a resume keeps it, the
+    report names it)."""
     b = budget
     try:
         model = train_on_task(cfg, unit.task, b.train_len, b.optim, unit.seed)
     except Diverged as err:
         return [{"scheme": unit.scheme, "task": unit.task, "seed": unit.seed, "status": DIVERGED, "error": str(err)}]
-    accuracy = accuracy_by_length(model, unit.task, b.test_lengths, b.n_samples, unit.seed)
-    return [{"scheme": unit.scheme, "task": unit.task, "seed": unit.seed, "length": n, "accuracy": acc}
-            for n, acc in accuracy.items()]
+    rows = []
+    for split, task, lengths in get_task(unit.task).test_plan(list(b.test_lengths)):  # a split task: each split
+        accuracy = accuracy_by_length(model, task, lengths, b.n_samples, unit.seed)
+        rows += [{"scheme": unit.scheme, "task": unit.task, "seed": unit.seed, "length": n, "accuracy": acc,
+                  **({"split": split} if split is not None else {})} for n, acc in accuracy.items()]
+    return rows
 
 
 def _run(job: tuple[GPTConfig, Unit, Budget]) -> list[dict]:

@@ -29,7 +29,7 @@ def answer_loss(model: GPT, input_ids: torch.Tensor, loss_mask: torch.Tensor) ->
 def train_on_task(cfg: GPTConfig, task: Task | str, max_len: int, optim: OptimConfig | None = None,
                   seed: int = 0) -> GPT:
     """The shared training loop (posenc.experiments.training.loop) on one task: each batch has one size drawn
-    uniformly in 1..max_len, and the loss covers answer tokens only.
+    uniformly in 1..max_len (task.training_sizes), and the loss covers answer tokens only.
 
     Everything random (init, problems, Abacus offsets, randomized positions, dropout) follows `seed`
     and nothing else: the global RNG is forked, so a run gives the same model in any process.
@@ -37,13 +37,14 @@ def train_on_task(cfg: GPTConfig, task: Task | str, max_len: int, optim: OptimCo
     task = get_task(task) if isinstance(task, str) else task
     optim = optim or TaskOptim()
     positive_int("max_len", max_len)
+    sizes = task.training_sizes(max_len)  # 1..max_len; a SplitTask trains at its own size
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = GPT(cfg)
         rng = random.Random(seed)
 
         def backward(step: int) -> float:
-            input_ids, loss_mask = make_batch(task, rng.randint(1, max_len), optim.batch_size, rng)
+            input_ids, loss_mask = make_batch(task, rng.randint(*sizes), optim.batch_size, rng)
             loss = answer_loss(model, input_ids, loss_mask)
             loss.backward()
             return loss.item()
@@ -54,6 +55,5 @@ def train_on_task(cfg: GPTConfig, task: Task | str, max_len: int, optim: OptimCo
 
 
 def longest_sequence(task: Task, length: int) -> int:
-    """Prompt + answer tokens at size `length` (fixed per size by the Task contract)."""
-    prompt, answer = task.sample(length, random.Random(0))
-    return len(prompt) + len(answer)
+    """Prompt + answer tokens of the longest test sequence up to size `length` (Task.longest_sequence)."""
+    return task.longest_sequence(length)
