@@ -17,7 +17,7 @@ from posenc.errors import RunFailed
 from posenc.experiments.compare.config import CompareConfig
 from posenc.experiments.compare.results import DIVERGED
 from posenc.experiments.config.sections import run_device
-from posenc.experiments.evaluation.perplexity import perplexity_by_length
+from posenc.experiments.evaluation.perplexity import perplexity_by_length, training_fit
 from posenc.experiments.evaluation.shift import loss_change, shift_test
 from posenc.experiments.evaluation.task_accuracy import accuracy_by_length
 from posenc.experiments.report_writer import is_number
@@ -66,6 +66,7 @@ def run_unit(job: tuple[CompareConfig, str, int, Path]) -> dict[str, Any]:
     numbers = [abs(v) for v in change.values() if is_number(v)]
     unit |= {"status": "ok", "params": sum(p.numel() for p in result.model.parameters()),
              "final_train_loss": result.history[-1]["loss"], "ppl": {length // L: v for length, v in ppl.items()},
+             "train_ppl@1x": training_fit(result.model, result.train_tokens, result.val_tokens, L, cfg.eval),
              "shift_loss_change": change, "shift_dloss": max(numbers) if numbers else next(iter(change.values()))}
     if cfg.task.name:
         try:

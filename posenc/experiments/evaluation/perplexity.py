@@ -68,9 +68,7 @@ def perplexity_by_length(model: torch.nn.Module, tokens: Tensor, train_len: int,
     longest length (or as many as the text holds), cut into windows of each length. A curve then
     compares lengths, not passages (with a window count per length, 8x read 8 times the text of 1x
     and a hard passage showed up as a bump at one length)."""
-    longest = max(cfg.length_multipliers) * train_len
-    windows = min(cfg.max_windows, (len(tokens) - 1) // longest)
-    text = tokens[: windows * longest + 1] if windows >= 1 else tokens  # +1: the last window's next token
+    text = scored_text(tokens, train_len, cfg)
     out = {}
     for m in cfg.length_multipliers:
         length = m * train_len
@@ -79,6 +77,23 @@ def perplexity_by_length(model: torch.nn.Module, tokens: Tensor, train_len: int,
         if progress is not None:
             progress.update(1)
     return out
+
+
+def scored_text(tokens: Tensor, train_len: int, cfg: EvalConfig) -> Tensor:
+    """The text perplexity_by_length scores at every length: `max_windows` windows of the longest length (or
+    as many as the text holds), plus the last window's next token."""
+    longest = max(cfg.length_multipliers) * train_len
+    windows = min(cfg.max_windows, (len(tokens) - 1) // longest)
+    return tokens[: windows * longest + 1] if windows >= 1 else tokens
+
+
+def training_fit(model: torch.nn.Module, train_tokens: Tensor, val_tokens: Tensor, train_len: int,
+                 cfg: EvalConfig) -> Score:
+    """Perplexity at the training length on the tail of the training split, as much text as the held-out
+    score reads: against ppl@1x it shows memorising (a held-out loss well above the training loss)."""
+    n = len(scored_text(val_tokens, train_len, cfg))
+    text = train_tokens[-n:]
+    return _guarded(lambda: perplexity(model, text, train_len, cfg.mode, cfg.stride, max_windows=len(text)))
 
 
 def _guarded(fn) -> Score:

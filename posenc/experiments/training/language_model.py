@@ -48,6 +48,7 @@ class TrainResult:
     tokens_per_second: float = 0.0
     run_dir: Path | None = None
     val_tokens: Tensor | None = None  # the validation split it read: evaluation needs no second read
+    train_tokens: Tensor | None = None  # the training split: the train/held-out gap is measured on its tail
 
 
 @dataclass
@@ -243,7 +244,8 @@ def _run(cfg: RunConfig, run_dir: Path, p: Prepared, start_ckpt: Path | None, fo
     finally:
         bar.close()
     elapsed = time.perf_counter() - clock
-    result = TrainResult(model.eval(), history, seen[0] / elapsed if seen[0] else 0.0, run_dir, p.val_tokens)
+    result = TrainResult(model.eval(), history, seen[0] / elapsed if seen[0] else 0.0, run_dir, p.val_tokens,
+                         p.train_tokens)
     if seen[0] or not (run_dir / "train.json").exists():  # a finished run resumed keeps its record (tok/s)
         _record(run_dir, rank, meta() | {"status": "complete", "tokens_per_second": result.tokens_per_second})
     return result
