@@ -21,7 +21,7 @@ LADDER_SCHEMES = ("none", "rope", "alibi", "learned_absolute")  # NoPE and the t
 @dataclass(frozen=True, kw_only=True)
 class LadderSection:
     # Model sizes as n_layer x d_model (n_head stays model.n_head), smallest first: the same recipe at each.
-    sizes: tuple[str, ...] = ("2x64", "4x128", "6x192")
+    sizes: tuple[str, ...] = ("4x32", "4x64", "4x128")
     subject: str = "none"  # the scheme whose ppl@1x / best ppl@1x is followed up the ladder (NoPE)
     extrapolation: str = "rope"  # the scheme whose ppl@2x / ppl@1x is reported beside it
 
