@@ -28,10 +28,12 @@ def test_overrides_are_typed_and_layered_over_yaml(tmp_path):
 @pytest.mark.parametrize("preset", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_preset_parses(preset):
     from posenc.experiments.compare.config import CompareConfig
+    from posenc.experiments.compare.ladder_config import LadderConfig
     from posenc.experiments.config import loader as config_loader
     from posenc.experiments.tasks.config import TasksConfig
 
-    schema = {"compare": CompareConfig, "tasks": TasksConfig}.get(preset.stem.split("_")[0], RunConfig)
+    schema = {"compare": CompareConfig, "tasks": TasksConfig, "ladder": LadderConfig}.get(preset.stem.split("_")[0],
+                                                                                         RunConfig)
     assert isinstance(config_loader.load(schema, preset), schema)
 
 
