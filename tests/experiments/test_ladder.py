@@ -53,6 +53,7 @@ def test_a_rung_pairs_seeds_and_measures_the_gap():
     ("ladder.sizes=[4x30,4x64]", r"ladder.sizes=.*widths divisible by model.n_head=4 \(4x30 is not\)"),
     ("ladder.subject=sinusoidal", r"ladder.subject='sinusoidal' .*one of compare.schemes"),
     ("eval.length_multipliers=[1,4]", r"eval.length_multipliers=\[1, 4\] .*holding 1 and 2"),
+    ("model.d_model=256", r"model.d_model.*each of ladder.sizes"),
 ])
 def test_bad_ladder_settings_name_the_field(override, message):
     with pytest.raises(ValueError) as caught:
@@ -66,7 +67,8 @@ def test_bad_input_stops_the_command_before_any_folder(tmp_path, capsys):
 
 
 def test_a_tiny_ladder_runs_every_size_and_prints_its_verdict(tmp_path, capsys):
-    code, out, _ = cli(capsys, "ladder", *TINY, "model.d_model=8", "trainer.max_steps=2", "compare.seeds=[0]",
+    tiny = [o for o in TINY if not o.startswith(("model.n_layer", "model.d_model"))]  # the sizes say them
+    code, out, _ = cli(capsys, "ladder", *tiny, "trainer.max_steps=2", "compare.seeds=[0]",
                        "compare.schemes=[none,rope]", "ladder.sizes=[1x8,2x16]", "compare.jobs=1",
                        "compare.progress=false", f"out_dir={tmp_path}")
     assert code == 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from posenc.errors import bad_value
 from posenc.experiments.compare.config import CompareConfig, CompareSchemes
@@ -45,6 +46,9 @@ def layers_width(size: str) -> tuple[int, int]:
 class LadderConfig(CompareConfig):
     compare: CompareSchemes = field(default_factory=lambda: CompareSchemes(schemes=LADDER_SCHEMES))
     ladder: LadderSection = field(default_factory=LadderSection)
+
+    derived: ClassVar[dict[str, str]] = {**CompareConfig.derived, "model.n_layer": "each of ladder.sizes",
+                                         "model.d_model": "each of ladder.sizes"}
 
     def __post_init__(self) -> None:
         super().__post_init__()
