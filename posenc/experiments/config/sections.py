@@ -26,9 +26,8 @@ class DataConfig:
     corpus: str = "python_docs"  # built-in: python_docs, python_source, wikipedia_sample; or a UTF-8 text file
     seq_len: int = 64  # the training length L; evaluation goes to multiples of it
     val_fraction: float = 0.1  # the last 10% of the tokens: deterministic, never trained on
-    # bytes (vocabulary 256), smollm2 (the built-in GGUF's tokenizer) or a tokenizer.json path; seq_len, perplexity
-    # and model.vocab_size are in its tokens, and bits per byte is reported beside perplexity so tokenizers compare
-    tokenizer: str = "bytes"
+    # seq_len, perplexity and model.vocab_size are in its tokens; bits per byte, reported beside, compares tokenizers
+    tokenizer: str = "bytes"  # bytes (vocabulary 256), smollm2 (the built-in GGUF's), or a tokenizer.json path
 
     def __post_init__(self) -> None:
         path_text("data.corpus", self.corpus,
