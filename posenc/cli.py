@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("posenc.commands.report", "re-render a compare run's table, plots and HTML from its files"),
     "bench": ("posenc.commands.bench", "speed and memory of every scheme vs the peers (writes BENCHMARKS.md)"),
     "compare": ("posenc.commands.compare", "the main job: train one tiny GPT per scheme short, evaluate long"),
+    "ladder": ("posenc.commands.ladder", "compare's schemes x seeds at several model sizes: does NoPE's gap shrink?"),
     "extend": ("posenc.commands.extend", "pretrained Llama: perplexity and passkey retrieval vs length per scaling"),
     "finetune": ("posenc.commands.finetune", "fine-tune a RoPE model to 4x its length: passkey range vs steps per "
                                              "method (none, PI, YaRN)"),

@@ -45,12 +45,13 @@ def main(args: argparse.Namespace) -> int:
 
 def _evaluate(run_dir: Path, args: argparse.Namespace) -> int:
     from posenc.atomic_files import to_json, write_new
-    from posenc.data.tokens import byte_tokens, load_corpus, split
+    from posenc.data.tokenizer import encode_corpus, load_tokenizer
+    from posenc.data.tokens import load_corpus
     from posenc.errors import bad_value
     from posenc.experiments import report_writer
     from posenc.experiments.config import loader as config_loader
     from posenc.experiments.config.training_run import from_plain
-    from posenc.experiments.evaluation.perplexity import perplexity_by_length
+    from posenc.experiments.evaluation.perplexity import scores_by_length
     from posenc.experiments.evaluation.shift import loss_change, shift_test
     from posenc.experiments.runs import checkpoint, manifest
     from posenc.experiments.runs.files import check_writable
@@ -68,8 +69,11 @@ def _evaluate(run_dir: Path, args: argparse.Namespace) -> int:
     options = config_loader.load(EvalOptions, args.config, args.overrides, base=EvalOptions(eval=cfg.eval))
     check_writable(run_dir, "run_dir")  # before any evaluation: its results must have somewhere to go
     corpus = load_corpus(cfg.data.corpus)
-    manifest.check_corpus(stored.get("corpus"), {"name": cfg.data.corpus, "sha256": corpus.sha256})
-    _, val = split(byte_tokens(corpus.text), cfg.data.val_fraction)
+    tokenizer = load_tokenizer(cfg.data.tokenizer)
+    manifest.check_corpus(stored.get("corpus"), {"name": cfg.data.corpus, "sha256": corpus.sha256,
+                                                 **tokenizer.record()})
+    _, held_out = encode_corpus(tokenizer, corpus.text, corpus.sha256).split(cfg.data.val_fraction)
+    val = held_out.ids
     L, e = cfg.data.seq_len, options.eval
     preflight.check_text_lengths(L, len(val), eval_lengths=[m * L for m in e.length_multipliers])
     model = GPT(cfg.model)
@@ -77,14 +81,17 @@ def _evaluate(run_dir: Path, args: argparse.Namespace) -> int:
                                   list(e.length_multipliers))
     checkpoint.load(last, model)
     model.eval()
-    ppl = perplexity_by_length(model, val, L, e)
+    ppl, bpb = scores_by_length(model, val, held_out.byte_lengths, L, e)
     shifts = shift_test(model, val, L, e.shift_offsets)
     scheme = cfg.model.position_embedding_type
-    report_writer.print_table([{"length": k, "ppl": v} for k, v in ppl.items()], ["length", "ppl"],
-                       f"{scheme}: perplexity vs length (trained at {L})")
+    report_writer.print_table([{"length": k, "ppl": v, "bits per byte": bpb[k]} for k, v in ppl.items()],
+                              ["length", "ppl", "bits per byte"],
+                              f"{scheme}: perplexity per token ({cfg.data.tokenizer}) and bits per byte vs length "
+                              f"(trained at {L} tokens)")
     report_writer.print_table([{"offset": k, "loss": v, "change": loss_change(shifts)[k]} for k, v in shifts.items()],
                        ["offset", "loss", "change"], "shift test: every position moved by k")
     path = write_new(run_dir / "eval.json", to_json({"checkpoint": last.name, "eval": config_loader.plain(e),
-                                                     "ppl_by_length": ppl, "shift_loss": shifts}))
+                                                     "ppl_by_length": ppl, "bpb_by_length": bpb,
+                                                     "shift_loss": shifts}))
     print(f"results: {path}")
     return 0

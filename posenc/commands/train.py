@@ -5,6 +5,7 @@ with the same settings; `--fork` continues one with other settings in a new fold
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 from posenc.experiments.config.sections import run_device
@@ -45,8 +46,9 @@ def main(args: argparse.Namespace) -> int:
                 result = train(cfg, run_dir, fork_from=fork_from)
         if rank == 0:
             last = result.history[-1]
-            print(f"step {last['step']}: loss {last['loss']:.4f}" +
-                  (f", val {last['val_loss']:.4f}" if "val_loss" in last else ""))
+            print(f"step {last['step']}: loss {last['loss']:.4f}" + (
+                f", val {last['val_loss']:.4f} (perplexity {math.exp(last['val_loss']):.3f} per token, "
+                f"{last['val_bpb']:.4f} bits per byte)" if "val_bpb" in last else ""))
             print(f"run folder: {run_dir}")
     return 0
 

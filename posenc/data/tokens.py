@@ -1,5 +1,6 @@
-"""Byte-level token streams, deterministic splits and batches that are pure functions of
-(seed, step), so an interrupted run resumed from a checkpoint sees exactly the same batches."""
+"""Token streams (bytes here; posenc.data.tokenizer for the others), deterministic splits and batches that
+are pure functions of (seed, step), so an interrupted run resumed from a checkpoint sees exactly the same
+batches."""
 
 from __future__ import annotations
 
@@ -48,10 +49,23 @@ def batch_generator(seed: int, step: int, rank: int = 0) -> torch.Generator:
     return torch.Generator().manual_seed(hash((seed, step, rank)) & 0x7FFF_FFFF_FFFF_FFFF)
 
 
+def sample_starts(n_tokens: int, batch_size: int, seq_len: int, generator: torch.Generator) -> list[int]:
+    """Where the batch's random windows of seq_len + 1 tokens start."""
+    if n_tokens <= seq_len + 1:
+        raise bad_value("data.seq_len", seq_len, f"shorter than the split ({n_tokens} tokens)")
+    return torch.randint(0, n_tokens - seq_len - 1, (batch_size,), generator=generator).tolist()
+
+
 def sample_batch(tokens: Tensor, batch_size: int, seq_len: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
     """Random windows: inputs (B,L) and next-token targets (B,L)."""
-    if len(tokens) <= seq_len + 1:
-        raise bad_value("data.seq_len", seq_len, f"shorter than the split ({len(tokens)} tokens)")
-    starts = torch.randint(0, len(tokens) - seq_len - 1, (batch_size,), generator=generator)
-    windows = torch.stack([tokens[s : s + seq_len + 1] for s in starts.tolist()])  # (B,L+1)
+    return windows_at(tokens, sample_starts(len(tokens), batch_size, seq_len, generator), seq_len)
+
+
+def windows_at(tokens: Tensor, starts: list[int], seq_len: int) -> tuple[Tensor, Tensor]:
+    windows = torch.stack([tokens[s : s + seq_len + 1] for s in starts])  # (B,L+1)
     return windows[:, :-1], windows[:, 1:]
+
+
+def target_bytes(byte_lengths: Tensor, starts: list[int], seq_len: int) -> int:
+    """UTF-8 bytes of the text the targets of windows at `starts` cover (sample_batch's targets)."""
+    return sum(int(byte_lengths[s + 1 : s + seq_len + 1].sum()) for s in starts)

@@ -18,9 +18,9 @@ ROPE = [o for o in TINY if not o.startswith("model.position_embedding_type")] + 
 def test_init_from_a_run_loads_its_weights_and_applies_a_new_interpolation_factor(tmp_path):
     base = train(load_config(None, [*ROPE, "trainer.max_steps=3", "trainer.checkpoint_interval=3"]), tmp_path / "base")
     ids = torch.randint(0, 256, (1, 40))
-    same, _ = build_model(load_config(None, [*ROPE, f"trainer.init_from={tmp_path / 'base'}"]))
+    same, *_ = build_model(load_config(None, [*ROPE, f"trainer.init_from={tmp_path / 'base'}"]))
     torch.testing.assert_close(same.eval()(ids), base.model(ids))
-    pi, _ = build_model(load_config(None, [*ROPE, f"trainer.init_from={tmp_path / 'base'}",
+    pi, *_ = build_model(load_config(None, [*ROPE, f"trainer.init_from={tmp_path / 'base'}",
                                            "model.seq_len_interpolation_factor=4"]))
     pos = torch.arange(40)[None]
     # PI with factor 4 at positions 4m is the base model at positions m (same weights, divided angles)

@@ -75,6 +75,8 @@ def leaderboard(units: Sequence[dict[str, Any]], schemes: Sequence[str], multipl
             if m > 1:
                 ratio = ratios([_value(u, m) for u in seeds], [_value(u, 1) for u in seeds])
                 row[f"{m}x/1x"] = ratio.text() if ratio.finite else "n/a"
+        bpb = Spread(tuple(float(u["bpb"][1]) for u in seeds if is_number(u.get("bpb", {}).get(1))))
+        row["bpb@1x"] = bpb.text(3) if bpb.finite else "n/a"  # bits per byte: comparable across tokenizers
         shifts = [u["shift_dloss"] for u in seeds if is_number(u.get("shift_dloss"))]
         row["shift_dloss"] = max(shifts) if shifts else "n/a"
         row["rank"] = NOT_RUN if not seeds else ranks.get(s, NOT_CONVERGED if s not in converged else "n/a")
@@ -99,7 +101,8 @@ def task_rows(units: Sequence[dict[str, Any]], schemes: Sequence[str], task: Any
     return rows
 
 
-def _plots(units: Sequence[dict[str, Any]], schemes: Sequence[str], multipliers: Sequence[int], L: int) -> list[Plot]:
+def _plots(units: Sequence[dict[str, Any]], schemes: Sequence[str], multipliers: Sequence[int], L: int,
+           unit: str = "byte") -> list[Plot]:
     grouped = per_scheme(units, schemes)
     mean, band, ratio = {}, {}, {}
     for s, seeds in grouped.items():
@@ -113,15 +116,20 @@ def _plots(units: Sequence[dict[str, Any]], schemes: Sequence[str], multipliers:
                  for k in (seeds[0].get("shift_loss_change", {}) if seeds else {})}
              for s, seeds in grouped.items()}
     return [Plot("ppl_vs_length", "Perplexity vs evaluation length (mean; band: seed range)",
-                 "evaluation length (bytes)", "perplexity", mean, bands=band, log_y=True, vline=L),
-            Plot("ratio_vs_length", "Generalisation: ppl@N / ppl@L (mean over seeds)", "evaluation length (bytes)",
+                 f"evaluation length ({unit}s)", "perplexity", mean, bands=band, log_y=True, vline=L),
+            Plot("ratio_vs_length", "Generalisation: ppl@N / ppl@L (mean over seeds)", f"evaluation length ({unit}s)",
                  "ppl / ppl at the training length", ratio, log_y=True, vline=L),
             Plot("shift_test", "Shift test: all positions + k (mean over seeds)", "position offset k",
                  "loss change (nats/byte)", shift)]
 
 
+def tokenizer_label(cfg: Any) -> str:
+    return Path(cfg.data.tokenizer).name if "/" in cfg.data.tokenizer else cfg.data.tokenizer
+
+
 def report(units: Sequence[dict[str, Any]], cfg: Any, wall_seconds: float) -> Report:
     L, e, c = cfg.data.seq_len, cfg.eval, cfg.compare
+    unit = "byte" if cfg.data.tokenizer == "bytes" else "token"  # a byte-level token is a byte
     multipliers = list(e.length_multipliers)
     rows, converged, best = leaderboard(units, c.schemes, multipliers)
     grouped = per_scheme(units, c.schemes)
@@ -131,14 +139,18 @@ def report(units: Sequence[dict[str, Any]], cfg: Any, wall_seconds: float) -> Re
     verdicts = judge_all(runs_for_claims(every_seed, multipliers), multipliers, converged, sorted(c.seeds))
     claims = [v.__dict__ for v in verdicts]
     longest = max(multipliers)
-    columns = ["scheme", "rank", *[f"ppl@{m}x" for m in multipliers], *[f"{m}x/1x" for m in multipliers if m > 1],
+    columns = ["scheme", "rank", *[f"ppl@{m}x" for m in multipliers], "bpb@1x",
+               *[f"{m}x/1x" for m in multipliers if m > 1],
                "shift_dloss", "diverged"]
     about = SOURCES[cfg.data.corpus].__doc__.splitlines()[0].rstrip(".") if cfg.data.corpus in SOURCES else None
     corpus = f"corpus {cfg.data.corpus}" + (f" ({about})" if about else "")
     intro = (f"{corpus}; per scheme {len(c.seeds)} models (seeds {', '.join(map(str, c.seeds))}), each trained "
-             f"{cfg.trainer.max_steps} steps x {cfg.trainer.batch_size} windows of {L} bytes; model "
+             f"{cfg.trainer.max_steps} steps x {cfg.trainer.batch_size} windows of {L} {unit}s "
+             f"(data.tokenizer={tokenizer_label(cfg)}); model "
              f"{cfg.model.n_layer} layers, d_model {cfg.model.d_model}, {cfg.model.n_head} heads; wall time "
-             f"{wall_seconds:.0f} s. Perplexity per byte at multiples of L ({e.mode}), mean ± std over seeds; "
+             f"{wall_seconds:.0f} s. Perplexity per {unit} at multiples of L ({e.mode}), mean ± std over seeds; "
+             f"bpb@1x: bits per byte at L (the held-out text's nats / (ln 2 x its UTF-8 bytes): comparable across "
+             f"tokenizers); "
              f"Nx/1x is each seed's ppl@Nx / ppl@1x (generalisation apart from how well a scheme learned). "
              f"Converged: mean ppl@1x within {CLOSE:g}x of the best scheme ({best:.2f}); the others are marked "
              f"'{NOT_CONVERGED}' and not ranked, since their long-length numbers measure learning speed as much as "
@@ -152,7 +164,7 @@ def report(units: Sequence[dict[str, Any]], cfg: Any, wall_seconds: float) -> Re
         intro += (f" INTERRUPTED: {len(units)} of {len(c.schemes) * len(c.seeds)} models finished (seeds finished: "
                   f"{'; '.join(short)}); '{NOT_RUN}' marks a scheme with none, and a claim is judged only on "
                   f"schemes with every seed (resume with `posenc compare --run-dir` to finish it).")
-    tables = [Table("leaderboard", f"Train at L={L}, evaluate at 1x..{longest}x; perplexity per byte, "
+    tables = [Table("leaderboard", f"Train at L={L}, evaluate at 1x..{longest}x; perplexity per {unit}, "
                                    f"mean ± std over {len(c.seeds)} seeds", columns, rows),
               Table("claims", "What this run shows: published claims, judged by the rule beside each",
                     ["source", "claim", "rule", "verdict", "evidence"], claims),
@@ -168,7 +180,8 @@ def report(units: Sequence[dict[str, Any]], cfg: Any, wall_seconds: float) -> Re
                                task_rows(units, c.schemes, t)))
     results = {"units": list(units), "leaderboard": rows, "claims": claims, "converged": sorted(converged),
                "best_ppl@1x": best if math.isfinite(best) else DIVERGED}
-    return Report("posenc: train short, test long", intro, tables, _plots(units, c.schemes, multipliers, L), results)
+    plots = _plots(units, c.schemes, multipliers, L, unit)
+    return Report("posenc: train short, test long", intro, tables, plots, results)
 
 
 __all__ = ["NOT_CONVERGED", "NOT_RUN", "leaderboard", "report", "rerender", "runs_for_claims"]

@@ -14,7 +14,7 @@ from posenc.errors import bad_value
 
 DIVERGED = "diverged"  # a training loss that stopped being finite: the unit has no results
 RESULTS = "results.json"
-INT_KEYED = ("ppl", "shift_loss_change", "task_accuracy")  # length multiplier, offset, problem size
+INT_KEYED = ("ppl", "bpb", "shift_loss_change", "task_accuracy")  # length multiplier (ppl, bpb), offset, problem size
 
 
 def save_units(run_dir: Path, units: list[dict[str, Any]]) -> Path:

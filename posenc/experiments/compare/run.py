@@ -12,12 +12,13 @@ from typing import Any
 
 from tqdm import tqdm
 
-from posenc.data.tokens import byte_tokens, load_corpus, split
+from posenc.data.tokenizer import encode_corpus, load_tokenizer
+from posenc.data.tokens import load_corpus
 from posenc.errors import RunFailed
 from posenc.experiments.compare.config import CompareConfig
 from posenc.experiments.compare.results import DIVERGED
 from posenc.experiments.config.sections import run_device
-from posenc.experiments.evaluation.perplexity import perplexity_by_length
+from posenc.experiments.evaluation.perplexity import scores_by_length, training_fit
 from posenc.experiments.evaluation.shift import loss_change, shift_test
 from posenc.experiments.evaluation.task_accuracy import accuracy_by_length
 from posenc.experiments.report_writer import is_number
@@ -32,7 +33,8 @@ def preflight_all(cfg: CompareConfig) -> dict[str, str]:
     before any training. Returns the corpus record."""
     run_device(cfg.trainer.device)
     corpus = load_corpus(cfg.data.corpus)
-    train_tokens, val_tokens = split(byte_tokens(corpus.text), cfg.data.val_fraction)
+    tokenizer = load_tokenizer(cfg.data.tokenizer)
+    train_tokens, val_tokens = encode_corpus(tokenizer, corpus.text, corpus.sha256).split(cfg.data.val_fraction)
     L = cfg.data.seq_len
     preflight.check_text_lengths(L, len(val_tokens), len(train_tokens), [m * L for m in cfg.eval.length_multipliers])
     for scheme in cfg.compare.schemes:
@@ -43,7 +45,7 @@ def preflight_all(cfg: CompareConfig) -> dict[str, str]:
         preflight.check_one_step(cfg.run_config(scheme).model, L)
         if cfg.task.name:
             preflight.check_model_fits(cfg.task.model(cfg.model, scheme), training=True)
-    return {"name": cfg.data.corpus, "sha256": corpus.sha256}
+    return {"name": cfg.data.corpus, "sha256": corpus.sha256, **tokenizer.record()}
 
 
 def task_accuracy(cfg: CompareConfig, scheme: str, seed: int) -> dict[int, float]:
@@ -61,11 +63,14 @@ def run_unit(job: tuple[CompareConfig, str, int, Path]) -> dict[str, Any]:
         result = train(cfg.run_config(scheme, seed), run_dir / scheme / f"seed-{seed}")
     except RunFailed as err:
         return unit | {"status": DIVERGED, "error": str(err), "seconds": time.perf_counter() - started}
-    ppl = perplexity_by_length(result.model, result.val_tokens, L, cfg.eval)  # the text train() read and split
+    # the text train() read and split
+    ppl, bpb = scores_by_length(result.model, result.val_tokens, result.val_byte_lengths, L, cfg.eval)
     change = loss_change(shift_test(result.model, result.val_tokens, L, cfg.eval.shift_offsets))
     numbers = [abs(v) for v in change.values() if is_number(v)]
     unit |= {"status": "ok", "params": sum(p.numel() for p in result.model.parameters()),
              "final_train_loss": result.history[-1]["loss"], "ppl": {length // L: v for length, v in ppl.items()},
+             "bpb": {length // L: v for length, v in bpb.items()},
+             "train_ppl@1x": training_fit(result.model, result.train_tokens, result.val_tokens, L, cfg.eval),
              "shift_loss_change": change, "shift_dloss": max(numbers) if numbers else next(iter(change.values()))}
     if cfg.task.name:
         try:

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from posenc.data.corpus import SOURCES
+from posenc.data.tokenizer import check_name
 from posenc.errors import bad_value, unknown_name
 from posenc.experiments.config.fields import boolean, int_list, path_text, set_field
 from posenc.validators import number_in, positive_int
@@ -24,7 +25,9 @@ MAX_SHIFT = 2**24  # the shift test's largest offset: beyond it a float32 positi
 class DataConfig:
     corpus: str = "python_docs"  # built-in: python_docs, python_source, wikipedia_sample; or a UTF-8 text file
     seq_len: int = 64  # the training length L; evaluation goes to multiples of it
-    val_fraction: float = 0.1  # the last 10% of the bytes: deterministic, never trained on
+    val_fraction: float = 0.1  # the last 10% of the tokens: deterministic, never trained on
+    # seq_len, perplexity and model.vocab_size are in its tokens; bits per byte, reported beside, compares tokenizers
+    tokenizer: str = "bytes"  # bytes (vocabulary 256), smollm2 (the built-in GGUF's), or a tokenizer.json path
 
     def __post_init__(self) -> None:
         path_text("data.corpus", self.corpus,
@@ -32,6 +35,7 @@ class DataConfig:
         if self.corpus not in SOURCES:  # a file: kept absolute, so `posenc eval` finds it from any folder
             set_field(self, "corpus", str(Path(self.corpus).expanduser().absolute()))
         positive_int("data.seq_len", self.seq_len)
+        set_field(self, "tokenizer", check_name(self.tokenizer))
         number_in("data.val_fraction", self.val_fraction, 0.0, 0.5, low_open=True)
 
 

@@ -50,16 +50,34 @@ def window_nll(model: torch.nn.Module, tokens: Tensor, start: int, length: int, 
 
 def perplexity(model: torch.nn.Module, tokens: Tensor, length: int, mode: str = "nonoverlapping",
                stride: int | None = None, max_windows: int = 16, position_offset: int = 0) -> float:
+    return _from_nats(*total_nll(model, tokens, length, mode, stride, max_windows, position_offset)[:2])
+
+
+def total_nll(model: torch.nn.Module, tokens: Tensor, length: int, mode: str = "nonoverlapping",
+              stride: int | None = None, max_windows: int = 16, position_offset: int = 0,
+              byte_lengths: Tensor | None = None) -> tuple[float, int, int]:
+    """(summed nats, tokens scored, UTF-8 bytes those tokens cover: 0 without byte_lengths)."""
     if mode not in EVAL_MODES:
         raise bad_value("eval.mode", mode, " | ".join(EVAL_MODES))
     stride = length if mode == "nonoverlapping" else min(stride or max(1, length // 2), length)
-    total, count = 0.0, 0
+    total, count, n_bytes = 0.0, 0, 0
     for i, start in enumerate(_window_starts(len(tokens), length, stride, max_windows)):
         score_from = 0 if (mode == "nonoverlapping" or i == 0) else length - stride
         nll, n = window_nll(model, tokens, start, length, score_from, position_offset)
         total, count = total + nll, count + n
+        if byte_lengths is not None:  # window_nll's targets: tokens[start + score_from + 1 : start + length + 1]
+            n_bytes += int(byte_lengths[start + score_from + 1 : start + length + 1].sum())
+    return total, count, n_bytes
+
+
+def _from_nats(total: float, count: int) -> float:
     mean = total / count
     return math.exp(mean) if mean < 709.0 else math.inf  # exp overflows a double past ~709.78
+
+
+def bits_per_byte(total_nats: float, n_bytes: int) -> float:
+    """Summed nats over a text / (ln 2 x its UTF-8 bytes): comparable across tokenizers."""
+    return total_nats / (math.log(2) * n_bytes) if n_bytes else math.nan
 
 
 def perplexity_by_length(model: torch.nn.Module, tokens: Tensor, train_len: int, cfg: EvalConfig,
@@ -68,17 +86,48 @@ def perplexity_by_length(model: torch.nn.Module, tokens: Tensor, train_len: int,
     longest length (or as many as the text holds), cut into windows of each length. A curve then
     compares lengths, not passages (with a window count per length, 8x read 8 times the text of 1x
     and a hard passage showed up as a bump at one length)."""
-    longest = max(cfg.length_multipliers) * train_len
-    windows = min(cfg.max_windows, (len(tokens) - 1) // longest)
-    text = tokens[: windows * longest + 1] if windows >= 1 else tokens  # +1: the last window's next token
-    out = {}
+    return scores_by_length(model, tokens, None, train_len, cfg, progress)[0]
+
+
+def scores_by_length(model: torch.nn.Module, tokens: Tensor, byte_lengths: Tensor | None, train_len: int,
+                     cfg: EvalConfig, progress=None) -> tuple[dict[int, Score], dict[int, Score]]:
+    """(perplexity per token, bits per byte) at each length (perplexity_by_length's protocol); bits per byte
+    needs byte_lengths (UTF-8 bytes per token) and is empty without them."""
+    text = scored_text(tokens, train_len, cfg)
+    ppl, bpb = {}, {}
     for m in cfg.length_multipliers:
         length = m * train_len
-        out[length] = _guarded(lambda length=length: perplexity(model, text, length, cfg.mode, cfg.stride,
-                                                                 max_windows=len(text)))
+        try:
+            total, count, n_bytes = total_nll(model, text, length, cfg.mode, cfg.stride, len(text), 0, byte_lengths)
+        except PositionTooLarge:
+            ppl[length] = bpb[length] = BEYOND_TABLE
+        else:
+            ppl[length] = _finite_or_label(_from_nats(total, count))
+            bpb[length] = _finite_or_label(bits_per_byte(total, n_bytes)) if byte_lengths is not None else None
         if progress is not None:
             progress.update(1)
-    return out
+    return ppl, ({k: v for k, v in bpb.items() if v is not None} if byte_lengths is not None else {})
+
+
+def _finite_or_label(value: float) -> Score:
+    return value if math.isfinite(value) else NOT_FINITE
+
+
+def scored_text(tokens: Tensor, train_len: int, cfg: EvalConfig) -> Tensor:
+    """The text perplexity_by_length scores at every length: `max_windows` windows of the longest length (or
+    as many as the text holds), plus the last window's next token."""
+    longest = max(cfg.length_multipliers) * train_len
+    windows = min(cfg.max_windows, (len(tokens) - 1) // longest)
+    return tokens[: windows * longest + 1] if windows >= 1 else tokens
+
+
+def training_fit(model: torch.nn.Module, train_tokens: Tensor, val_tokens: Tensor, train_len: int,
+                 cfg: EvalConfig) -> Score:
+    """Perplexity at the training length on the tail of the training split, as much text as the held-out
+    score reads: against ppl@1x it shows memorising (a held-out loss well above the training loss)."""
+    n = len(scored_text(val_tokens, train_len, cfg))
+    text = train_tokens[-n:]
+    return _guarded(lambda: perplexity(model, text, train_len, cfg.mode, cfg.stride, max_windows=len(text)))
 
 
 def _guarded(fn) -> Score:

@@ -99,9 +99,15 @@ def check_same_run(run_dir: Path, stored: dict[str, Any], command: str, config: 
 
 
 def check_corpus(stored: dict[str, str] | None, now: dict[str, str], field: str = "data.corpus") -> None:
+    """The text and the tokenizer must be the ones the run was trained on (a record without a tokenizer is
+    from before data.tokenizer existed: bytes)."""
     if stored and stored.get("sha256") and stored["sha256"] != now["sha256"]:
         raise bad_value(field, now["name"], f"the text the run was trained on: it has changed since "
                                             f"(sha256 {stored['sha256'][:12]}... then, {now['sha256'][:12]}... now)")
+    then, later = (stored or {}).get("tokenizer_sha256"), now.get("tokenizer_sha256")
+    if then and later and then != later:
+        raise bad_value("data.tokenizer", now.get("tokenizer"), f"the tokenizer the run was trained with "
+                        f"({stored.get('tokenizer')}, sha256 {then[:12]}...; this one is {later[:12]}...)")
 
 
 def shrunk_lists(stored: dict[str, Any], requested: dict[str, Any], keys: Iterable[str]) -> list[str]:

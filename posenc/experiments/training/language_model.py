@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from posenc import stop_signals
 from posenc.atomic_files import write_json
-from posenc.data.tokens import batch_generator, load_corpus, sample_batch, split
+from posenc.data.tokens import batch_generator, load_corpus, sample_batch, sample_starts, target_bytes, windows_at
 from posenc.errors import Interrupted, RunFailed, bad_value
 from posenc.experiments.config.sections import run_device
 from posenc.experiments.config.training_run import RunConfig
@@ -48,6 +48,8 @@ class TrainResult:
     tokens_per_second: float = 0.0
     run_dir: Path | None = None
     val_tokens: Tensor | None = None  # the validation split it read: evaluation needs no second read
+    train_tokens: Tensor | None = None  # the training split: the train/held-out gap is measured on its tail
+    val_byte_lengths: Tensor | None = None  # UTF-8 bytes of each validation token: bits per byte
 
 
 @dataclass
@@ -59,6 +61,7 @@ class Prepared:
     train_tokens: Tensor
     val_tokens: Tensor
     corpus: dict[str, str]
+    val_byte_lengths: Tensor
 
 
 def world() -> tuple[int, int]:
@@ -75,15 +78,20 @@ def _loss(model: torch.nn.Module, x: Tensor, y: Tensor, precision: str) -> Tenso
 
 
 @torch.no_grad()
-def validation_loss(model: GPT, val: Tensor, cfg: RunConfig) -> float:
+def validation_loss(model: GPT, val: Tensor, byte_lengths: Tensor, cfg: RunConfig) -> tuple[float, float]:
+    """(mean loss per token, bits per byte) over eval_batches random held-out batches; bits per byte is the
+    batches' summed nats / (ln 2 x the UTF-8 bytes their targets cover), so tokenizers compare."""
     model.eval()
-    t, device = cfg.trainer, model_device(model)
-    losses = []
+    t, device, L = cfg.trainer, model_device(model), cfg.data.seq_len
+    losses, n_bytes = [], 0
     for i in range(t.eval_batches):
-        x, y = sample_batch(val, t.batch_size, cfg.data.seq_len, batch_generator(t.seed, -1 - i))
+        starts = sample_starts(len(val), t.batch_size, L, batch_generator(t.seed, -1 - i))
+        x, y = windows_at(val, starts, L)
         losses.append(_loss(model, x.to(device), y.to(device), t.precision).item())
+        n_bytes += target_bytes(byte_lengths, starts, L)
     model.train()
-    return sum(losses) / len(losses)
+    loss = sum(losses) / len(losses)
+    return loss, loss * len(losses) * t.batch_size * L / (math.log(2) * n_bytes)
 
 
 def prepare(cfg: RunConfig) -> Prepared:
@@ -101,11 +109,12 @@ def prepare(cfg: RunConfig) -> Prepared:
     device = run_device(t.device)
     if device.type == "cuda" and world_size > 1:  # torchrun: one GPU per process
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    model, tokens = build_model(cfg, corpus)
+    model, tokens, tokenizer = build_model(cfg, corpus)
     model.to(device)
-    train_tokens, val_tokens = split(tokens, cfg.data.val_fraction)
+    train_tokens, val_tokens = tokens.split(cfg.data.val_fraction)
     preflight.check_text_lengths(cfg.data.seq_len, len(val_tokens), len(train_tokens))
-    return Prepared(model, make_optimizer(model, t), train_tokens, val_tokens, corpus_record(cfg, corpus))
+    return Prepared(model, make_optimizer(model, t), train_tokens.ids, val_tokens.ids,
+                    corpus_record(cfg, corpus, tokenizer), val_tokens.byte_lengths)
 
 
 def _backward(model: torch.nn.Module, train_tokens: Tensor, cfg: RunConfig, rank: int, world_size: int):
@@ -205,7 +214,7 @@ def _run(cfg: RunConfig, run_dir: Path, p: Prepared, start_ckpt: Path | None, fo
     def after_step(step: int, loss: float) -> None:
         record = {"step": step, "loss": loss, "lr": lr_at(step - 1, t)}
         if step % t.eval_interval == 0 or step == t.max_steps:
-            record["val_loss"] = validation_loss(model, p.val_tokens, cfg)
+            record["val_loss"], record["val_bpb"] = validation_loss(model, p.val_tokens, p.val_byte_lengths, cfg)
             if not math.isfinite(record["val_loss"]):
                 raise Diverged(step, record["val_loss"], "the validation loss")
         history.append(record)
@@ -243,7 +252,8 @@ def _run(cfg: RunConfig, run_dir: Path, p: Prepared, start_ckpt: Path | None, fo
     finally:
         bar.close()
     elapsed = time.perf_counter() - clock
-    result = TrainResult(model.eval(), history, seen[0] / elapsed if seen[0] else 0.0, run_dir, p.val_tokens)
+    result = TrainResult(model.eval(), history, seen[0] / elapsed if seen[0] else 0.0, run_dir, p.val_tokens,
+                         p.train_tokens, p.val_byte_lengths)
     if seen[0] or not (run_dir / "train.json").exists():  # a finished run resumed keeps its record (tok/s)
         _record(run_dir, rank, meta() | {"status": "complete", "tokens_per_second": result.tokens_per_second})
     return result

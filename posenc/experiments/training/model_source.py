@@ -5,13 +5,15 @@ RoPE tables are buffers rebuilt from the config, never loaded, so a changed scal
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from posenc.data.corpus import Corpus
-from posenc.data.tokens import byte_tokens, load_corpus
+from posenc.data.tokenizer import TextTokenizer, Tokens, encode_corpus, load_tokenizer
+from posenc.data.tokens import load_corpus
 from posenc.errors import bad_value
 from posenc.experiments.config.training_run import RunConfig
 from posenc.experiments.runs import checkpoint
@@ -29,23 +31,31 @@ def _gguf_path(spec: str) -> Path:
     return path
 
 
-def corpus_record(cfg: RunConfig, corpus: Corpus) -> dict[str, str]:
-    """What run.json keeps of the text: the name the user gave and a fingerprint of the bytes."""
-    return {"name": cfg.data.corpus, "sha256": corpus.sha256}
+def corpus_record(cfg: RunConfig, corpus: Corpus, tokenizer: TextTokenizer) -> dict[str, str]:
+    """What run.json keeps of the text: the name the user gave, a fingerprint of the bytes, and the
+    tokenizer's name and fingerprint (a resume with other tokens is refused, like one with other text)."""
+    return {"name": cfg.data.corpus, "sha256": corpus.sha256, **tokenizer.record()}
 
 
-def build_model(cfg: RunConfig, corpus: Corpus | None = None) -> tuple[nn.Module, Tensor]:
-    """(model, token stream of the whole corpus) for this run, before any optimizer exists."""
+def backend_tokenizer(name: str, backend) -> TextTokenizer:
+    """A TextTokenizer around a tokenizers.Tokenizer that came with a model (a GGUF's)."""
+    return TextTokenizer(name, hashlib.sha256(backend.to_str().encode("utf-8")).hexdigest(),
+                         backend.get_vocab_size(with_added_tokens=True), backend)
+
+
+def build_model(cfg: RunConfig, corpus: Corpus | None = None) -> tuple[nn.Module, Tokens, TextTokenizer]:
+    """(model, token stream of the whole corpus, its tokenizer) for this run, before any optimizer exists:
+    data.tokenizer's tokens, or the GGUF's own when fine-tuning one (trainer.init_from=gguf:...)."""
     source = cfg.trainer.init_from
-    text = (corpus or load_corpus(cfg.data.corpus)).text
+    corpus = corpus or load_corpus(cfg.data.corpus)
     if source is not None and source.startswith("gguf:"):
         from posenc.models import Llama
 
         model = Llama.from_gguf(_gguf_path(source), rope_scaling=scaling_from_config(cfg.model))
-        ids = model.tokenizer(text, add_special_tokens=False)["input_ids"]
-        return model, torch.tensor(ids, dtype=torch.int64)
-    if cfg.model.vocab_size < 256:
-        raise bad_value("model.vocab_size", cfg.model.vocab_size, ">= 256 for byte-level text")
+        tokenizer = backend_tokenizer(source, model.tokenizer.backend_tokenizer)
+        return model, encode_corpus(tokenizer, corpus.text, corpus.sha256), tokenizer
+    tokenizer = load_tokenizer(cfg.data.tokenizer)
+    tokens = encode_corpus(tokenizer, corpus.text, corpus.sha256)
     torch.manual_seed(cfg.trainer.seed)
     model = GPT(cfg.model)
     if source is not None:
@@ -53,4 +63,4 @@ def build_model(cfg: RunConfig, corpus: Corpus | None = None) -> tuple[nn.Module
         if last is None:
             raise bad_value("trainer.init_from", source, "a posenc run folder holding checkpoints/latest")
         checkpoint.load(last, model)  # weights only: a new optimizer, schedule and step count
-    return model, byte_tokens(text)
+    return model, tokens, tokenizer

@@ -1,0 +1,82 @@
+"""`posenc ladder`: the verdict rule on constructed ratios, the per-size numbers on constructed units, the
+errors of bad input, and a tiny run end to end."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import pytest
+
+from posenc.experiments.compare.ladder_config import LadderConfig
+from posenc.experiments.compare.ladder_report import rung, verdict
+from posenc.experiments.config.loader import load
+from posenc.experiments.evaluation.statistics import Spread
+from tests.experiments.cli_helpers import TINY, cli, one_line
+
+
+def spread(*values: float) -> Spread:
+    return Spread(tuple(values))
+
+
+@pytest.mark.parametrize(("ratios", "expected"), [
+    ([spread(1.30, 1.32, 1.28), spread(1.20, 1.21, 1.19), spread(1.10, 1.11, 1.09)], "held"),
+    ([spread(1.30, 1.32, 1.28), spread(1.28, 1.31, 1.25), spread(1.10, 1.11, 1.09)], "inconclusive"),  # step 1: noise
+    ([spread(1.20, 1.21, 1.19), spread(1.10, 1.11, 1.09), spread(1.25, 1.26, 1.24)], "failed"),  # back above the start
+    ([spread(1.20, 1.21, 1.19), spread(1.21, 1.22, 1.20)], "failed"),
+    ([spread(1.30, 1.31, 1.29), spread(1.20, math.nan, 1.21)], "inconclusive"),  # a seed without a number
+])
+def test_the_verdict_follows_the_printed_rule(ratios, expected):
+    assert verdict(ratios) == expected
+
+
+def test_a_rung_pairs_seeds_and_measures_the_gap():
+    cfg = load(LadderConfig, None, ["compare.schemes=[none,rope,alibi]", "compare.seeds=[0,1]"])
+
+    def unit(scheme, seed, p1, p2=None, train=None):
+        return {"size": "4x32", "scheme": scheme, "seed": seed, "status": "ok", "params": 100,
+                "ppl": {1: p1, 2: p2 or p1}, "train_ppl@1x": train or p1}
+
+    units = [unit("none", 0, 6.0, train=math.exp(1.5)), unit("none", 1, 5.0),
+             unit("rope", 0, 4.0, p2=8.0), unit("rope", 1, 5.0, p2=6.0), unit("alibi", 0, 4.5), unit("alibi", 1, 4.6)]
+    r = rung(units, cfg, "4x32")
+    assert r["best"] == "rope"  # lowest mean among the others: 4.5 against 4.55
+    assert r["ratio"].values == (1.5, 1.0)  # seed 0 to seed 0, seed 1 to seed 1
+    assert r["extrapolation"].values == (2.0, 1.2)
+    assert r["gap"].values[0] == pytest.approx(math.log(6.0) - 1.5) and r["gap"].values[1:] == (0.0,) * 5
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("ladder.sizes=[4x32]", r"ladder.sizes=\['4x32'\] is not allowed: a list of at least two distinct model sizes"),
+    ("ladder.sizes=[4x32,big]", r"ladder.sizes=.*n_layer x d_model"),
+    ("ladder.sizes=[4x30,4x64]", r"ladder.sizes=.*widths divisible by model.n_head=4 \(4x30 is not\)"),
+    ("ladder.subject=sinusoidal", r"ladder.subject='sinusoidal' .*one of compare.schemes"),
+    ("eval.length_multipliers=[1,4]", r"eval.length_multipliers=\[1, 4\] .*holding 1 and 2"),
+    ("model.d_model=256", r"model.d_model.*each of ladder.sizes"),
+])
+def test_bad_ladder_settings_name_the_field(override, message):
+    with pytest.raises(ValueError) as caught:
+        load(LadderConfig, None, [override])
+    assert re.search(message, str(caught.value)), caught.value
+
+
+def test_bad_input_stops_the_command_before_any_folder(tmp_path, capsys):
+    code, _, err = cli(capsys, "ladder", "ladder.sizes=[4x32]", f"out_dir={tmp_path}")
+    assert code == 2 and not list(tmp_path.iterdir()) and "ladder.sizes" in one_line(err)
+
+
+def test_a_tiny_ladder_runs_every_size_and_prints_its_verdict(tmp_path, capsys):
+    tiny = [o for o in TINY if not o.startswith(("model.n_layer", "model.d_model"))]  # the sizes say them
+    code, out, _ = cli(capsys, "ladder", *tiny, "trainer.max_steps=2", "compare.seeds=[0]",
+                       "compare.schemes=[none,rope]", "ladder.sizes=[1x8,2x16]", "compare.jobs=1",
+                       "compare.progress=false", f"out_dir={tmp_path}")
+    assert code == 0
+    run = next(tmp_path.glob("ladder-*"))
+    results = json.loads((run / "results.json").read_text())
+    assert sorted((u["size"], u["scheme"], u["seed"]) for u in results["units"]) == sorted(
+        (size, scheme, 0) for size in ("1x8", "2x16") for scheme in ("none", "rope"))
+    assert [r["size"] for r in results["rungs"]] == ["1x8", "2x16"]
+    assert results["rungs"][0]["params"] < results["rungs"][1]["params"]
+    assert results["claim"]["verdict"] in ("held", "failed", "inconclusive") and "verdict" in out
+    assert (run / "ladder.png").stat().st_size > 0 and (run / "size-1x8" / "rope" / "seed-0").is_dir()
