@@ -13,6 +13,8 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from posenc.experiments.evaluation.verdict import Verdict
+
 FLAT = 1.10  # ppl@Nx / ppl@1x at or below this: "about flat"
 EXPLODES = 2.0  # ppl@Nx / ppl@1x at or above this: "explodes"
 CLOSE = 1.10  # within 10% of the best scheme at the training length: "comes close"
@@ -20,15 +22,6 @@ AT_OR_BELOW = 1.02  # "at or below": within 2% above, or lower
 
 # scheme -> per seed -> {length multiplier: perplexity}
 Runs = Mapping[str, Sequence[Mapping[int, float]]]
-
-
-@dataclass(frozen=True)
-class Verdict:
-    source: str
-    claim: str
-    rule: str
-    verdict: str  # held | failed | inconclusive
-    evidence: str
 
 
 @dataclass(frozen=True)

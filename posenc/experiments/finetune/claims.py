@@ -14,21 +14,13 @@ extension can be read from it)."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+
+from posenc.experiments.evaluation.verdict import Verdict
 
 FEW_HUNDRED = 400  # "a few hundred steps": at most this many
 
 # method -> seed -> [(step, passkey range)], steps increasing
 Ranges = Mapping[str, Mapping[int, Sequence[tuple[int, int]]]]
-
-
-@dataclass(frozen=True)
-class Verdict:
-    source: str
-    claim: str
-    rule: str
-    verdict: str  # held | failed | inconclusive
-    evidence: str
 
 
 def steps_to_target(curve: Sequence[tuple[int, int]], target: int) -> int | None:

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from posenc.data.tasks import IN_DIST
+from posenc.experiments.evaluation.verdict import Verdict
 
 SOURCE = "Golovneva et al. 2024 (CoPE), Sec. 4"
 SUBJECT = "cope"  # the scheme the claim is about (a name the registry maps, as in compare's claims)
@@ -31,15 +32,6 @@ TASK_RULE = (f"{SUBJECT} in-dist mean >= {LEARNED:g} and within max({MIN_GAP:g},
              f"added), failed if some scheme's minus {SUBJECT}'s is; else inconclusive")
 ALL_RULE = "held (failed) when held (failed) on every one of the three tasks; else inconclusive"
 RULE = f"Claims: per task, over seeds, {TASK_RULE}. Over the tasks: {ALL_RULE}."
-
-
-@dataclass(frozen=True)
-class Verdict:
-    source: str
-    claim: str
-    rule: str
-    verdict: str  # held | failed | inconclusive
-    evidence: str
 
 
 @dataclass(frozen=True)
