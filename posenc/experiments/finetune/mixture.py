@@ -45,6 +45,12 @@ class Mixture:
             total = total + _cross_entropy(model(x.to(device)), y.to(device))
         return total
 
+    def backward(self, model: nn.Module, step: int) -> float:
+        """The training loop's step: this step's loss, its gradients accumulated into the model."""
+        loss = self.loss(model, step)
+        loss.backward()
+        return loss.item()
+
 
 def _cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE).cpu()

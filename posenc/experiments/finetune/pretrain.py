@@ -5,6 +5,7 @@ killed run resumes from the last one, and a finished base is never trained again
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -40,16 +41,11 @@ def train_base(job: tuple[FinetuneConfig, Path, int, Any]) -> dict[str, Any]:
     mixture = Mixture(train_stream, Retrieval(BYTES.encode, train_stream), cfg.data.seq_len, o.batch_size,
                       o.passkey_share, seed, "pretrain")
 
-    def backward(step: int) -> float:
-        loss = mixture.loss(model, step)
-        loss.backward()
-        return loss.item()
-
     def after_step(step: int, loss: float) -> None:
         history.append({"step": step, "loss": loss})
         if step % o.checkpoint_interval == 0 or step == o.max_steps:
             checkpoint.save(folder, step, model, opt, {"history": history, "config": cfg.to_dict()}, keep=1)
 
-    fit(model, opt, o, start, seed, backward, after_step, catch_interrupt=False)
+    fit(model, opt, o, start, seed, partial(mixture.backward, model), after_step, catch_interrupt=False)
     tail = [h["loss"] for h in history[-20:]]
     return {"seed": seed, "steps": o.max_steps, "final_loss": sum(tail) / max(1, len(tail))}

@@ -8,6 +8,7 @@ from its last scheduled step and never measures a step twice. A unit that diverg
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -76,11 +77,6 @@ def finetune_unit(job: tuple[FinetuneConfig, Path, int, str]) -> dict[str, Any]:
     mixture = Mixture(train_stream, train_task, cfg.target_length, cfg.trainer.batch_size,
                       cfg.finetune.passkey_share, seed, "finetune")
 
-    def backward(step: int) -> float:
-        loss = mixture.loss(model, step)
-        loss.backward()
-        return loss.item()
-
     def after_step(step: int, loss: float) -> None:
         history.append({"step": step, "loss": loss})
         if step in schedule:
@@ -89,7 +85,8 @@ def finetune_unit(job: tuple[FinetuneConfig, Path, int, str]) -> dict[str, Any]:
 
     try:
         with torch.random.fork_rng():
-            fit(model, opt, cfg.trainer, start, seed, backward, after_step, catch_interrupt=False)
+            fit(model, opt, cfg.trainer, start, seed, partial(mixture.backward, model), after_step,
+                catch_interrupt=False)
     except Diverged as err:
         status = {"status": DIVERGED, "error": str(err)}
         write_json(folder / "unit.json", status)
