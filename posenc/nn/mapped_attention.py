@@ -4,10 +4,11 @@ in chunks of queries so that memory is O(chunk x Tk), never (H, Tq, Tk).
 For each chunk of queries and each map m, the keys that map m scores (a contiguous index range, found
 from the selector) are scored at m's positions, giving m's softmax-normalised output and the log-sum-exp
 of its scores; the maps merge by softmax over those log-sum-exps (ChunkLlama's merge_attn_outputs), which
-is exactly the softmax over the merged score row. On the CPU each map runs PyTorch's fused flash kernel,
-which returns the log-sum-exp (~5x faster than the eager form, measured at SmolLM2's shapes); the eager
-form (scores in memory, budgeted) serves other devices, dropout, and as the reference the fused one is
-tested against. Notation: B, H, Hkv, Tq, Tk, Dh as in attention.py; C the
+is exactly the softmax over the merged score row. In inference each map runs one of PyTorch's fused kernels
+that return the log-sum-exp: the flash kernel on the CPU (~5x faster than the eager form, measured at
+SmolLM2's shapes), the memory-efficient one on CUDA (no scores in memory, so chunks can be long); the eager
+form (scores in memory, budgeted) serves other devices, dropout, gradients, and is the reference the fused
+ones are tested against. Notation: B, H, Hkv, Tq, Tk, Dh as in attention.py; C the
 rows of one chunk; K the keys one map scores in it; g = H // Hkv query heads per key/value head.
 """
 
@@ -24,16 +25,25 @@ from posenc.position_maps.base import PositionMap
 from posenc.scheme import Scheme
 
 _FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu  # returns (out, logsumexp)
+_EFFICIENT = torch.ops.aten._scaled_dot_product_efficient_attention  # CUDA: (out, logsumexp, seed, offset)
+FUSED_DEVICES = ("cpu", "cuda")
 SCORE_BUDGET = 1 << 24  # score elements per chunk and map: 64 MiB in float32, a few copies at most live
+# On a GPU, bigger chunks: each chunk costs launches and a sync (nonzero()). The eager form holds 512 MiB of
+# float32 scores per chunk at most; the fused kernel holds none, only masks of the edges (a few bytes per
+# score element of this budget), so its chunks are as long as GPU_MAX_ROWS at any length up to ~100k.
+GPU_SCORE_BUDGET, GPU_FUSED_BUDGET = 1 << 27, 1 << 30
 
 
 MAX_ROWS = 256  # a map's key range is a rectangle around a band (windows, chunks): short chunks waste less
+# CUDA's fused kernel holds no scores and every chunk costs launches and a sync (nonzero): longer chunks
+GPU_MAX_ROWS = 1024
 
 
-def chunk_rows(batch: int, heads: int, tq: int, tk: int, budget: int | None = None) -> int:
-    """Query rows per chunk: as many as keep B * H * C * Tk within the budget (SCORE_BUDGET), at least one."""
+def chunk_rows(batch: int, heads: int, tq: int, tk: int, budget: int | None = None, most: int = MAX_ROWS) -> int:
+    """Query rows per chunk: as many as keep B * H * C * Tk within the budget (SCORE_BUDGET), at least one,
+    at most `most`."""
     budget = SCORE_BUDGET if budget is None else budget
-    return max(1, min(tq, MAX_ROWS, budget // max(1, batch * heads * tk)))
+    return max(1, min(tq, most, budget // max(1, batch * heads * tk)))
 
 
 def query_chunks(first_row: Tensor, rows: int, period: int | None) -> list[tuple[int, int]]:
@@ -63,16 +73,18 @@ def mapped_attention(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, position_m
                      budget: int | None = None, fused: bool | None = None) -> Tensor:
     """q (B,H,Tq,Dh), k/v (B,Hkv,Tk,Dh) unrotated, the queries being the last Tq keys; q_pos (B,Tq), k_pos (B,Tk)
     -> (B,H,Tq,Dh). scheme rotates (its rotate()); position_map says at which positions and which keys.
-    fused: the CPU flash kernel per map (None: on the CPU, without dropout or gradients; its backward ignores
-    the log-sum-exp that the merge differentiates, so training takes the eager form)."""
+    fused: a fused kernel per map, the CPU's flash or CUDA's memory-efficient one (None: on those devices, without
+    dropout or gradients; their backward ignores the log-sum-exp that the merge differentiates, so training takes
+    the eager form)."""
     dtype = q.dtype
     if q.element_size() < 4:  # half precision: scores and sums in float32, one rounding at the end
         q, k, v = q.float(), k.float(), v.float()
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if fused is None:
-        fused = q.device.type == "cpu" and dropout == 0.0 and not needs_grad
-    elif fused and (needs_grad or dropout > 0 or q.device.type != "cpu"):
-        raise bad_value("fused", fused, "False (or None) with gradients, dropout or a non-CPU device")
+        fused = q.device.type in FUSED_DEVICES and dropout == 0.0 and not needs_grad
+    elif fused and (needs_grad or dropout > 0 or q.device.type not in FUSED_DEVICES):
+        raise bad_value("fused", fused, "False (or None) with gradients, dropout or a device other than "
+                        f"{' or '.join(FUSED_DEVICES)}")
     b, h, tq, _ = q.shape
     tk = k.shape[2]
     origin = k_pos[:, :1]  # (B,1)
@@ -83,7 +95,10 @@ def mapped_attention(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, position_m
             rotated[id(pos)] = _rotate_keys(scheme, k, pos)  # (B,Hkv,Tk,Dh)
         keys.append(rotated[id(pos)])
     q_maps = position_map.query_positions(q_pos, origin)  # per map (B,Tq)
-    rows = chunk_rows(b, h, tq, tk, budget)
+    gpu = q.device.type != "cpu"
+    if budget is None and gpu:
+        budget = GPU_FUSED_BUDGET if fused else GPU_SCORE_BUDGET
+    rows = chunk_rows(b, h, tq, tk, budget, GPU_MAX_ROWS if gpu and fused else MAX_ROWS)
     key_index = torch.arange(tk, device=q.device)
     out = []
     for start, end in query_chunks(q_pos[0], rows, position_map.period):
@@ -112,7 +127,9 @@ def _merged_chunk(queries: list[Tensor], keys: list[Tensor], v: Tensor, select: 
         q3 = q_m.reshape(b, hkv, g * c, dh)  # GQA without copying keys: g query heads share a key head
         for a, z, every_row in _segments(hit, lo, hi):
             allowed = None if every_row else hit[:, None, :, a:z].repeat(1, 1, g, 1)  # (B,1,g*C,K)
-            if fused:
+            if fused and q3.device.type == "cuda":
+                out, lse = _map_fused_cuda(q3, k_m[:, :, a:z], v[:, :, a:z], allowed)
+            elif fused:
                 out, lse = _map_fused(q3, k_m[:, :, a:z], v[:, :, a:z], allowed)
             else:
                 out, lse = _map_eager(q3, k_m[:, :, a:z], v[:, :, a:z], allowed, dropout)
@@ -147,6 +164,21 @@ def _map_fused(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None) -> tuple
     mask = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill_(~allowed, float("-inf"))
     out, lse = _FLASH(q, k, v, 0.0, False, attn_mask=mask, scale=q.shape[-1] ** -0.5)
     return out, lse.masked_fill(~allowed.any(dim=-1), float("-inf"))  # the kernel reports 0 for an empty row
+
+
+def _map_fused_cuda(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None) -> tuple[Tensor, Tensor]:
+    """The same through CUDA's memory-efficient kernel. Its additive mask's rows must start 16-element aligned
+    (what SDPA's own front end pads for), and its log-sum-exp may be padded past the rows."""
+    bias = None
+    if allowed is not None:
+        b, _, rows, keys = allowed.shape
+        bias = torch.full((b, 1, rows, -(-keys // 16) * 16), float("-inf"), dtype=q.dtype, device=q.device)
+        bias = bias[..., :keys].masked_fill_(allowed, 0.0).expand(b, q.shape[1], rows, keys)
+    out, lse = _EFFICIENT(q, k, v, bias, True, scale=q.shape[-1] ** -0.5)[:2]
+    lse = lse[..., : q.shape[2]]
+    if allowed is not None:  # a row with no key: weight 0 in the merge, whatever the kernel wrote
+        lse = lse.masked_fill(~allowed.any(dim=-1), float("-inf"))
+    return out, lse
 
 
 def _map_eager(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, dropout: float) -> tuple[Tensor, Tensor]:

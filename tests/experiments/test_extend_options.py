@@ -81,6 +81,8 @@ def test_a_folder_from_before_run_json_resumes_with_its_own_settings_and_time(tm
     (["passkey.depths=[abc]"], "passkey.depths"),
     (["passkey.depths=[0.5,nan]"], "passkey.depths"),
     (["--lengths", "1000000000"], "perplexity.lengths"),  # ran a minute, then MemoryError, leaving a folder
+    (["model.device=gpu"], "model.device"),
+    (["model.device=cuda:63"], "model.device"),  # a GPU this machine does not have: refused before the model
 ])
 def test_bad_extend_values_are_one_line_before_any_model_or_folder(tmp_path, capsys, args, field):
     """Issue 24, items 4, 6 and 7: each was a traceback, a value saved as null, or refused only after the

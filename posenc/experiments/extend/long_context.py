@@ -28,13 +28,30 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 @contextlib.contextmanager
-def inference(dtype: str) -> Iterator[None]:
-    """no_grad, plus bfloat16 autocast: matmuls and attention in bf16 (AMX where the CPU has it),
-    the residual stream, norms and RoPE angles stay float32."""
+def inference(dtype: str, device: torch.device | str = "cpu") -> Iterator[None]:
+    """no_grad, plus bfloat16 autocast on `device`'s type: matmuls and attention in bf16 (AMX where the
+    CPU has it, tensor cores on a GPU), the residual stream, norms and RoPE angles stay float32."""
     if dtype not in DTYPES:
         raise bad_value("dtype", dtype, f"one of {', '.join(DTYPES)}")
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
+    kind = torch.device(device).type
+    with torch.no_grad(), torch.autocast(kind, dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
         yield
+
+
+def run_device(name: str) -> torch.device:
+    """The torch device of model.device=name on this machine; a one-line error naming the field when it asks
+    for a GPU this machine does not have (checked before the model loads)."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    count = torch.cuda.device_count() if device.type == "cuda" and torch.cuda.is_available() else 0
+    if device.type == "cuda" and (device.index or 0) >= count:
+        raise bad_value("model.device", name, f"cpu or auto: this machine has {count} CUDA device(s)")
+    return device
+
+
+def device_of(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
 
 
 def bfloat16_linears(model: Llama) -> Llama:
@@ -57,14 +74,15 @@ def prefill(model: Llama, ids: Tensor, cache: KVCache, chunk: int) -> Iterator[T
 
 
 def window_nll(model: Llama, ids: Tensor, chunk: int) -> Tensor:
-    """ids (1,T) -> NLL of tokens 1..T-1, float64 (T-1,), prefilled `chunk` tokens at a time."""
+    """ids (1,T) -> NLL of tokens 1..T-1, float64 (T-1,) on the CPU, prefilled `chunk` tokens at a time."""
+    ids = ids.to(device_of(model))
     out, start = [], 0
     for hidden in prefill(model, ids, model.new_cache(), chunk):  # (1,c,D)
         for lo in range(0, hidden.shape[1], LOGIT_CHUNK):
             h = hidden[0, lo : lo + LOGIT_CHUNK]
             targets = ids[0, start + lo + 1 : start + lo + 1 + h.shape[0]]  # the last position has none
             logits = model.lm_head(h[: targets.shape[0]]).float()  # (c', V)
-            out.append(F.cross_entropy(logits, targets, reduction="none").double())
+            out.append(F.cross_entropy(logits, targets, reduction="none").double().cpu())
         start += hidden.shape[1]
     return torch.cat(out)
 
@@ -73,6 +91,7 @@ def greedy_answer(model: Llama, ids: Tensor, new_tokens: int, chunk: int, stop: 
     """Prefill the prompt ids (1,T) in chunks, then decode up to `new_tokens` greedily from the cache, ending
     after the token `stop` (the tokenizer's end of sequence: generation ends there, as every server's does)."""
     cache = model.new_cache()
+    ids = ids.to(device_of(model))
     for hidden in prefill(model, ids, cache, chunk):
         last = hidden[:, -1]  # (1,D): only the last position's logits are needed
     tokens = []

@@ -89,7 +89,11 @@ def run_summary(meta: dict[str, Any]) -> str:
     if meta.get("longest_forward_tokens"):
         text += (f" Longest forward: {meta['longest_forward_tokens']} tokens in {meta['longest_forward_s']:.0f} s "
                  f"({meta['longest_forward_cpu_s']:.0f} CPU s), "
-                 f"peak RSS {meta['longest_forward_peak_rss_gib']:.2f} GiB.")
+                 f"peak RSS {meta['longest_forward_peak_rss_gib']:.2f} GiB"
+                 + (f", peak GPU memory {meta['longest_forward_peak_gpu_gib']:.2f} GiB"
+                    if meta.get("longest_forward_peak_gpu_gib") else "") + ".")
+    if meta.get("device", "cpu") != "cpu":
+        text += f" Device: {meta['device']}."
     return text
 
 

@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+import torch
+
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
 
@@ -43,25 +45,35 @@ def _max_rss_bytes() -> int:
 
 class PeakMemory:
     """with PeakMemory() as mem: work()  ->  mem.peak_bytes, mem.start_bytes, mem.scoped, mem.seconds,
-    mem.cpu_seconds (this process, all threads)."""
+    mem.cpu_seconds (this process, all threads); where CUDA is in use, also mem.gpu_peak_bytes (torch's
+    allocator, this block alone), the GPU's work waited for before the clocks stop."""
 
     def __init__(self) -> None:
         self.start_bytes = self.peak_bytes = 0
+        self.gpu_peak_bytes: int | None = None
         self.scoped = False
         self.seconds = self.cpu_seconds = 0.0
 
     def __enter__(self) -> PeakMemory:
+        self._gpu = torch.cuda.is_available() and torch.cuda.is_initialized()
+        if self._gpu:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
         self.scoped = _reset_high_water_mark() and _status_bytes("VmHWM") is not None
         self.start_bytes = _status_bytes("VmRSS") or _max_rss_bytes()
         self._wall, self._cpu = time.perf_counter(), time.process_time()
         return self
 
     def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None) -> None:
+        if self._gpu:
+            torch.cuda.synchronize()
+            self.gpu_peak_bytes = torch.cuda.max_memory_allocated()
         self.seconds, self.cpu_seconds = time.perf_counter() - self._wall, time.process_time() - self._cpu
         hwm = _status_bytes("VmHWM") if self.scoped else None
         self.peak_bytes = hwm if hwm is not None else _max_rss_bytes()
 
     def as_dict(self) -> dict[str, float | bool]:
         gib = 2.0**30
-        return {"seconds": self.seconds, "cpu_seconds": self.cpu_seconds, "peak_rss_gib": self.peak_bytes / gib,
-                "start_rss_gib": self.start_bytes / gib, "scoped_to_block": self.scoped}
+        out = {"seconds": self.seconds, "cpu_seconds": self.cpu_seconds, "peak_rss_gib": self.peak_bytes / gib,
+               "start_rss_gib": self.start_bytes / gib, "scoped_to_block": self.scoped}
+        return out if self.gpu_peak_bytes is None else out | {"peak_gpu_gib": self.gpu_peak_bytes / gib}

@@ -14,7 +14,7 @@ import torch
 from posenc.errors import bad_value
 from posenc.experiments.config import loader as config_loader
 from posenc.experiments.extend.config import OLD_CONFIG_FILE, RULE, ExtendConfig
-from posenc.experiments.extend.long_context import bfloat16_linears, estimated_cpu_seconds, inference
+from posenc.experiments.extend.long_context import bfloat16_linears, estimated_cpu_seconds, inference, run_device
 from posenc.experiments.extend.model import load_model, model_name
 from posenc.experiments.extend.passkey import planned_passkey_tokens, planned_prompts, run_passkey
 from posenc.experiments.extend.passkey_prompts import PromptBuilder
@@ -50,6 +50,10 @@ def estimate_minutes(cfg: ExtendConfig, model: Llama) -> float:
     return sum(estimated_cpu_seconds(n, cfg.model.prefill_chunk, mapped) for n, mapped in lengths) / 2 / 60
 
 
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
 def _longest_forward(forwards: list[dict[str, Any]]) -> dict[str, Any]:
     return max(forwards, key=lambda f: (f["length"], f["peak_rss_gib"]), default={})
 
@@ -82,6 +86,7 @@ def run(cfg: ExtendConfig, run_dir: Path | None) -> int:
     """A new run (run_dir None: a new folder under out_dir) or the unfinished run in run_dir, continued."""
     from posenc.data.corpus import load_builtin
 
+    run_device(cfg.model.device)  # a GPU this machine lacks: one line now, before a folder is made
     corpus = load_builtin(cfg.perplexity.corpus)
     # Preflight before a model loads or a folder is made: a token is at least one character, so a length past
     # the text's characters can never be windowed (the exact token count needs the model's tokenizer).
@@ -101,7 +106,8 @@ def _sweep(cfg: ExtendConfig, opened: Run, corpus: Any) -> int:
     from tqdm import tqdm
 
     run_dir = opened.path
-    model = load_model(cfg)
+    device = run_device(cfg.model.device)
+    model = load_model(cfg).to(device)
     if cfg.model.dtype == "bfloat16":
         bfloat16_linears(model)
     encode = lambda text: model.tokenizer.encode(text, add_special_tokens=False)
@@ -118,12 +124,13 @@ def _sweep(cfg: ExtendConfig, opened: Run, corpus: Any) -> int:
     state = RunState.load(run_dir, on_save=lambda: opened.tick(force=True))
     done = (f"; done before: {len(state.ppl)} perplexity rows, {len(state.passkey)} passkey and {len(state.ruler)} "
             "RULER prompts" if state.forwards else "")
-    print(f"run folder: {run_dir}\nplan: about {estimate_minutes(cfg, model):.0f} min on 2 idle cores for the whole "
-          f"run ({cfg.model.dtype}, prefill chunk {cfg.model.prefill_chunk}){done}; progress is saved after every "
-          "step")
+    where = (f"about {estimate_minutes(cfg, model):.0f} min on 2 idle cores" if device.type == "cpu"
+             else f"on {device_name(device)} (the time estimate is for CPUs only)")
+    print(f"run folder: {run_dir}\nplan: {where} for the whole run ({cfg.model.dtype}, prefill chunk "
+          f"{cfg.model.prefill_chunk}){done}; progress is saved after every step")
     ruler_tokens = sum(n for n, _ in planned_ruler_prompts(cfg, model))
     total = planned_tokens(model, cfg) + planned_passkey_tokens(cfg, model) + ruler_tokens
-    with inference(cfg.model.dtype), tqdm(total=total, unit="tok", dynamic_ncols=True) as bar:
+    with inference(cfg.model.dtype, device), tqdm(total=total, unit="tok", dynamic_ncols=True) as bar:
         if windows is not None:
             run_perplexity(cfg, model, windows, state, bar)
         if cfg.key_lengths:
@@ -139,11 +146,13 @@ def _sweep(cfg: ExtendConfig, opened: Run, corpus: Any) -> int:
             "longest_forward_s": longest.get("seconds"), "longest_forward_cpu_s": longest.get("cpu_seconds"),
             "longest_forward_peak_rss_gib": longest.get("peak_rss_gib"),
             "torch": torch.__version__, "threads": torch.get_num_threads(), "cpu": platform.processor(),
+            "device": device_name(device), "longest_forward_peak_gpu_gib": longest.get("peak_gpu_gib"),
             "wall_s": opened.wall_seconds}  # every session of a resumed run
     for path in write_results(state, cfg, meta):
         print(f"wrote {path}")
     if longest:
+        gpu = f", peak GPU memory {longest['peak_gpu_gib']:.2f} GiB" if longest.get("peak_gpu_gib") else ""
         print(f"longest forward: {longest['length']} tokens in {longest['seconds']:.0f} s "
-              f"({longest['cpu_seconds']:.0f} CPU s), peak RSS {longest['peak_rss_gib']:.2f} GiB")
+              f"({longest['cpu_seconds']:.0f} CPU s), peak RSS {longest['peak_rss_gib']:.2f} GiB{gpu}")
     print(f"run folder: {run_dir}  ({meta['wall_s']:.0f} s)")
     return 0
