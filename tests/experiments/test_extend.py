@@ -179,3 +179,30 @@ def test_quick_run_writes_results(tmp_path, capsys):
     record = json.loads((run_dir / "run.json").read_text())  # extend's folder holds run.json like every other
     assert record["command"] == "extend" and record["config"]["extend"]["methods"] == ["none", "dynamic", "yarn"]
     assert record["wall_seconds"] >= results["wall_s"] > 0  # run.json is written last, after the report
+
+
+@pytest.mark.pretrained
+def test_a_stopped_run_writes_the_tables_of_what_finished_and_resume_completes_them(tmp_path, monkeypatch, capsys):
+    """A time limit's SIGTERM (here: raised where passkey starts) leaves perplexity tables marked incomplete, not
+    only progress.json; --resume runs the rest and marks the results complete."""
+    from posenc.errors import Interrupted
+    from posenc.experiments.extend import run as extend_run
+
+    smollm2_gguf()
+    real = extend_run.run_passkey
+
+    def stopped(*args, **kwargs):
+        raise Interrupted("stopped by SIGTERM", signum=15)
+
+    monkeypatch.setattr(extend_run, "run_passkey", stopped)
+    assert cli_main(["extend", "--quick", "--scalings", "none,yarn", "--out-dir", str(tmp_path)]) == 128 + 15
+    (run_dir,) = tmp_path.iterdir()
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["complete"] is False and results["passkey"] == []
+    assert {r["method"] for r in results["ppl"]} == {"none", "yarn"}
+    assert "Stopped before the end" in (run_dir / "tables.md").read_text()
+    monkeypatch.setattr(extend_run, "run_passkey", real)
+    assert cli_main(["extend", "--resume", str(run_dir)]) == 0
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["complete"] is True and {r["method"] for r in results["passkey"]} == {"none", "yarn"}
+    assert "Stopped before the end" not in (run_dir / "tables.md").read_text()

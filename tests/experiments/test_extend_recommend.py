@@ -40,3 +40,20 @@ def test_ruler_decides_when_passkey_was_not_run():
 def test_cost_counts_attention_calls_and_the_rule_names_its_steps():
     assert [attention_maps(m) for m in ("yarn", "self_extend", "dual_chunk+linear")] == [1, 2, 3]
     assert all(word in RULE for word in ("passkey", "perplexity", "attention maps", "nothing retrieves"))
+
+
+def test_a_method_with_fewer_prompts_at_a_length_does_not_compete_there():
+    """A stopped run: dual_chunk answered 1 prompt of 10 at 65536 and got it right; 1/1 must not beat 8/10."""
+    from types import SimpleNamespace
+
+    from posenc.experiments.extend.config import ExtendConfig, SweepOptions
+    from posenc.experiments.extend.report import recommendation
+
+    def prompt(method, trial, correct):
+        return {"method": method, "length": 65536, "depth": 0.5, "trial": trial, "correct": correct}
+
+    records = [prompt("yarn", t, t < 8) for t in range(10)] + [prompt("dual_chunk", 0, True)]
+    state = SimpleNamespace(passkey={i: r for i, r in enumerate(records)}, ruler={}, ppl={})
+    cfg = ExtendConfig(extend=SweepOptions(methods=("yarn", "dual_chunk")))
+    (row,) = recommendation(state, cfg, TRAINED)
+    assert (row["method"], row["passkey"]) == ("yarn", 0.8)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from posenc.experiments.extend.methods import EXTENSIONS
 from posenc.position_maps import POSITION_MAPS
 
-RULE = ("At each length past the trained context, among the methods measured there: (1) keep those with the most "
+RULE = ("At each length past the trained context, among the methods measured there (with every prompt and task of the "
+        "run at that length: in a stopped run, those with fewer do not compete): (1) keep those with the most "
         "passkey prompts right (the highest RULER-style average when passkey was not run); (2) of those, the lowest "
         "perplexity at that length, where measured; (3) then the fewest attention maps (the cheapest). 'nothing "
         "retrieves' when the best gets no passkey prompt right (RULER average 0). 'ppl vs trained' is the method's "

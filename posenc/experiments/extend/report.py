@@ -65,7 +65,12 @@ def wide_tables(state: RunState, cfg: ExtendConfig) -> dict[str, tuple[list[dict
 def recommendation(state: RunState, cfg: ExtendConfig, trained: int) -> list[dict[str, Any]]:
     """recommend.RULE applied to this run's numbers."""
     methods = list(cfg.extend.methods)
-    passkey = {(r["method"], r["length"]): r["accuracy"] for r in passkey_summary(list(state.passkey.values()))}
+    rows = passkey_summary(list(state.passkey.values()))
+    most = defaultdict(int)  # prompts per length of the method with the most: a stopped run's others are partial
+    for r in rows:
+        most[r["length"]] = max(most[r["length"]], r["total"])
+    # only methods with every prompt at a length compete there: 1/1 must not beat 8/10
+    passkey = {(r["method"], r["length"]): r["accuracy"] for r in rows if r["total"] == most[r["length"]]}
     ruler = ruler_average(ruler_summary(list(state.ruler.values())))
     ppl = {(name, n): stat["ppl"] for name, row in state.ppl.items() for n, stat in row["ppl_by_length"].items()}
     return recommend(methods, passkey, ruler, ppl, trained)
@@ -94,6 +99,8 @@ def run_summary(meta: dict[str, Any]) -> str:
                     if meta.get("longest_forward_peak_gpu_gib") else "") + ".")
     if meta.get("device", "cpu") != "cpu":
         text += f" Device: {meta['device']}."
+    if meta.get("complete") is False:
+        text += " Stopped before the end: the tables hold the cells that finished (--resume completes them)."
     return text
 
 

@@ -28,11 +28,14 @@ def ruler_summary(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def ruler_average(summary: list[dict[str, Any]]) -> dict[tuple[str, int], float]:
-    """(method, length) -> the mean of its task scores (0-100): every task weighs the same, as in RULER."""
+    """(method, length) -> the mean of its task scores (0-100): every task weighs the same, as in RULER. Only for
+    a method with every task run at that length (a stopped run's averages over fewer tasks would not compare)."""
     scores: dict[tuple[str, int], list[float]] = defaultdict(list)
+    tasks: dict[int, set[str]] = defaultdict(set)
     for row in summary:
         scores[(row["method"], row["length"])].append(row["score"])
-    return {key: sum(values) / len(values) for key, values in scores.items()}
+        tasks[row["length"]].add(row["task"])
+    return {key: sum(values) / len(values) for key, values in scores.items() if len(values) == len(tasks[key[1]])}
 
 
 def ruler_tables(summary: list[dict[str, Any]], methods: list[str],

@@ -6,12 +6,13 @@ from __future__ import annotations
 import contextlib
 import json
 import platform
+import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from posenc.errors import bad_value
+from posenc.errors import Interrupted, bad_value
 from posenc.experiments.config import loader as config_loader
 from posenc.experiments.extend.config import OLD_CONFIG_FILE, RULE, ExtendConfig
 from posenc.experiments.extend.long_context import bfloat16_linears, estimated_cpu_seconds, inference, run_device
@@ -130,13 +131,27 @@ def _sweep(cfg: ExtendConfig, opened: Run, corpus: Any) -> int:
           f"{cfg.model.prefill_chunk}){done}; progress is saved after every step")
     ruler_tokens = sum(n for n, _ in planned_ruler_prompts(cfg, model))
     total = planned_tokens(model, cfg) + planned_passkey_tokens(cfg, model) + ruler_tokens
-    with inference(cfg.model.dtype, device), tqdm(total=total, unit="tok", dynamic_ncols=True) as bar:
-        if windows is not None:
-            run_perplexity(cfg, model, windows, state, bar)
-        if cfg.key_lengths:
-            run_passkey(cfg, model, builder, state, bar)
-        if ruler_builder is not None:
-            run_ruler(cfg, model, ruler_builder, state, bar)
+    try:
+        with inference(cfg.model.dtype, device), tqdm(total=total, unit="tok", dynamic_ncols=True) as bar:
+            if windows is not None:
+                run_perplexity(cfg, model, windows, state, bar)
+            if cfg.key_lengths:
+                run_passkey(cfg, model, builder, state, bar)
+            if ruler_builder is not None:
+                run_ruler(cfg, model, ruler_builder, state, bar)
+    except Interrupted:  # a time limit's SIGTERM or Ctrl-C: the tables of what finished, then the usual exit
+        if state.forwards:
+            print("stopped: writing the tables of what finished (--resume completes them)", file=sys.stderr)
+            _write(state, cfg, model, corpus, opened, device, complete=False)
+        raise
+    meta = _write(state, cfg, model, corpus, opened, device, complete=True)
+    print(f"run folder: {run_dir}  ({meta['wall_s']:.0f} s)")
+    return 0
+
+
+def _write(state: RunState, cfg: ExtendConfig, model: Llama, corpus: Any, opened: Run, device: torch.device,
+           complete: bool) -> dict[str, Any]:
+    """Save the state and write the results of the cells done; `complete` False: a stopped run's, marked so."""
     state.save()
     trained = model.cfg.max_seq_len
     longest = _longest_forward(state.forwards)
@@ -147,12 +162,11 @@ def _sweep(cfg: ExtendConfig, opened: Run, corpus: Any) -> int:
             "longest_forward_peak_rss_gib": longest.get("peak_rss_gib"),
             "torch": torch.__version__, "threads": torch.get_num_threads(), "cpu": platform.processor(),
             "device": device_name(device), "longest_forward_peak_gpu_gib": longest.get("peak_gpu_gib"),
-            "wall_s": opened.wall_seconds}  # every session of a resumed run
+            "complete": complete, "wall_s": opened.wall_seconds}  # every session of a resumed run
     for path in write_results(state, cfg, meta):
         print(f"wrote {path}")
     if longest:
         gpu = f", peak GPU memory {longest['peak_gpu_gib']:.2f} GiB" if longest.get("peak_gpu_gib") else ""
         print(f"longest forward: {longest['length']} tokens in {longest['seconds']:.0f} s "
               f"({longest['cpu_seconds']:.0f} CPU s), peak RSS {longest['peak_rss_gib']:.2f} GiB{gpu}")
-    print(f"run folder: {run_dir}  ({meta['wall_s']:.0f} s)")
-    return 0
+    return meta
