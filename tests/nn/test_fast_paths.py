@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import posenc
 from posenc.contract.models import perturb_scheme_parameters
@@ -154,3 +155,37 @@ def test_the_flex_head_dim_limit_is_tritons_only():
     small, ok = torch.empty(1, 1, 4, 8, device="meta"), torch.empty(1, 1, 4, 16, device="meta")
     assert not bias_paths.flex_fits(small, small) and not bias_paths.flex_fits(ok, small)
     assert bias_paths.flex_fits(ok, ok)
+
+
+@pytest.mark.parametrize("rows", [1, 4])
+@torch.no_grad()
+def test_decoding_rows_under_cpu_autocast_run_sdpa_in_float32(rows):
+    """A few query rows (decoding) under bfloat16 autocast on the CPU: the float32 kernel (6x faster there than the
+    bfloat16 one, and more exact), returned in bfloat16 as SDPA under autocast returns; GQA kept."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 9, rows, 64, generator=g)
+    k, v = torch.randn(1, 3, 512, 64, generator=g), torch.randn(1, 3, 512, 64, generator=g)
+    exact = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fast = attend(q, k, v, None, causal=rows == 1)
+        lower = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    assert fast.dtype == lower.dtype == torch.bfloat16
+    assert torch.equal(fast, exact.to(torch.bfloat16))  # float32 scores, one rounding at the end
+    assert not torch.equal(lower, exact.to(torch.bfloat16))  # what it replaces: bfloat16 inside, not the same
+
+
+@torch.no_grad()
+def test_cached_decoding_under_autocast_equals_recomputation_within_bfloat16():
+    """The decoding path (float32 SDPA for the new row) against a full recomputation of the same prefix."""
+    from posenc.models import Llama, LlamaConfig
+
+    torch.manual_seed(0)
+    model = Llama(LlamaConfig(vocab_size=61, n_layer=2, n_head=4, n_kv_head=2, d_model=32, ffn_hidden_size=64,
+                              max_seq_len=64)).eval()
+    ids = torch.randint(0, 61, (1, 40))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        cache = model.new_cache()
+        model(ids[:, :39], cache=cache)
+        step = model(ids[:, 39:], cache=cache)[:, -1].float()
+        full = model(ids)[:, -1].float()
+    assert (step - full).abs().max().item() < 0.05 * full.abs().max().item()
