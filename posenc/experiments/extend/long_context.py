@@ -114,13 +114,18 @@ def greedy_answer(model: Llama, ids: Tensor, new_tokens: int, chunk: int, stop: 
 # one SmolLM2 layer at 32,768 tokens, float32, one thread, on an AMD Zen 5 (AVX-512): plain SDPA 13.5 CPU s,
 # Self-Extend 23.3 s, DCA 22.6 s (EXTEND.md, "cost of the maps"); the windowed maps cost less, so it bounds them.
 COST_TOKEN, COST_PAIR, MASKED_PAIR_COST, MAPPED_PAIR_COST = 1.55e-3, 1.8e-7, 2.2, 1.7
+# A decoded token behind a T-token cache: DECODE_TOKEN (the weights) + DECODE_PAIR per cached key, and
+# MAPPED_DECODE_COST times that under a map. Measured alone, one thread, AMD Zen 5, SmolLM2 at T = 8,192
+# (scripts/decode_cost.py): 0.10 CPU s plain (about half of it the weights' matrix products), 0.19 under Self-Extend.
+DECODE_TOKEN, DECODE_PAIR, MAPPED_DECODE_COST = 0.05, 6e-6, 1.9
 
 
-def estimated_cpu_seconds(length: int, chunk: int, mapped: bool = False) -> float:
-    """Rough bfloat16 cost of prefilling `length` tokens `chunk` at a time (see the constants); `mapped`: under
-    an attention position map."""
+def estimated_cpu_seconds(length: int, chunk: int, mapped: bool = False, decoded: int = 0) -> float:
+    """Rough bfloat16 cost of prefilling `length` tokens `chunk` at a time (see the constants), then decoding
+    `decoded` tokens; `mapped`: under an attention position map."""
     step = length if chunk <= 0 else min(chunk, length)
-    seconds = COST_TOKEN * length
+    seconds = COST_TOKEN * length + decoded * (DECODE_TOKEN + DECODE_PAIR * length) * (
+        MAPPED_DECODE_COST if mapped else 1.0)
     for start in range(0, length, step):
         size = min(step, length - start)
         pairs = size * start + size * size / 2

@@ -63,14 +63,18 @@ def run_ruler(cfg: ExtendConfig, model: Llama, builder: RulerBuilder, state: Run
     plain_model(model)
 
 
-def planned_ruler_prompts(cfg: ExtendConfig, model: Llama) -> list[tuple[int, bool]]:
-    """(length, under a map) of the prompts the sweep will prefill (prompts shared between methods counted once)."""
-    seen, lengths = set(), []
+def planned_ruler_prompts(cfg: ExtendConfig, model: Llama) -> list[tuple[int, bool, int]]:
+    """(length, under a map, tokens to decode at most) of the prompts the sweep will run (prompts shared between
+    methods counted once)."""
+    from posenc.experiments.extend.ruler import TASKS
+
+    seen, prompts = set(), []
     for method in sweep_methods(model, cfg):
         for length in cfg.ruler_lengths:
             key = (computation_key(model, method, length), length)
             if key not in seen:
                 seen.add(key)
                 mapped = method.extension_at(length) is not None
-                lengths += [(length, mapped)] * len(cfg.ruler.task_names) * cfg.ruler.trials
-    return lengths
+                prompts += [(length, mapped, TASKS[task].answer_tokens) for task in cfg.ruler.task_names
+                            for _ in range(cfg.ruler.trials)]
+    return prompts

@@ -47,8 +47,11 @@ def _check_ruler_lengths(cfg: ExtendConfig, builder: Any) -> None:
 
 def estimate_minutes(cfg: ExtendConfig, model: Llama) -> float:
     """Rough wall minutes on 2 idle cores for the planned forwards (bfloat16; float32 takes roughly 2-3x)."""
-    lengths = planned_forwards(model, cfg) + planned_prompts(cfg, model) + planned_ruler_prompts(cfg, model)
-    return sum(estimated_cpu_seconds(n, cfg.model.prefill_chunk, mapped) for n, mapped in lengths) / 2 / 60
+    lengths = planned_forwards(model, cfg) + planned_prompts(cfg, model)
+    seconds = sum(estimated_cpu_seconds(n, cfg.model.prefill_chunk, mapped) for n, mapped in lengths)
+    seconds += sum(estimated_cpu_seconds(n, cfg.model.prefill_chunk, mapped, decoded)
+                   for n, mapped, decoded in planned_ruler_prompts(cfg, model))
+    return seconds / 2 / 60
 
 
 def device_name(device: torch.device) -> str:
@@ -130,7 +133,7 @@ def _sweep(cfg: ExtendConfig, opened: Run, corpus: Any) -> int:
              else f"on {device_name(device)} (the time estimate is for CPUs only)")
     print(f"run folder: {run_dir}\nplan: {where} for the whole run ({cfg.model.dtype}, prefill chunk "
           f"{cfg.model.prefill_chunk}){done}; progress is saved after every step")
-    ruler_tokens = sum(n for n, _ in planned_ruler_prompts(cfg, model))
+    ruler_tokens = sum(n for n, _, _ in planned_ruler_prompts(cfg, model))
     total = planned_tokens(model, cfg) + planned_passkey_tokens(cfg, model) + ruler_tokens
     try:
         with inference(cfg.model.dtype, device), tqdm(total=total, unit="tok", dynamic_ncols=True) as bar:
