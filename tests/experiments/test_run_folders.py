@@ -215,6 +215,35 @@ run_units(sleep_forever, [Path(sys.argv[1])] * 2, 2)
 """
 
 
+STOPPED_WORKERS = """
+import sys
+from pathlib import Path
+from posenc.errors import Interrupted
+from posenc.experiments.training.parallel import run_units
+from posenc.stop_signals import sigterm_as_ctrl_c
+from tests.experiments.test_run_folders import sleep_forever
+with sigterm_as_ctrl_c():
+    try:
+        run_units(sleep_forever, [Path(sys.argv[1])] * 2, 2)
+    except Interrupted:
+        (Path(sys.argv[1]) / "stopped").touch()
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc")
+def test_sigterm_stops_the_units_in_flight_instead_of_waiting_for_them(tmp_path):
+    """A time limit's SIGTERM reaches the parent only; it used to wait for every running unit to finish (here:
+    600 s) and then drop its result. Now the workers are stopped and the parent ends."""
+    parent = subprocess.Popen([sys.executable, "-c", STOPPED_WORKERS, str(tmp_path)], cwd=ROOT,
+                              stderr=subprocess.PIPE)
+    wait_for(lambda: len(list(tmp_path.glob("worker-*"))) == 2, "two running workers", parent)
+    workers = [int(p.name.removeprefix("worker-")) for p in tmp_path.glob("worker-*")]
+    parent.send_signal(signal.SIGTERM)
+    wait_for(lambda: parent.poll() is not None, "end of the parent after SIGTERM")
+    assert (tmp_path / "stopped").exists(), parent.stderr.read().decode()[-2000:]
+    wait_for(lambda: not any(alive(pid) for pid in workers), "end of the stopped workers")
+
+
 def sleep_forever(folder: Path) -> None:
     """A unit that never ends (run in a spawned worker): it says which process it is, then sleeps."""
     (folder / f"worker-{os.getpid()}").touch()

@@ -60,7 +60,8 @@ def run_units(function: Callable[[U], Any], units: Sequence[U], workers: int,
               on_done: Callable[[U, Any], None] | None = None) -> list[Any]:
     """[function(unit) for unit in units], on `workers` processes (1: in this process, in order).
     on_done(unit, result) runs in this process as each finishes (e.g. to save partial results). A
-    failure or Ctrl-C cancels the units not started yet and re-raises."""
+    failure, Ctrl-C or SIGTERM (as Ctrl-C, posenc.stop_signals) cancels the units not started yet, stops those
+    in flight and re-raises."""
     positive_int("workers", workers)
     results: list[Any] = [None] * len(units)
 
@@ -81,9 +82,21 @@ def run_units(function: Callable[[U], Any], units: Sequence[U], workers: int,
             for future in as_completed(futures):
                 done(futures[future], future.result())
         except BaseException:
+            workers = list((getattr(pool, "_processes", None) or {}).values())  # shutdown() forgets them
             pool.shutdown(wait=False, cancel_futures=True)
+            _stop(workers)  # units in flight would be discarded anyway: do not wait for them to finish
             raise
     return results
+
+
+def _stop(workers: list[Any]) -> None:
+    """Terminate the pool's worker processes (SIGTERM; the pool's own exit then joins them at once). A unit is
+    saved whole or not at all (its files by atomic writes), so one stopped mid-way leaves nothing half-written;
+    without this, Ctrl-C or a time limit's SIGTERM waited for every unit in flight to finish, only to drop its
+    result (seen: a GPU ladder killed by `timeout -k` after its grace period with nothing saved)."""
+    for process in workers:
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            process.terminate()
 
 
 __all__ = ["default_workers", "run_units"]
