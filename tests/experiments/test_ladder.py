@@ -26,6 +26,7 @@ def spread(*values: float) -> Spread:
     ([spread(1.20, 1.21, 1.19), spread(1.10, 1.11, 1.09), spread(1.25, 1.26, 1.24)], "failed"),  # back above the start
     ([spread(1.20, 1.21, 1.19), spread(1.21, 1.22, 1.20)], "failed"),
     ([spread(1.30, 1.31, 1.29), spread(1.20, math.nan, 1.21)], "inconclusive"),  # a seed without a number
+    ([spread(1.0001), spread(1.0000)], "inconclusive"),  # one seed: no spread, so no fall can be told from noise
 ])
 def test_the_verdict_follows_the_printed_rule(ratios, expected):
     assert verdict(ratios) == expected

@@ -18,7 +18,8 @@ from posenc.experiments.report_writer import Plot, Report, Table, is_number
 
 RULE = ("held: the ratio's mean falls at every step up the ladder by more than the seed std of the two rungs added "
         "(mean_k - mean_k+1 > std_k + std_k+1); failed: the largest size's mean is not below the smallest's; "
-        "inconclusive otherwise (it falls, but not beyond the seed spread at every step), or when a rung lacks a seed")
+        "inconclusive otherwise (it falls, but not beyond the seed spread at every step), or when a rung lacks a seed "
+        "or has fewer than two (no spread to beat)")
 
 
 def _ppl(unit: dict[str, Any], multiplier: int) -> float:
@@ -58,8 +59,8 @@ def rung(units: Sequence[dict[str, Any]], cfg: LadderConfig, size: str) -> dict[
 
 def verdict(spreads: Sequence[Spread]) -> str:
     """RULE on the subject / best ratios, smallest size first."""
-    if not spreads or not all(s.complete for s in spreads):
-        return "inconclusive"
+    if not spreads or not all(s.complete and len(s.finite) > 1 for s in spreads):
+        return "inconclusive"  # one seed has std 0: any fall, however small, would count
     steps = list(itertools.pairwise(spreads))
     if all(a.mean - b.mean > a.std + b.std for a, b in steps):
         return "held"
