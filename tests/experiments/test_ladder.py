@@ -81,3 +81,11 @@ def test_a_tiny_ladder_runs_every_size_and_prints_its_verdict(tmp_path, capsys):
     assert results["rungs"][0]["params"] < results["rungs"][1]["params"]
     assert results["claim"]["verdict"] in ("held", "failed", "inconclusive") and "verdict" in out
     assert (run / "ladder.png").stat().st_size > 0 and (run / "size-1x8" / "rope" / "seed-0").is_dir()
+    assert results["claim"]["verdict"] == "inconclusive"  # one seed per rung: no spread to judge a fall by
+    before = (run / "report.md").read_text()
+    (run / "report.md").unlink()
+    code, out, _ = cli(capsys, "report", str(run))  # `posenc report` re-renders a ladder folder too
+    def timeless(text: str) -> str:  # run.json's wall time is final; the first report was written before it
+        return re.sub(r"Wall time \d+ s", "Wall time", text)
+
+    assert code == 0 and timeless((run / "report.md").read_text()) == timeless(before)

@@ -8,11 +8,14 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+from posenc.experiments import report_writer
 from posenc.experiments.compare.claims import CLOSE
 from posenc.experiments.compare.ladder_config import LadderConfig
-from posenc.experiments.compare.results import DIVERGED
+from posenc.experiments.compare.results import DIVERGED, load_units
+from posenc.experiments.config import loader as config_loader
 from posenc.experiments.evaluation.statistics import Spread, ratios
 from posenc.experiments.report_writer import Plot, Report, Table, is_number
 
@@ -135,3 +138,10 @@ def report(units: Sequence[dict[str, Any]], cfg: LadderConfig, wall_seconds: flo
 
 
 __all__ = ["RULE", "report", "rung", "verdict"]
+
+
+def rerender(run_dir: Path, stored: dict[str, Any]) -> Path:
+    """`posenc report`: the report again from the saved units and run.json (its settings and wall time)."""
+    cfg = config_loader.build(LadderConfig, stored["config"])
+    wall = float(stored.get("wall_seconds") or 0.0)
+    return report_writer.write(run_dir, report(load_units(run_dir), cfg, wall))[-1]
