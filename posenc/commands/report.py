@@ -1,6 +1,6 @@
 """`posenc report RUN_DIR`: re-render a run's tables, plots, Markdown and HTML from its saved files
 (e.g. after an interrupted run, or to restyle), without retraining. Any study whose report module
-has `rerender(run_dir, stored)` can be re-rendered (compare, ladder, tasks and finetune today)."""
+has `rerender(run_dir, stored)` can be re-rendered (compare, ladder, tasks, extend and finetune today)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from posenc.errors import bad_value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dir", help="a folder written by `posenc compare`, `posenc ladder`, `posenc tasks` or "
-                                                "`posenc finetune`")
+    parser.add_argument("run_dir", help="a folder written by `posenc compare`, `posenc ladder`, `posenc tasks`, "
+                                                "`posenc extend` or `posenc finetune`")
 
 
 # Studies whose report module is not experiments/<command>/report.py (the ladder is compare's units at several sizes)
@@ -40,8 +40,8 @@ def main(args: argparse.Namespace) -> int:
     stored = manifest.read(run_dir) if run_dir.is_dir() else None
     rerender = _rerender(stored["command"]) if stored is not None else None
     if rerender is None or not (run_dir / "results.json").is_file():
-        raise bad_value("run_dir", str(run_dir), "a `posenc compare`, `posenc ladder`, `posenc tasks` or `posenc "
-                                                 "finetune` folder holding results.json")
+        raise bad_value("run_dir", str(run_dir), "a `posenc compare`, `posenc ladder`, `posenc tasks`, `posenc "
+                                                 "extend` or `posenc finetune` folder holding results.json")
     check_writable(run_dir, "run_dir")
     with locked(run_dir):  # no other process is writing the files read here
         path = rerender(run_dir, stored)

@@ -201,6 +201,10 @@ def test_a_stopped_run_writes_the_tables_of_what_finished_and_resume_completes_t
     assert results["complete"] is False and results["passkey"] == []
     assert {r["method"] for r in results["ppl"]} == {"none", "yarn"}
     assert "Stopped before the end" in (run_dir / "tables.md").read_text()
+    tables = (run_dir / "tables.md").read_text()
+    (run_dir / "tables.md").unlink()
+    assert cli_main(["report", str(run_dir)]) == 0  # re-rendered from the folder alone, no model loaded
+    assert (run_dir / "tables.md").read_text().split("\n", 1)[1] == tables.split("\n", 1)[1]  # line 1: wall time
     monkeypatch.setattr(extend_run, "run_passkey", real)
     assert cli_main(["extend", "--resume", str(run_dir)]) == 0
     results = json.loads((run_dir / "results.json").read_text())

@@ -37,6 +37,7 @@ class RunState:
         self.passkey: dict[str, dict[str, Any]] = {}  # cell_id -> record
         self.ruler: dict[str, dict[str, Any]] = {}  # ruler_cell_id -> record
         self.forwards: list[dict[str, Any]] = []  # time and peak memory of every forward
+        self.machine: dict[str, Any] = {}  # model, trained length, device, torch: what `posenc report` needs again
 
     @classmethod
     def load(cls, run_dir: Path, on_save: Callable[[], None] | None = None) -> RunState:
@@ -48,6 +49,7 @@ class RunState:
                 if not (isinstance(saved, dict) and isinstance(saved.get("ppl"), dict)
                         and isinstance(saved.get("passkey"), dict) and isinstance(saved.get("forwards"), list)
                         and isinstance(saved.setdefault("ruler", {}), dict)  # none before extend ran RULER
+                        and isinstance(saved.setdefault("machine", {}), dict)  # none before it was recorded
                         and all(isinstance(row, dict) for row in [*saved["ppl"].values(), *saved["passkey"].values(),
                                                                   *saved["ruler"].values()])):
                     raise ValueError("an object with ppl {method: row}, passkey {cell: record} and forwards [...]")
@@ -56,14 +58,14 @@ class RunState:
                 raise bad_value("progress", str(path), f"an extend progress file ({err}); restore it, or remove "
                                                        "it to start the run's work again") from None
             state.passkey = {cell: _named_method(record) for cell, record in saved["passkey"].items()}
-            state.ruler, state.forwards = saved["ruler"], saved["forwards"]
+            state.ruler, state.forwards, state.machine = saved["ruler"], saved["forwards"], saved["machine"]
         return state
 
     def save(self) -> None:
         if self.on_save is not None:  # first: a saved step's time is always recorded
             self.on_save()
         write_json(self.run_dir / STATE_FILE, {"ppl": self.ppl, "passkey": self.passkey, "ruler": self.ruler,
-                                               "forwards": self.forwards})
+                                               "forwards": self.forwards, "machine": self.machine})
 
     def ppl_done(self, row: dict[str, Any]) -> None:
         self.ppl[row["method"]] = row

@@ -3,13 +3,16 @@ one self-contained HTML page, all in the run folder, each file written atomicall
 
 from __future__ import annotations
 
+import json
 import math
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 from posenc.atomic_files import write_json, write_text
+from posenc.errors import bad_value
 from posenc.experiments import report_writer
+from posenc.experiments.config import loader as config_loader
 from posenc.experiments.evaluation.statistics import wilson
 from posenc.experiments.extend.config import ExtendConfig
 from posenc.experiments.extend.plots import accuracy_plot, heatmaps, ppl_plot, ruler_plot
@@ -111,6 +114,38 @@ def markdown(tables: dict[str, tuple[list[dict], list[str]]], meta: dict[str, An
         parts.extend("| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows)
         parts.append("")
     return "\n".join(parts)
+
+
+def longest_forward(forwards: list[dict[str, Any]]) -> dict[str, Any]:
+    """The slowest forward of the longest length (the costliest method there, not a cached plain one)."""
+    return max(forwards, key=lambda f: (f["length"], f["seconds"]), default={})
+
+
+def run_meta(state: RunState, cfg: ExtendConfig, corpus: dict[str, str], wall_seconds: float,
+             complete: bool) -> dict[str, Any]:
+    """results.json's description of the run: the machine it recorded, the settings, the longest forward."""
+    m, longest = state.machine, longest_forward(state.forwards)
+    trained = m["context_length"]
+    return {"model": m["model"], "context_length": trained, "factor": cfg.scaling_factor(trained),
+            "corpus": corpus["name"], "corpus_sha256": corpus["sha256"], "dtype": cfg.model.dtype,
+            "prefill_chunk": cfg.model.prefill_chunk, "longest_forward_tokens": longest.get("length"),
+            "longest_forward_s": longest.get("seconds"), "longest_forward_cpu_s": longest.get("cpu_seconds"),
+            "longest_forward_peak_rss_gib": longest.get("peak_rss_gib"), "torch": m["torch"],
+            "threads": m["threads"], "cpu": m["cpu"], "device": m["device"],
+            "longest_forward_peak_gpu_gib": longest.get("peak_gpu_gib"), "complete": complete,
+            "wall_s": wall_seconds}  # every session of a resumed run
+
+
+def rerender(run_dir: Path, stored: dict[str, Any]) -> Path:
+    """`posenc report`: the tables, plots and HTML again from progress.json and run.json (no model is loaded)."""
+    state = RunState.load(run_dir)
+    if not state.machine:
+        raise bad_value("run_dir", str(run_dir), "an extend folder written since extend records its machine in "
+                                                 "progress.json ('machine'); rerun or --resume it once")
+    cfg = config_loader.build(ExtendConfig, stored["config"])
+    done = json.loads((run_dir / "results.json").read_text(encoding="utf-8")).get("complete", True)
+    meta = run_meta(state, cfg, stored["corpus"], float(stored.get("wall_seconds") or 0.0), done)
+    return write_results(state, cfg, meta)[-1]
 
 
 def write_results(state: RunState, cfg: ExtendConfig, meta: dict[str, Any]) -> list[Path]:

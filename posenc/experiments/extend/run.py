@@ -21,7 +21,7 @@ from posenc.experiments.extend.passkey import planned_passkey_tokens, planned_pr
 from posenc.experiments.extend.passkey_prompts import PromptBuilder
 from posenc.experiments.extend.perplexity import planned_forwards, planned_tokens, run_perplexity, token_windows
 from posenc.experiments.extend.progress import STATE_FILE, RunState
-from posenc.experiments.extend.report import write_results
+from posenc.experiments.extend.report import longest_forward, run_meta, write_results
 from posenc.experiments.extend.ruler_sweep import planned_ruler_prompts, run_ruler
 from posenc.experiments.runs import manifest
 from posenc.experiments.runs.files import new_run_dir, removed_if_unused
@@ -56,11 +56,6 @@ def estimate_minutes(cfg: ExtendConfig, model: Llama) -> float:
 
 def device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-
-
-def _longest_forward(forwards: list[dict[str, Any]]) -> dict[str, Any]:
-    """The slowest forward of the longest length (the costliest method there, not a cached plain one)."""
-    return max(forwards, key=lambda f: (f["length"], f["seconds"]), default={})
 
 
 def stored_extend_run(run_dir: Path) -> dict[str, Any] | None:
@@ -127,6 +122,9 @@ def _sweep(cfg: ExtendConfig, opened: Run, corpus: Any) -> int:
     windows = (token_windows(encode, corpus.text, max(cfg.ppl_lengths), cfg.perplexity.windows)
                if cfg.ppl_lengths else None)
     state = RunState.load(run_dir, on_save=lambda: opened.tick(force=True))
+    state.machine = {"model": model_name(cfg, model), "context_length": model.cfg.max_seq_len,
+                     "device": device_name(device), "torch": torch.__version__, "threads": torch.get_num_threads(),
+                     "cpu": platform.processor()}  # the last session's, where a resumed run moved
     done = (f"; done before: {len(state.ppl)} perplexity rows, {len(state.passkey)} passkey and {len(state.ruler)} "
             "RULER prompts" if state.forwards else "")
     where = (f"about {estimate_minutes(cfg, model):.0f} min on 2 idle cores" if device.type == "cpu"
@@ -157,18 +155,10 @@ def _write(state: RunState, cfg: ExtendConfig, model: Llama, corpus: Any, opened
            complete: bool) -> dict[str, Any]:
     """Save the state and write the results of the cells done; `complete` False: a stopped run's, marked so."""
     state.save()
-    trained = model.cfg.max_seq_len
-    longest = _longest_forward(state.forwards)
-    meta = {"model": model_name(cfg, model), "context_length": trained, "factor": cfg.scaling_factor(trained),
-            "corpus": corpus.name, "corpus_sha256": corpus.sha256, "dtype": cfg.model.dtype,
-            "prefill_chunk": cfg.model.prefill_chunk, "longest_forward_tokens": longest.get("length"),
-            "longest_forward_s": longest.get("seconds"), "longest_forward_cpu_s": longest.get("cpu_seconds"),
-            "longest_forward_peak_rss_gib": longest.get("peak_rss_gib"),
-            "torch": torch.__version__, "threads": torch.get_num_threads(), "cpu": platform.processor(),
-            "device": device_name(device), "longest_forward_peak_gpu_gib": longest.get("peak_gpu_gib"),
-            "complete": complete, "wall_s": opened.wall_seconds}  # every session of a resumed run
+    meta = run_meta(state, cfg, {"name": corpus.name, "sha256": corpus.sha256}, opened.wall_seconds, complete)
     for path in write_results(state, cfg, meta):
         print(f"wrote {path}")
+    longest = longest_forward(state.forwards)
     if longest:
         gpu = f", peak GPU memory {longest['peak_gpu_gib']:.2f} GiB" if longest.get("peak_gpu_gib") else ""
         print(f"longest forward: {longest['length']} tokens in {longest['seconds']:.0f} s "
