@@ -244,6 +244,40 @@ def test_sigterm_stops_the_units_in_flight_instead_of_waiting_for_them(tmp_path)
     wait_for(lambda: not any(alive(pid) for pid in workers), "end of the stopped workers")
 
 
+STUBBORN_WORKERS = """
+import sys
+from pathlib import Path
+from posenc.errors import Interrupted
+from posenc.experiments.training import parallel
+from posenc.stop_signals import sigterm_as_ctrl_c
+from tests.experiments.test_run_folders import ignore_sigterm_forever
+parallel.GRACE_SECONDS = 1.0
+with sigterm_as_ctrl_c():
+    try:
+        parallel.run_units(ignore_sigterm_forever, [Path(sys.argv[1])] * 2, 2)
+    except Interrupted:
+        (Path(sys.argv[1]) / "stopped").touch()
+"""
+
+
+def ignore_sigterm_forever(folder: Path) -> None:
+    """A unit that goes on after SIGTERM (as a training loop's unit that saved its step and went on to evaluate)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sleep_forever(folder)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc")
+def test_a_worker_that_goes_on_after_sigterm_is_killed_after_the_grace_time(tmp_path):
+    parent = subprocess.Popen([sys.executable, "-c", STUBBORN_WORKERS, str(tmp_path)], cwd=ROOT,
+                              stderr=subprocess.PIPE)
+    wait_for(lambda: len(list(tmp_path.glob("worker-*"))) == 2, "two running workers", parent)
+    workers = [int(p.name.removeprefix("worker-")) for p in tmp_path.glob("worker-*")]
+    parent.send_signal(signal.SIGTERM)
+    wait_for(lambda: parent.poll() is not None, "end of the parent after SIGTERM")
+    assert (tmp_path / "stopped").exists(), parent.stderr.read().decode()[-2000:]
+    wait_for(lambda: not any(alive(pid) for pid in workers), "end of the killed workers")
+
+
 def sleep_forever(folder: Path) -> None:
     """A unit that never ends (run in a spawned worker): it says which process it is, then sleeps."""
     (folder / f"worker-{os.getpid()}").touch()

@@ -89,14 +89,24 @@ def run_units(function: Callable[[U], Any], units: Sequence[U], workers: int,
     return results
 
 
+GRACE_SECONDS = 30.0  # a worker's time to finish its step and save (training loops defer SIGTERM to the step's end)
+
+
 def _stop(workers: list[Any]) -> None:
-    """Terminate the pool's worker processes (SIGTERM; the pool's own exit then joins them at once). A unit is
-    saved whole or not at all (its files by atomic writes), so one stopped mid-way leaves nothing half-written;
-    without this, Ctrl-C or a time limit's SIGTERM waited for every unit in flight to finish, only to drop its
-    result (seen: a GPU ladder killed by `timeout -k` after its grace period with nothing saved)."""
+    """Stop the pool's worker processes: SIGTERM, GRACE_SECONDS to end (a training loop saves its step and stops),
+    then SIGKILL. Without this, Ctrl-C or a time limit's SIGTERM waited for every unit in flight to finish, only to
+    drop its result (seen: a GPU ladder killed by `timeout -k` with nothing saved; a subword compare whose workers,
+    having saved their step, went on to evaluate). Files are written atomically, so a killed worker leaves none
+    half-written, and a checkpointed unit resumes from its step."""
     for process in workers:
         with contextlib.suppress(OSError, ValueError, AttributeError):
             process.terminate()
+    deadline = time.monotonic() + GRACE_SECONDS
+    for process in workers:
+        with contextlib.suppress(OSError, ValueError, AttributeError, AssertionError):
+            process.join(max(0.0, deadline - time.monotonic()))
+            if process.is_alive():
+                process.kill()
 
 
 __all__ = ["default_workers", "run_units"]
