@@ -219,42 +219,13 @@ STOPPED_WORKERS = """
 import sys
 from pathlib import Path
 from posenc.errors import Interrupted
-from posenc.experiments.training.parallel import run_units
-from posenc.stop_signals import sigterm_as_ctrl_c
-from tests.experiments.test_run_folders import sleep_forever
-with sigterm_as_ctrl_c():
-    try:
-        run_units(sleep_forever, [Path(sys.argv[1])] * 2, 2)
-    except Interrupted:
-        (Path(sys.argv[1]) / "stopped").touch()
-"""
-
-
-@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc")
-def test_sigterm_stops_the_units_in_flight_instead_of_waiting_for_them(tmp_path):
-    """A time limit's SIGTERM reaches the parent only; it used to wait for every running unit to finish (here:
-    600 s) and then drop its result. Now the workers are stopped and the parent ends."""
-    parent = subprocess.Popen([sys.executable, "-c", STOPPED_WORKERS, str(tmp_path)], cwd=ROOT,
-                              stderr=subprocess.PIPE)
-    wait_for(lambda: len(list(tmp_path.glob("worker-*"))) == 2, "two running workers", parent)
-    workers = [int(p.name.removeprefix("worker-")) for p in tmp_path.glob("worker-*")]
-    parent.send_signal(signal.SIGTERM)
-    wait_for(lambda: parent.poll() is not None, "end of the parent after SIGTERM")
-    assert (tmp_path / "stopped").exists(), parent.stderr.read().decode()[-2000:]
-    wait_for(lambda: not any(alive(pid) for pid in workers), "end of the stopped workers")
-
-
-STUBBORN_WORKERS = """
-import sys
-from pathlib import Path
-from posenc.errors import Interrupted
 from posenc.experiments.training import parallel
 from posenc.stop_signals import sigterm_as_ctrl_c
-from tests.experiments.test_run_folders import ignore_sigterm_forever
+from tests.experiments import test_run_folders
 parallel.GRACE_SECONDS = 1.0
 with sigterm_as_ctrl_c():
     try:
-        parallel.run_units(ignore_sigterm_forever, [Path(sys.argv[1])] * 2, 2)
+        parallel.run_units(getattr(test_run_folders, sys.argv[2]), [Path(sys.argv[1])] * 2, 2)
     except Interrupted:
         (Path(sys.argv[1]) / "stopped").touch()
 """
@@ -267,15 +238,19 @@ def ignore_sigterm_forever(folder: Path) -> None:
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc")
-def test_a_worker_that_goes_on_after_sigterm_is_killed_after_the_grace_time(tmp_path):
-    parent = subprocess.Popen([sys.executable, "-c", STUBBORN_WORKERS, str(tmp_path)], cwd=ROOT,
+@pytest.mark.parametrize("unit", ["sleep_forever", "ignore_sigterm_forever"])
+def test_sigterm_stops_the_units_in_flight_instead_of_waiting_for_them(tmp_path, unit):
+    """A time limit's SIGTERM reaches the parent only; it used to wait for every running unit to finish (here:
+    600 s) and then drop its result. Now the workers get SIGTERM, and those that go on are killed after the
+    grace time (1 s here); the parent ends."""
+    parent = subprocess.Popen([sys.executable, "-c", STOPPED_WORKERS, str(tmp_path), unit], cwd=ROOT,
                               stderr=subprocess.PIPE)
     wait_for(lambda: len(list(tmp_path.glob("worker-*"))) == 2, "two running workers", parent)
     workers = [int(p.name.removeprefix("worker-")) for p in tmp_path.glob("worker-*")]
     parent.send_signal(signal.SIGTERM)
     wait_for(lambda: parent.poll() is not None, "end of the parent after SIGTERM")
     assert (tmp_path / "stopped").exists(), parent.stderr.read().decode()[-2000:]
-    wait_for(lambda: not any(alive(pid) for pid in workers), "end of the killed workers")
+    wait_for(lambda: not any(alive(pid) for pid in workers), "end of the stopped workers")
 
 
 def sleep_forever(folder: Path) -> None:

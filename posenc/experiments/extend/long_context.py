@@ -38,18 +38,6 @@ def inference(dtype: str, device: torch.device | str = "cpu") -> Iterator[None]:
         yield
 
 
-def run_device(name: str) -> torch.device:
-    """The torch device of model.device=name on this machine; a one-line error naming the field when it asks
-    for a GPU this machine does not have (checked before the model loads)."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    count = torch.cuda.device_count() if device.type == "cuda" and torch.cuda.is_available() else 0
-    if device.type == "cuda" and (device.index or 0) >= count:
-        raise bad_value("model.device", name, f"cpu or auto: this machine has {count} CUDA device(s)")
-    return device
-
-
 def device_of(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 

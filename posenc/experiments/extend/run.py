@@ -14,8 +14,9 @@ import torch
 
 from posenc.errors import Interrupted, bad_value
 from posenc.experiments.config import loader as config_loader
+from posenc.experiments.config.sections import run_device
 from posenc.experiments.extend.config import OLD_CONFIG_FILE, RULE, ExtendConfig
-from posenc.experiments.extend.long_context import bfloat16_linears, estimated_cpu_seconds, inference, run_device
+from posenc.experiments.extend.long_context import bfloat16_linears, estimated_cpu_seconds, inference
 from posenc.experiments.extend.model import load_model, model_name
 from posenc.experiments.extend.passkey import planned_passkey_tokens, planned_prompts, run_passkey
 from posenc.experiments.extend.passkey_prompts import PromptBuilder
@@ -86,7 +87,7 @@ def run(cfg: ExtendConfig, run_dir: Path | None) -> int:
     """A new run (run_dir None: a new folder under out_dir) or the unfinished run in run_dir, continued."""
     from posenc.data.corpus import load_builtin
 
-    run_device(cfg.model.device)  # a GPU this machine lacks: one line now, before a folder is made
+    run_device(cfg.model.device, "model.device")  # a GPU this machine lacks: one line now, before a folder is made
     corpus = load_builtin(cfg.perplexity.corpus)
     # Preflight before a model loads or a folder is made: a token is at least one character, so a length past
     # the text's characters can never be windowed (the exact token count needs the model's tokenizer).
@@ -106,7 +107,7 @@ def _sweep(cfg: ExtendConfig, opened: Run, corpus: Any) -> int:
     from tqdm import tqdm
 
     run_dir = opened.path
-    device = run_device(cfg.model.device)
+    device = run_device(cfg.model.device, "model.device")
     model = load_model(cfg).to(device)
     if cfg.model.dtype == "bfloat16":
         bfloat16_linears(model)
