@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from posenc.nn import fused_attention
+from posenc.nn import fused_attention, recomputed
 from posenc.nn import triton as gpu
 from posenc.scheme import PiecewiseBias, Scheme
 
@@ -75,14 +75,16 @@ def relative_span(offsets: Offsets, tq: int, tk: int, causal: bool) -> tuple[int
 
 
 def _per_forward(scheme: Scheme, kind: str, q_pos: Tensor, k_pos: Tensor, span: tuple[int, int], build):
-    """build(), once per forward: all layers share the scheme, the positions and the parameters' versions."""
-    key = (kind, span, q_pos._version, k_pos._version, torch.is_grad_enabled(),
-           tuple(p._version for p in scheme.parameters()))
+    """build(), once per forward: all layers share the scheme, the positions and the parameters' versions.
+    The memo keeps values, never an autograd graph (posenc.nn.recomputed): a backward frees a graph, and the
+    next forward over the same positions and parameters would read the freed one."""
+    params = list(scheme.parameters())
+    key = (kind, span, q_pos._version, k_pos._version, torch.is_grad_enabled(), tuple(p._version for p in params))
     kept = _memo.setdefault(scheme, {})
     hit = kept.get(kind)
     if hit is not None and hit[0] is q_pos and hit[1] is k_pos and hit[2] == key:
         return hit[3]
-    value = build()
+    value = recomputed.shared(build, params)
     kept[kind] = (q_pos, k_pos, key, value)
     return value
 

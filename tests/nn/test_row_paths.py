@@ -211,3 +211,45 @@ def test_gradients_are_bitwise_reproducible():
     for run in runs[1:]:
         for a, b in zip(run, runs[0], strict=True):
             assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("order", ["one_after_another", "two_forwards_then_two_backwards"])
+@pytest.mark.parametrize("name", [n for n in ALL if has_rows(build(n)) and any(
+    p.requires_grad for p in build(n).parameters())])
+def test_repeated_forward_backward_with_one_positions_tensor(name, order):
+    """The rows are built once per positions tensor; a backward must not leave the next forward+backward over the
+    same tensor and unchanged parameters a freed graph (it raised 'backward through the graph a second time'),
+    and every backward gives the reference's gradients, in either order of forwards and backwards."""
+    scheme = build(name)
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(2, 4, 24, 16, generator=g).requires_grad_() for _ in range(3))
+    pos = (torch.arange(24) + 3).expand(2, 24)
+    params = [q, k, v, *(p for p in scheme.parameters() if p.requires_grad)]
+    expected = torch.autograd.grad(reference(q, k, v, scheme, pos, pos, True).square().sum(), params)
+    if order == "one_after_another":
+        runs = [torch.autograd.grad(row_paths.attend(q, k, v, scheme, pos, pos, True).square().sum(), params)
+                for _ in range(3)]
+    else:
+        losses = [row_paths.attend(q, k, v, scheme, pos, pos, True).square().sum() for _ in range(2)]
+        runs = [torch.autograd.grad(loss, params) for loss in losses]
+    for run in runs:
+        for a, b in zip(run, expected, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_rows_follow_a_parameter_changed_between_backwards():
+    """After an optimizer step the next forward reads the new parameters (the memo's key), and a step between a
+    forward and its backward is refused in one line, not answered with stale gradients."""
+    scheme = build("kerple")
+    q, k, v = (torch.randn(1, 4, 16, 16) for _ in range(3))
+    pos = torch.arange(16)[None]
+    before = row_paths.attend(q, k, v, scheme, pos, pos, True)
+    with torch.no_grad():
+        next(scheme.parameters()).mul_(2.0)
+    after = row_paths.attend(q, k, v, scheme, pos, pos, True)
+    torch.testing.assert_close(after, reference(q, k, v, scheme, pos, pos, True))
+    assert not torch.allclose(before, after)
+    with torch.no_grad():
+        next(scheme.parameters()).mul_(0.5)
+    with pytest.raises(RuntimeError, match="modified in place"):
+        after.sum().backward()
