@@ -232,3 +232,151 @@ def test_model_with_triton_kernels_equals_model_without(name, monkeypatch):
     for a, b in zip(fast_grads, slow_grads, strict=True):
         if a is not None or b is not None:
             close(a, b, torch.float32, "gradient")
+
+
+# --- The GPU's own settings, on the interpreter: its tiles, head dims 64-128, GQA 4:1, a cache offset ---------
+
+def gpu_tiles(monkeypatch):
+    """Force the tiles a GPU launches (TILES) instead of the interpreter's 16 x 16."""
+    monkeypatch.setattr(attention, "tiles", lambda kernel, head_dim, device: attention.gpu_tiles(kernel, head_dim))
+
+
+def float64_reference(q, k, v, rows, e, causal):
+    tq, tk = q.shape[2], k.shape[2]
+    return attend(*(t.double() for t in (q, k, v)), gathered(rows.double(), e, tq, tk), causal)
+
+
+GPU_CASES = {  # name: (B, H, Hkv, Tq, Tk, causal): ragged against every tile of the table, two query blocks
+    "causal_gqa_4to1": (1, 4, 1, 200, 200, True),
+    "after_cache_gqa_4to1": (2, 4, 1, 70, 261, True),
+    "encoder": (1, 2, 2, 150, 150, False),
+}
+
+
+@pytest.mark.parametrize("head_dim", [64, 80, 96, 128])
+@pytest.mark.parametrize("case", GPU_CASES)
+def test_gpu_tiles_equal_the_float64_reference_with_gradients(case, head_dim, monkeypatch):
+    gpu_tiles(monkeypatch)
+    b, h, hkv, tq, tk, causal = GPU_CASES[case]
+    g = torch.Generator().manual_seed(head_dim)
+    q = torch.randn(b, h, tq, head_dim, generator=g).to(DEVICE).requires_grad_()
+    k, v = (torch.randn(b, hkv, tk, head_dim, generator=g).to(DEVICE).requires_grad_() for _ in range(2))
+    rows = torch.randn(h, tq + tk + 3, generator=g).to(DEVICE).requires_grad_()
+    e = torch.tensor([tq + 1, tq + 3][:b], device=DEVICE)
+    out = attention.attend_rows(q, k, v, rows, e, causal)
+    reference = float64_reference(q, k, v, rows, e, causal)
+    close(out, reference, torch.float32, "output")
+    grad = torch.randn(out.shape, generator=g).to(DEVICE)
+    fast = torch.autograd.grad(out, [q, k, v, rows], grad)
+    slow = torch.autograd.grad(reference, [q, k, v, rows], grad.double())
+    for name, a, b_ in zip(("dq", "dk", "dv", "drow"), fast, slow, strict=True):
+        close(a, b_, torch.float32, f"{case} Dh={head_dim} {name}")
+
+
+def test_gpu_tiles_without_the_row_gradient(monkeypatch):
+    """dQ without the row gradient runs other tiles (dq, 128 x 32) than with it (dq_rows): both equal."""
+    gpu_tiles(monkeypatch)
+    g = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(1, 4, 190, 64, generator=g).to(DEVICE).requires_grad_() for _ in range(3))
+    rows = torch.randn(4, 400, generator=g).to(DEVICE)
+    e = torch.tensor([191], device=DEVICE)
+    out = attention.attend_rows(q, k, v, rows, e, True)
+    reference = float64_reference(q, k, v, rows, e, True)
+    grad = torch.randn(out.shape, generator=g).to(DEVICE)
+    for name, a, b_ in zip(("dq", "dk", "dv"), torch.autograd.grad(out, [q, k, v], grad),
+                           torch.autograd.grad(reference, [q, k, v], grad.double()), strict=True):
+        close(a, b_, torch.float32, name)
+
+
+@pytest.mark.parametrize("name", ["kerple", "relative"])
+def test_repeated_forward_backward_with_one_positions_tensor(name, monkeypatch):
+    """The crash of the GPU benchmark's warm-up: fwd+bwd twice with one positions tensor and unchanged learnable
+    parameters ('backward through the graph a second time'); each time the reference's gradients."""
+    gpu_tiles(monkeypatch)
+    scheme = build(name)
+    t = 80
+    q, k, v = inputs(1, 4, 2, t, t, torch.float32, seed=9)
+    pos = torch.arange(t, device=DEVICE)[None]
+    params = [q, k, v, *(p for p in scheme.parameters() if p.requires_grad)]
+    assert len(params) > 3, f"{name} must have learnable parameters for this test"
+    expected = torch.autograd.grad(attend(q, k, v, scheme.bias(pos, pos, q, k), True).square().sum(), params)
+    for _ in range(2):
+        grads = torch.autograd.grad(row_paths.attend(q, k, v, scheme, pos, pos, True).square().sum(), params)
+        for a, b in zip(grads, expected, strict=True):
+            close(a, b, torch.float32, name)
+
+
+@pytest.mark.parametrize("name", ["kerple", "alibi"])
+def test_model_under_bf16_autocast_equals_float32(name, monkeypatch):
+    """A tiny GPT under bf16 autocast takes the kernel (bf16 q, k, v) at the GPU's tiles; its logits and
+    gradients stay within bf16's tolerance of the float32 model without the kernels."""
+    gpu_tiles(monkeypatch)
+    calls = []
+    kernel = attention.attend_rows
+    monkeypatch.setattr(attention, "attend_rows", lambda *a: calls.append(a[0].dtype) or kernel(*a))
+    tokens = torch.randint(0, 61, (2, 150), generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    torch.manual_seed(0)
+    model = GPT(tiny_config(name, d_model=4 * 64, max_seq_len=256)).to(DEVICE).train()
+    perturb_scheme_parameters(model)
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        fast = model(tokens).float()
+    fast_grads = torch.autograd.grad(fast.square().mean(), list(model.parameters()), allow_unused=True)
+    assert calls and set(calls) == {torch.bfloat16}, "the kernel must serve bf16 under autocast"
+    monkeypatch.setattr(gpu, "serves", lambda *t: False)
+    slow = model(tokens)
+    slow_grads = torch.autograd.grad(slow.square().mean(), list(model.parameters()), allow_unused=True)
+    close(fast, slow, torch.bfloat16, "logits")
+    for a, b in zip(fast_grads, slow_grads, strict=True):
+        if a is not None and b is not None:
+            close(a, b, torch.bfloat16, "gradient")
+
+
+def test_float32_runs_on_tensor_cores_and_keeps_its_accuracy_unless_tf32_is_allowed(monkeypatch):
+    """fp32 never takes the non-tensor-core dot: TF32 when torch allows it for matmuls, else three TF32
+    products (tf32x3); the interpreter multiplies exactly."""
+    monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: "highest")  # torch's default
+    assert attention.precision(torch.float32, interpreted=False) == "tf32x3"
+    monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: "high")
+    assert attention.precision(torch.float32, interpreted=False) == "tf32"
+    assert attention.precision(torch.bfloat16, interpreted=False) == "tf32"
+    assert attention.precision(torch.float32, interpreted=True) == "ieee"
+
+
+def test_rows_that_do_not_cover_the_span_are_not_needed_past_the_padding(monkeypatch):
+    """The kernels read the bias unmasked from rows padded on both sides: a row buffer exactly as long as the
+    span (S = Tq + Tk - 1 for full attention) serves, and changing the padding's values changes nothing."""
+    gpu_tiles(monkeypatch)
+    g = torch.Generator().manual_seed(12)
+    tq = tk = 130
+    q, k, v = (torch.randn(1, 2, tq, 64, generator=g).to(DEVICE) for _ in range(3))
+    rows = torch.randn(2, tq + tk - 1, generator=g).to(DEVICE)
+    e = torch.tensor([tq - 1], device=DEVICE)
+    with torch.no_grad():
+        out = attention.attend_rows(q, k, v, rows, e, False)
+        close(out, float64_reference(q, k, v, rows, e, False), torch.float32, "output")
+        padded = attention._padded_rows
+        monkeypatch.setattr(attention, "_padded_rows", lambda r, pad: _poisoned(padded(r, pad), pad))
+        assert torch.equal(attention.attend_rows(q, k, v, rows, e, False), out)
+
+
+def _poisoned(view_and_stride, pad):
+    view, stride = view_and_stride
+    full = torch.as_strided(view, (view.shape[0], stride), (stride, 1), view.storage_offset() - pad)
+    full[:, :pad] = 1e4  # finite, large: any read of the padding for a valid pair would show
+    full[:, stride - pad:] = 1e4
+    return view, stride
+
+
+def test_rope_kernel_heads_on_the_grid_partial_rotation_in_place():
+    """RoPE with R < Dh in place (the dims past R untouched) and out of place (copied), both pairings."""
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(2, 3, 37, 96, generator=g).to(DEVICE)
+    pos = torch.arange(37)[None].expand(2, -1)
+    cos, sin = (c.to(DEVICE) for c in _core.cos_sin(pos, _core.inv_frequencies(48, 10000.0)))  # R = 48
+    for interleaved in (False, True):
+        expected = _core.apply_rotary_autograd(x, cos, sin, interleaved)
+        close(rotary.rotate(x, cos, sin, interleaved), expected, torch.float32, "out of place")
+        in_place = x.clone()
+        rotary.rotate(in_place, cos, sin, interleaved, out=in_place)
+        close(in_place, expected, torch.float32, "in place")
+        assert torch.equal(in_place[..., 48:], x[..., 48:])

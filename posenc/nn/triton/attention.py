@@ -6,18 +6,21 @@ forward and backward, through the Triton kernels in attention_kernels.py; no (B,
 the same indexing as posenc.nn.fused_attention's rows (its CPU twin), for rows shared by every query. The rows
 must cover every key a query sees (0 <= e[b] - i + j < S wherever the mask allows): posenc.nn.row_paths builds
 them over exactly the span attention reads. Gradients reach q, k, v and the rows, so a scheme's parameters
-(KERPLE's b, a, p; T5's bucket table) train through the rows' own autograd graph. The row gradient is summed
-per tile along its diagonals into a buffer of (B, H, Tq / BM, Tk + BN) floats and reduced in a fixed order:
-no atomics, so it repeats bit for bit (the buffer is about 4 Tq Tk / BM bytes per (b, h): 200 MB at Tq = Tk
-= 16k, H = 12, BM = 64).
+(KERPLE's b, a, p; T5's bucket table) train through them. The row gradient is summed per tile along its
+diagonals into a buffer of (B, H, Tq / BM, Tk + BN) floats and reduced in a fixed order: no atomics, so it
+repeats bit for bit (the buffer is about 4 Tq Tk / BM bytes per (b, h): 200 MB at Tq = Tk = 16k, H = 12, BM = 64).
 
-Rows per query (Shaw, Transformer-XL), FIRE's pieces and CoPE have no Triton kernel yet: on CUDA they take the
-flex (inference) or chunked path (posenc.nn.bias_paths).
+Tiles, warps and stages per kernel and head dim: TILES, justified by the static table (benchmarks/gpu_static.py:
+registers, spills, shared memory and instructions per tile, compiled for sm_90 without a GPU). Every launch goes
+through launch(), which the static check replaces to compile exactly what this module would run.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
+import torch.nn.functional as F
 import triton
 from torch import Tensor
 
@@ -25,22 +28,74 @@ from posenc.nn.fused_attention import per_batch_row
 from posenc.nn.triton import attention_kernels as kernels
 
 REDUCE_BLOCK = 256  # row elements per program of the row-gradient reduction
+GRID_AXIS_LIMIT = 65_535  # CUDA's limit on grid axes 1 and 2 (heads, batch)
+INT32_LIMIT = 2**31
 
 
-def blocks(head_dim: int, device: torch.device) -> tuple[int, int]:
-    """(BM, BN) tile of queries x keys. Not tuned on a GPU yet (no measurement; see the issue note): 64 x 64 is
-    FlashAttention-2's usual tile for Dh <= 128 in 16-bit types; the interpreter runs 16 x 16 (tests)."""
-    if device.type == "cpu":
-        return 16, 16
-    return (64, 64) if head_dim <= 128 else (32, 32)
+class Tiles(NamedTuple):
+    bm: int  # queries per tile
+    bn: int  # keys per tile
+    warps: int
+    stages: int
 
 
-def _launch_options(device: torch.device, dtype: torch.dtype) -> dict:
+# (kernel, padded head dim) -> Tiles on a GPU, chosen by the static table (benchmarks/gpu_static.py, BENCHMARKS-gpu.md):
+# the largest tiles that spill no register in bf16/fp16 and fit the H100's 227 KB of shared memory per block, the
+# shapes Triton's fused-attention tutorial uses (dK/dV over 32 queries x 128 keys, dQ over 128 x 32). dq_rows (dQ
+# with the row gradient) needs BM <= BN for its diagonal sums; 64 x 64 there spilled 136-320 B.
+# Sweeps at bf16, causal (registers / spilled bytes / loop instructions): forward 128x64 8 warps 254/0/379 at
+# Dh 64, 255/0/456 at 128 (128x128: 240 B spilled at 128; 4 warps: 88-840 B); dkdv 64x64 8 warps 0 B at 64
+# but 176 B at 128, 32x128 8 warps 206/0 and 251/0; dq 128x32 8 warps 128/0 and 242/0; dq_rows 32x32 8 warps
+# 176/0 at both. Dh 256: forward 64x32 254/0, dkdv and dq 32x32 234/0 and 170/0, dq_rows 16x32 170/0.
+_BY_HEAD_DIM = {
+    "forward": {16: Tiles(128, 64, 4, 3), 32: Tiles(128, 64, 4, 3), 64: Tiles(128, 64, 8, 3),
+                128: Tiles(128, 64, 8, 3), 256: Tiles(64, 32, 8, 2)},
+    "dkdv": {16: Tiles(32, 128, 4, 2), 32: Tiles(32, 128, 4, 2), 64: Tiles(32, 128, 8, 2),
+             128: Tiles(32, 128, 8, 2), 256: Tiles(32, 32, 8, 2)},
+    "dq": {16: Tiles(128, 32, 4, 2), 32: Tiles(128, 32, 4, 2), 64: Tiles(128, 32, 8, 2),
+           128: Tiles(128, 32, 8, 2), 256: Tiles(32, 32, 8, 2)},
+    "dq_rows": {16: Tiles(32, 32, 4, 2), 32: Tiles(32, 32, 4, 2), 64: Tiles(32, 32, 8, 2),
+                128: Tiles(32, 32, 8, 2), 256: Tiles(16, 32, 8, 2)},
+}
+TILES = {(kernel, dim): t for kernel, by_dim in _BY_HEAD_DIM.items() for dim, t in by_dim.items()}
+INTERPRETED_TILES = Tiles(16, 16, 1, 1)  # Triton's interpreter (tests): small tiles, numpy per tile
+
+
+def padded_head_dim(head_dim: int) -> int:
+    return max(16, triton.next_power_of_2(head_dim))
+
+
+def gpu_tiles(kernel: str, head_dim: int) -> Tiles:
+    return TILES[kernel, padded_head_dim(head_dim)]
+
+
+def tiles(kernel: str, head_dim: int, device: torch.device) -> Tiles:
+    """The tiles a launch uses: the GPU table, or the interpreter's small tiles on a CPU (tests force the GPU's
+    by replacing this function)."""
+    return INTERPRETED_TILES if device.type == "cpu" else gpu_tiles(kernel, head_dim)
+
+
+def precision(dtype: torch.dtype, interpreted: bool) -> str:
+    """tl.dot's input precision: 16-bit types run on tensor cores as they are; float32 runs on them as TF32 when
+    torch allows TF32 for matmuls (torch.set_float32_matmul_precision "high" or "medium"), else as three TF32 products (tf32x3, about float32's accuracy): never the
+    non-tensor-core float32 dot, which spilled 6.5-29 KB per thread."""
+    if interpreted:
+        return "ieee"
+    if dtype != torch.float32 or torch.get_float32_matmul_precision() != "highest":
+        return "tf32"
+    return "tf32x3"
+
+
+def launch(kernel, grid: tuple[int, ...], *args, **options) -> None:
+    """Every kernel launch of this module (the static check compiles what passes through here instead)."""
+    kernel[grid](*args, **options)
+
+
+def _options(t: Tiles, dtype: torch.dtype, device: torch.device) -> dict:
     interpreted = device.type == "cpu"
-    tf32 = dtype != torch.float32 or torch.backends.cuda.matmul.allow_tf32  # fp32 keeps fp32 unless allowed
-    options = {"PRECISION": "tf32" if tf32 and not interpreted else "ieee", "UPCAST": interpreted}
+    options = {"PRECISION": precision(dtype, interpreted), "UPCAST": interpreted}
     if not interpreted:
-        options.update(num_warps=4, num_stages=2)
+        options.update(num_warps=t.warps, num_stages=t.stages)
     return options
 
 
@@ -52,50 +107,89 @@ def _bhd(t: Tensor) -> tuple[int, int, int]:
     return t.stride(0), t.stride(1), t.stride(2)
 
 
+def _check_sizes(q: Tensor, k: Tensor, v: Tensor) -> None:
+    """Refuse, before any launch, what the kernels cannot address: heads or batch past a grid axis, and a head
+    whose slice passes int32 offsets (the kernels' per-tile arithmetic)."""
+    b, h, tq, d = q.shape
+    if h > GRID_AXIS_LIMIT or b > GRID_AXIS_LIMIT:
+        raise ValueError(f"attention on the GPU: B={b}, H={h}; the kernels put each on a grid axis of at most "
+                         f"{GRID_AXIS_LIMIT}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        extent = t.shape[2] * t.stride(2) + d
+        if extent >= INT32_LIMIT:
+            raise ValueError(f"attention on the GPU: {name} {tuple(t.shape)} with stride {t.stride(2)} per position "
+                             f"spans {extent} elements per head; the kernels address at most 2^31 - 1 "
+                             f"(split the sequence or make the tensor contiguous per head)")
+
+
+def _padded_rows(rows: Tensor, pad: int) -> tuple[Tensor, int]:
+    """(H,S) -> a view of (H, S + 2 pad) rows in base-2 units starting at the real data, and its row stride. The
+    padding lets every tile read its bias unmasked and unclamped (attention_kernels' docstring)."""
+    padded = F.pad(rows * kernels.LOG2E, (pad, pad))
+    return padded[:, pad:], padded.stride(0)
+
+
+def _pad(*tile_sets: Tiles) -> int:
+    widest = max(t.bm + t.bn for t in tile_sets)
+    return -(-widest // 16) * 16  # a multiple of 16 floats keeps the view 64-byte aligned
+
+
 class _RowBiasAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, rows: Tensor, e: Tensor, causal: bool) -> Tensor:
         q, k, v = _dense_last(q), _dense_last(k), _dense_last(v)
+        _check_sizes(q, k, v)
         b, h, tq, d = q.shape
-        bm, bn = blocks(d, q.device)
+        t = tiles("forward", d, q.device)
+        pad = _pad(*(tiles(kernel, d, q.device) for kernel in ("forward", "dkdv", "dq", "dq_rows")))
+        biased, row_stride = _padded_rows(rows, pad)
         out = torch.empty_like(q, memory_format=torch.contiguous_format)  # (B,H,Tq,Dh)
         lse = torch.empty(b, h, tq, device=q.device, dtype=torch.float32)  # base 2; the backward's softmax
-        kernels._forward[(triton.cdiv(tq, bm), b * h)](
-            q, k, v, out, lse, rows, e, *_bhd(q), *_bhd(k), *_bhd(v), *_bhd(out),
-            h, h // k.shape[1], tq, k.shape[2], d, rows.shape[1], d**-0.5 * kernels.LOG2E,
-            CAUSAL=causal, BM=bm, BN=bn, BD=max(16, triton.next_power_of_2(d)), **_launch_options(q.device, q.dtype))
-        ctx.save_for_backward(q, k, v, out, lse, rows, e)
-        ctx.causal = causal
+        launch(kernels._forward, (triton.cdiv(tq, t.bm), h, b),
+               q, k, v, out, lse, biased, e, *_bhd(q), *_bhd(k), *_bhd(v), *_bhd(out),
+               h, h // k.shape[1], tq, k.shape[2], row_stride, d**-0.5 * kernels.LOG2E,
+               D=d, CAUSAL=causal, HAS_BIAS=True, BM=t.bm, BN=t.bn, BD=padded_head_dim(d),
+               **_options(t, q.dtype, q.device))
+        ctx.save_for_backward(q, k, v, out, lse, biased, e)
+        ctx.causal, ctx.row_stride, ctx.row_len = causal, row_stride, rows.shape[1]
         return out
 
     @staticmethod
     def backward(ctx, dout: Tensor):
-        q, k, v, out, lse, rows, e = ctx.saved_tensors
+        q, k, v, out, lse, biased, e = ctx.saved_tensors
         dout = _dense_last(dout)
         b, h, tq, d = q.shape
-        hkv, tk, length = k.shape[1], k.shape[2], rows.shape[1]
-        bm, bn = blocks(d, q.device)
+        hkv, tk = k.shape[1], k.shape[2]
+        group = h // hkv
         delta = (dout.float() * out.float()).sum(-1)  # (B,H,Tq): rowsum(dO * O), FlashAttention-2's D
-        dq = torch.empty(b, h, tq, d, device=q.device, dtype=q.dtype)
-        dk = torch.empty(b, hkv, tk, d, device=q.device, dtype=k.dtype)
-        dv = torch.empty(b, hkv, tk, d, device=q.device, dtype=v.dtype)
-        common = dict(CAUSAL=ctx.causal, BM=bm, BN=bn, BD=max(16, triton.next_power_of_2(d)),
-                      **_launch_options(q.device, q.dtype))
         strides = (*_bhd(q), *_bhd(k), *_bhd(v), *_bhd(dout))
         scales = (d**-0.5 * kernels.LOG2E, d**-0.5)
-        kernels._dkdv[(triton.cdiv(tk, bn), b * hkv)](q, k, v, dout, lse, delta, dk, dv, rows, e, *strides,
-                                                       h, h // hkv, tq, tk, d, length, *scales, **common)
+        shape = dict(D=d, CAUSAL=ctx.causal, HAS_BIAS=True, BD=padded_head_dim(d))
+        # dK, dV per query head; a GQA group's heads are added up after, in float32 (deterministic, no atomics)
+        kv_dtype = k.dtype if group == 1 else torch.float32
+        dk_heads = torch.empty(b, h, tk, d, device=q.device, dtype=kv_dtype)
+        dv_heads = torch.empty(b, h, tk, d, device=q.device, dtype=kv_dtype)
+        t = tiles("dkdv", d, q.device)
+        launch(kernels._dkdv, (triton.cdiv(tk, t.bn), h, b), q, k, v, dout, lse, delta, dk_heads, dv_heads,
+               biased, e, *strides, h, group, tq, tk, ctx.row_stride, *scales,
+               BM=t.bm, BN=t.bn, **shape, **_options(t, q.dtype, q.device))
+        dk, dv = dk_heads, dv_heads
+        if group > 1:
+            dk = dk_heads.view(b, hkv, group, tk, d).sum(2).to(k.dtype)
+            dv = dv_heads.view(b, hkv, group, tk, d).sum(2).to(v.dtype)
         row_grad = ctx.needs_input_grad[3]
-        q_blocks, diag_len = triton.cdiv(tq, bm), triton.cdiv(tk, bn) * bn + bn
+        t = tiles("dq_rows" if row_grad else "dq", d, q.device)
+        q_blocks, diag_len = triton.cdiv(tq, t.bm), triton.cdiv(tk, t.bn) * t.bn + t.bn
         diag = torch.zeros(b * h, q_blocks, diag_len if row_grad else 1, device=q.device, dtype=torch.float32)
-        kernels._dq[(q_blocks, b * h)](q, k, v, dout, lse, delta, dq, rows, e, diag, *strides,
-                                       h, h // hkv, tq, tk, d, length, diag.shape[-1], *scales,
-                                       ROW_GRAD=row_grad, **common)
+        dq = torch.empty(b, h, tq, d, device=q.device, dtype=q.dtype)
+        launch(kernels._dq, (q_blocks, h, b), q, k, v, dout, lse, delta, dq, biased, e, diag, *strides,
+               h, group, tq, tk, ctx.row_stride, diag.shape[-1], *scales,
+               ROW_GRAD=row_grad, BM=t.bm, BN=t.bn, **shape, **_options(t, q.dtype, q.device))
         drow = None
         if row_grad:
-            drow = torch.empty_like(rows)
-            kernels._row_reduce[(h, triton.cdiv(length, REDUCE_BLOCK))](diag, e, drow, b, h, q_blocks, diag_len,
-                                                                       length, BM=bm, BR=REDUCE_BLOCK)
+            drow = torch.empty(h, ctx.row_len, device=q.device, dtype=torch.float32)
+            launch(kernels._row_reduce, (h, triton.cdiv(ctx.row_len, REDUCE_BLOCK)), diag, e, drow, b, h, q_blocks,
+                   diag_len, ctx.row_len, BM=t.bm, BR=REDUCE_BLOCK)
         return dq, dk, dv, drow, None, None
 
 
@@ -108,8 +202,8 @@ def attend_rows(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, e: Tensor, causal
         raise ValueError(f"query heads H={q.shape[1]}: expected a multiple of the key heads Hkv={k.shape[1]}")
     if causal and q.shape[2] > k.shape[2]:
         raise ValueError(f"causal attention with Tq={q.shape[2]} queries: expected Tq <= Tk={k.shape[2]}")
-    rows = rows.reshape(q.shape[1], rows.shape[-1]).to(torch.float32).contiguous()  # (H,S)
+    rows = rows.reshape(q.shape[1], rows.shape[-1]).to(torch.float32)  # (H,S)
     return _RowBiasAttention.apply(q, k, v, rows, per_batch_row(e.to(q.device), q), causal)
 
 
-__all__ = ["attend_rows", "blocks"]
+__all__ = ["TILES", "Tiles", "attend_rows", "gpu_tiles", "launch", "tiles"]

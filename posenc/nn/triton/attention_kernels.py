@@ -1,16 +1,26 @@
 """Triton kernels: flash attention whose bias is read, per tile, from one row per head (Scheme.bias_by_distance).
 
-    logit(b, h, i, j) = q_i . k_j / sqrt(Dh) + rows[h, clamp(e[b] - i + j, 0, S - 1)]   (then the causal mask)
+    logit(b, h, i, j) = q_i . k_j / sqrt(Dh) + rows[h, e[b] - i + j]   (then the causal mask)
 
 Notation as in posenc/nn/attention.py; BM query rows and BN key columns per tile, BD >= Dh a power of two.
-Causal attention lets query i (the i-th of the last Tq keys) see keys j <= i + Tk - Tq, as posenc.masks does.
-Softmax runs in base 2 (exp2 is the GPU's native instruction): scores and the bias are multiplied by log2(e).
+Causal attention lets query i (the i-th of the last Tq keys) see keys j <= i + OFF, OFF = Tk - Tq, as
+posenc.masks does. Softmax runs in base 2 (exp2 is the GPU's native instruction): the host multiplies the
+rows by log2(e) once, and the scores' scale carries it too, so a biased logit is one fused multiply-add.
 
-Forward: one program per (block of queries, b, h); online softmax (Dao 2023, FlashAttention-2, Alg. 1); it keeps
-the log-sum-exp per query for the backward. Backward (Alg. 2), without atomics so results repeat bit for bit:
-  _dkdv: one program per (block of keys, b, key head): loops over the group's query heads and the query blocks;
-  _dq:   one program per (block of queries, b, h): loops over key blocks; also sums the logit gradient dS of each
-         tile along its diagonals (the entries that read one row element) into a per-program buffer;
+What keeps the loop near a plain flash loop (Triton's fused-attention tutorial; Dao 2023, FlashAttention-2):
+- Interior tiles (every pair valid) run without a mask; only the diagonal and the ragged last tile are masked
+  (MASKED, a constexpr: two copies of the loop body).
+- The rows come padded by PAD entries on both sides (the host's job), so every index a tile forms, valid pair or
+  not, lies inside the buffer: no clamp and no mask on the bias load. Padded query rows compute finite values
+  that are never stored; in the backward their log-sum-exp reads +inf, so their probabilities are 0.
+- Offsets: the (b, h) base in int64 once per program; per-tile offsets in int32 against that base (the host
+  refuses a head whose slice passes 2^31 elements); pointers advance by one tile per step.
+
+Forward: one program per (query block, h, b); online softmax; it keeps the log-sum-exp per query for the
+backward. Backward without atomics, so results repeat bit for bit:
+  _dkdv: one program per (key block, h, b): dK, dV of query head h (GQA: the host sums each group's heads);
+  _dq:   one program per (query block, h, b): dQ, and the logit gradient dS summed along the tile's diagonals
+         (the entries that read one row element) into a per-program buffer (ROW_GRAD);
   _row_reduce: adds those buffers up in a fixed order into the row gradient (H, S).
 """
 
@@ -31,6 +41,75 @@ def _dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def _bias(ptrs, UPCAST: tl.constexpr):
+    """The bias tile at ptrs, float32. On a GPU an opaque load: Triton's pipeliner would otherwise stage it through
+    shared memory with K and V (it feeds p, hence the second product): BM x BN x 4 bytes per stage, 32 KB at
+    128 x 64, and loop instructions 1.39x a plain forward's against 1.21x this way (the static table)."""
+    if UPCAST:  # the interpreter runs no assembly
+        return tl.load(ptrs)
+    return tl.inline_asm_elementwise("ld.global.nc.f32 $0, [$1];", "=r,l", [ptrs], dtype=tl.float32,
+                                     is_pure=True, pack=1)
+
+
+@triton.jit
+def _valid(i, j, TQ, TK, CAUSAL: tl.constexpr):
+    """Pairs attention reads: key in range and (causal) not after the query. i, j broadcast to the tile.
+    Padded queries (i >= Tq) stay unmasked, so their rows never hold only -inf; their values are not stored."""
+    ok = j < TK
+    if CAUSAL:
+        ok = ok & (j <= i + (TK - TQ))
+    return ok
+
+
+@triton.jit
+def _fwd_tiles(acc, best, total, q, k_ptrs, v_ptrs, bias_ptrs, i, n_start, n_end, TQ, TK, qk_scale,
+               skt, svt, d_ok, CAUSAL: tl.constexpr, MASKED: tl.constexpr, HAS_BIAS: tl.constexpr,
+               EVEN_D: tl.constexpr, BN: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """Key tiles [n_start, n_end) of one query block: the online softmax's running max, sum and output."""
+    k_ptrs += n_start * skt
+    v_ptrs += n_start * svt
+    bias_ptrs += n_start
+    for n0 in range(n_start, n_end, BN):
+        j = n0 + tl.arange(0, BN)
+        if MASKED:
+            k_t = tl.load(k_ptrs, mask=(j[None, :] < TK) & d_ok[:, None], other=0.0)  # (BD,BN)
+        elif EVEN_D:
+            k_t = tl.load(k_ptrs)
+        else:
+            k_t = tl.load(k_ptrs, mask=d_ok[:, None], other=0.0)
+        s = _dot(q, k_t, PRECISION, UPCAST) * qk_scale  # (BM,BN), base 2
+        if HAS_BIAS:
+            s += _bias(bias_ptrs, UPCAST)  # rows[h, e - i + j] * log2(e): in the padded buffer for every pair
+        if MASKED:
+            s = tl.where(_valid(i[:, None], j[None, :], TQ, TK, CAUSAL), s, float("-inf"))
+        new_best = tl.maximum(best, tl.max(s, 1))
+        p = tl.exp2(s - new_best[:, None])  # (BM,BN)
+        correction = tl.exp2(best - new_best)
+        total = total * correction + tl.sum(p, 1)
+        if MASKED:
+            v = tl.load(v_ptrs, mask=(j[:, None] < TK) & d_ok[None, :], other=0.0)  # (BN,BD)
+        elif EVEN_D:
+            v = tl.load(v_ptrs)
+        else:
+            v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
+        acc = acc * correction[:, None] + _dot(p.to(v.dtype), v, PRECISION, UPCAST)
+        best = new_best
+        k_ptrs += BN * skt
+        v_ptrs += BN * svt
+        bias_ptrs += BN
+    return acc, best, total
+
+
+@triton.jit
+def _interior_end(m0, TQ, TK, CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """Key tiles before this are valid for every query of the block starting at m0 (no mask needed)."""
+    full = TK // BN * BN
+    if CAUSAL:  # tile [n0, n0 + BN) is below the diagonal for query m0 when n0 + BN - 1 <= m0 + Tk - Tq
+        full = tl.minimum(full, tl.maximum(m0 + TK - TQ + 1, 0) // BN * BN)
+    return full
+
+
+@triton.jit
 def _key_end(m0, TQ, TK, CAUSAL: tl.constexpr, BM: tl.constexpr):
     """One past the last key a block of queries starting at m0 may see."""
     if CAUSAL:
@@ -39,102 +118,126 @@ def _key_end(m0, TQ, TK, CAUSAL: tl.constexpr, BM: tl.constexpr):
 
 
 @triton.jit
-def _bias_and_mask(s, ROWS, row_len, e, i, j, TQ, TK, CAUSAL: tl.constexpr):
-    """Scores s in base-2 logit units plus the row bias; -inf where masked. i, j: query and key indices, already
-    broadcast to s's shape ((BM,1) and (1,BN), or transposed for a (BN,BM) tile)."""
-    index = tl.minimum(tl.maximum(e - i + j, 0), row_len - 1)
-    s += tl.load(ROWS + index) * 1.4426950408889634  # one row per head: reads stay within a few cache lines
-    valid = j < TK
-    if CAUSAL:
-        valid = valid & (j <= i + (TK - TQ))
-    return tl.where(valid, s, float("-inf"))
-
-
-@triton.jit
 def _forward(Q, K, V, OUT, LSE, ROWS, E,
              sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot,
-             H, GROUP, TQ, TK, D, row_len, qk_scale,
-             CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
+             H, GROUP, TQ, TK, row_stride, qk_scale,
+             D: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
              PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     m0 = tl.program_id(0) * BM
-    bh = tl.program_id(1)
-    b, h = bh // H, bh % H
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
     hk = h // GROUP  # GQA: GROUP query heads share a key/value head
     i = m0 + tl.arange(0, BM)
+    jl = tl.arange(0, BN)
     d = tl.arange(0, BD)
     d_ok = d < D
-    q = tl.load(Q + b * sqb + h * sqh + i[:, None] * sqt + d[None, :], mask=(i[:, None] < TQ) & d_ok[None, :],
+    i_ok = i < TQ
+    q = tl.load(Q + b * sqb + h * sqh + i[:, None] * sqt + d[None, :], mask=i_ok[:, None] & d_ok[None, :],
                 other=0.0)  # (BM,BD)
-    e = tl.load(E + b)
-    rows = ROWS + h * row_len
-    k_base, v_base = K + b * skb + hk * skh, V + b * svb + hk * svh
+    k_ptrs = K + b * skb + hk * skh + jl[None, :] * skt + d[:, None]  # (BD,BN) at key 0
+    v_ptrs = V + b * svb + hk * svh + jl[:, None] * svt + d[None, :]  # (BN,BD)
+    bias_ptrs = ROWS + h * row_stride + tl.load(E + b) + (jl[None, :] - i[:, None])  # (BM,BN) at key 0
     best = tl.full((BM,), float("-inf"), tl.float32)  # running max, base 2
     total = tl.zeros((BM,), tl.float32)  # running sum of exp2(s - best)
     acc = tl.zeros((BM, BD), tl.float32)
-    for n0 in range(0, _key_end(m0, TQ, TK, CAUSAL, BM), BN):
-        j = n0 + tl.arange(0, BN)
-        j_ok = j < TK
-        k_t = tl.load(k_base + j[None, :] * skt + d[:, None], mask=j_ok[None, :] & d_ok[:, None], other=0.0)
-        s = _dot(q, k_t, PRECISION, UPCAST) * qk_scale  # (BM,BN)
-        s = _bias_and_mask(s, rows, row_len, e, i[:, None], j[None, :], TQ, TK, CAUSAL)
-        new_best = tl.maximum(best, tl.max(s, 1))
-        p = tl.exp2(s - new_best[:, None])  # (BM,BN)
-        correction = tl.exp2(best - new_best)
-        total = total * correction + tl.sum(p, 1)
-        v = tl.load(v_base + j[:, None] * svt + d[None, :], mask=j_ok[:, None] & d_ok[None, :], other=0.0)
-        acc = acc * correction[:, None] + _dot(p.to(v.dtype), v, PRECISION, UPCAST)
-        best = new_best
+    interior = _interior_end(m0, TQ, TK, CAUSAL, BM, BN)
+    acc, best, total = _fwd_tiles(acc, best, total, q, k_ptrs, v_ptrs, bias_ptrs, i, 0, interior, TQ, TK,
+                                  qk_scale, skt, svt, d_ok, CAUSAL, False, HAS_BIAS, BD == D, BN, PRECISION, UPCAST)
+    acc, best, total = _fwd_tiles(acc, best, total, q, k_ptrs, v_ptrs, bias_ptrs, i, interior,
+                                  _key_end(m0, TQ, TK, CAUSAL, BM), TQ, TK, qk_scale, skt, svt, d_ok, CAUSAL, True,
+                                  HAS_BIAS, BD == D, BN, PRECISION, UPCAST)
     acc = acc / total[:, None]
-    i_ok = i < TQ
     tl.store(OUT + b * sob + h * soh + i[:, None] * sot + d[None, :], acc.to(OUT.dtype.element_ty),
              mask=i_ok[:, None] & d_ok[None, :])
-    tl.store(LSE + bh * TQ + i, best + tl.log2(total), mask=i_ok)  # base 2
+    tl.store(LSE + (b * H + h) * TQ + i, best + tl.log2(total), mask=i_ok)  # base 2
+
+
+@triton.jit
+def _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, bias_ptrs, j, m_start, m_end, TQ, TK,
+                qk_scale, sqt, sdot, d_ok, CAUSAL: tl.constexpr, MASKED: tl.constexpr, HAS_BIAS: tl.constexpr,
+                EVEN_D: tl.constexpr, BM: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """Query tiles [m_start, m_end) against one key block, in the transposed tile (keys x queries)."""
+    q_ptrs += m_start * sqt
+    do_ptrs += m_start * sdot
+    lse_ptrs += m_start
+    delta_ptrs += m_start
+    bias_ptrs -= m_start
+    for m0 in range(m_start, m_end, BM):
+        i = m0 + tl.arange(0, BM)
+        if MASKED:
+            i_ok = i < TQ
+            q_t = tl.load(q_ptrs, mask=i_ok[None, :] & d_ok[:, None], other=0.0)  # (BD,BM)
+            do = tl.load(do_ptrs, mask=i_ok[:, None] & d_ok[None, :], other=0.0)  # (BM,BD)
+            lse = tl.load(lse_ptrs, mask=i_ok, other=float("inf"))  # padded queries: probability 0
+            delta = tl.load(delta_ptrs, mask=i_ok, other=0.0)
+        else:
+            if EVEN_D:
+                q_t = tl.load(q_ptrs)
+                do = tl.load(do_ptrs)
+            else:
+                q_t = tl.load(q_ptrs, mask=d_ok[:, None], other=0.0)
+                do = tl.load(do_ptrs, mask=d_ok[None, :], other=0.0)
+            lse = tl.load(lse_ptrs)
+            delta = tl.load(delta_ptrs)
+        s_t = _dot(k, q_t, PRECISION, UPCAST) * qk_scale  # (BN,BM)
+        if HAS_BIAS:
+            s_t += _bias(bias_ptrs, UPCAST)
+        p_t = tl.exp2(s_t - lse[None, :])
+        if MASKED:
+            p_t = tl.where(_valid(i[None, :], j[:, None], TQ, TK, CAUSAL), p_t, 0.0)
+        dv += _dot(p_t.to(do.dtype), do, PRECISION, UPCAST)
+        dp_t = _dot(v, tl.trans(do), PRECISION, UPCAST)  # (BN,BM)
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk += _dot(ds_t.to(q_t.dtype), tl.trans(q_t), PRECISION, UPCAST)
+        q_ptrs += BM * sqt
+        do_ptrs += BM * sdot
+        lse_ptrs += BM
+        delta_ptrs += BM
+        bias_ptrs -= BM
+    return dk, dv
 
 
 @triton.jit
 def _dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, ROWS, E,
           sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdob, sdoh, sdot,
-          H, GROUP, TQ, TK, D, row_len, qk_scale, scale,
-          CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
+          H, GROUP, TQ, TK, row_stride, qk_scale, scale,
+          D: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
           PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """dK, dV of one key block, (BN,BD); dK/dV are contiguous (B,Hkv,Tk,Dh). Works in the transposed tile
-    (keys x queries) so no operand needs a transpose."""
+    """dK, dV of one key block for query head h, (BN,BD), into DK/DV contiguous (B,H,Tk,Dh): per query head, so
+    GQA groups sit on the grid (the host adds a group's heads up)."""
     n0 = tl.program_id(0) * BN
-    bhk = tl.program_id(1)
-    hkv = H // GROUP
-    b, hk = bhk // hkv, bhk % hkv
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    hk = h // GROUP
     j = n0 + tl.arange(0, BN)
+    il = tl.arange(0, BM)
     d = tl.arange(0, BD)
     j_ok, d_ok = j < TK, d < D
     kv_mask = j_ok[:, None] & d_ok[None, :]
     k = tl.load(K + b * skb + hk * skh + j[:, None] * skt + d[None, :], mask=kv_mask, other=0.0)  # (BN,BD)
     v = tl.load(V + b * svb + hk * svh + j[:, None] * svt + d[None, :], mask=kv_mask, other=0.0)
-    e = tl.load(E + b)
+    bh = b * H + h
+    q_ptrs = Q + b * sqb + h * sqh + il[None, :] * sqt + d[:, None]  # (BD,BM) at query 0
+    do_ptrs = DO + b * sdob + h * sdoh + il[:, None] * sdot + d[None, :]  # (BM,BD)
+    lse_ptrs = LSE + bh * TQ + il
+    delta_ptrs = DELTA + bh * TQ + il
+    bias_ptrs = ROWS + h * row_stride + tl.load(E + b) + (j[:, None] - il[None, :])  # (BN,BM) at query 0
     dk = tl.zeros((BN, BD), tl.float32)
     dv = tl.zeros((BN, BD), tl.float32)
-    first = 0
-    if CAUSAL:  # the first query that sees key n0 is i = n0 - (Tk - Tq): earlier query blocks are skipped
+    first = 0  # query tiles before the first that sees key n0 are skipped; masked until every pair is valid
+    full = 0
+    if CAUSAL:
         first = tl.maximum(n0 - (TK - TQ), 0) // BM * BM
-    for g in range(0, GROUP):
-        h = hk * GROUP + g
-        rows = ROWS + h * row_len
-        for m0 in range(first, TQ, BM):
-            i = m0 + tl.arange(0, BM)
-            i_ok = i < TQ
-            q_t = tl.load(Q + b * sqb + h * sqh + i[None, :] * sqt + d[:, None], mask=i_ok[None, :] & d_ok[:, None],
-                          other=0.0)  # (BD,BM)
-            do = tl.load(DO + b * sdob + h * sdoh + i[:, None] * sdot + d[None, :], mask=i_ok[:, None] & d_ok[None, :],
-                         other=0.0)  # (BM,BD)
-            lse = tl.load(LSE + (b * H + h) * TQ + i, mask=i_ok, other=0.0)
-            delta = tl.load(DELTA + (b * H + h) * TQ + i, mask=i_ok, other=0.0)
-            s_t = _dot(k, q_t, PRECISION, UPCAST) * qk_scale  # (BN,BM)
-            s_t = _bias_and_mask(s_t, rows, row_len, e, i[None, :], j[:, None], TQ, TK, CAUSAL)
-            p_t = tl.where(i_ok[None, :], tl.exp2(s_t - lse[None, :]), 0.0)
-            dv += _dot(p_t.to(do.dtype), do, PRECISION, UPCAST)
-            dp_t = _dot(v, tl.trans(do), PRECISION, UPCAST)  # (BN,BM)
-            ds_t = p_t * (dp_t - delta[None, :])
-            dk += _dot(ds_t.to(q_t.dtype), tl.trans(q_t), PRECISION, UPCAST)
-    out = (b * hkv + hk) * TK * D + j[:, None] * D + d[None, :]
+        full = tl.minimum(tl.cdiv(tl.maximum(n0 + BN - 1 - (TK - TQ), 0), BM) * BM, TQ // BM * BM)
+        full = tl.maximum(full, first)
+    last = tl.maximum(TQ // BM * BM, full)  # queries past it: the ragged last tile
+    dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, bias_ptrs, j, first, full, TQ, TK,
+                         qk_scale, sqt, sdot, d_ok, CAUSAL, True, HAS_BIAS, BD == D, BM, PRECISION, UPCAST)
+    dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, bias_ptrs, j, full, last, TQ, TK,
+                         qk_scale, sqt, sdot, d_ok, CAUSAL, False, HAS_BIAS, BD == D, BM, PRECISION, UPCAST)
+    dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, bias_ptrs, j, last, TQ, TQ, TK,
+                         qk_scale, sqt, sdot, d_ok, CAUSAL, True, HAS_BIAS, BD == D, BM, PRECISION, UPCAST)
+    out = (bh * TK + j[:, None]) * D + d[None, :]
     tl.store(DK + out, (dk * scale).to(DK.dtype.element_ty), mask=kv_mask)
     tl.store(DV + out, dv.to(DV.dtype.element_ty), mask=kv_mask)
 
@@ -154,50 +257,83 @@ def _diagonal_sums(ds, BM: tl.constexpr, BN: tl.constexpr):
 
 
 @triton.jit
+def _dq_tiles(dq, carry, q, do, lse, delta, k_ptrs, v_ptrs, bias_ptrs, diag, i, n_start, n_end, TQ, TK,
+              qk_scale, skt, svt, d_ok, CAUSAL: tl.constexpr, MASKED: tl.constexpr, HAS_BIAS: tl.constexpr,
+              ROW_GRAD: tl.constexpr, EVEN_D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+              PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """Key tiles [n_start, n_end) of one query block: dQ, and the diagonal sums of dS (ROW_GRAD)."""
+    k_ptrs += n_start * skt
+    v_ptrs += n_start * svt
+    bias_ptrs += n_start
+    for n0 in range(n_start, n_end, BN):
+        j = n0 + tl.arange(0, BN)
+        if MASKED:
+            kv_mask_t = (j[None, :] < TK) & d_ok[:, None]
+            k_t = tl.load(k_ptrs, mask=kv_mask_t, other=0.0)  # (BD,BN)
+            v_t = tl.load(v_ptrs, mask=kv_mask_t, other=0.0)
+        elif EVEN_D:
+            k_t = tl.load(k_ptrs)
+            v_t = tl.load(v_ptrs)
+        else:
+            k_t = tl.load(k_ptrs, mask=d_ok[:, None], other=0.0)
+            v_t = tl.load(v_ptrs, mask=d_ok[:, None], other=0.0)
+        s = _dot(q, k_t, PRECISION, UPCAST) * qk_scale  # (BM,BN)
+        if HAS_BIAS:
+            s += _bias(bias_ptrs, UPCAST)
+        p = tl.exp2(s - lse[:, None])
+        if MASKED:
+            p = tl.where(_valid(i[:, None], j[None, :], TQ, TK, CAUSAL), p, 0.0)
+        ds = p * (_dot(do, v_t, PRECISION, UPCAST) - delta[:, None])  # (BM,BN): d loss / d logit
+        dq += _dot(ds.to(k_t.dtype), tl.trans(k_t), PRECISION, UPCAST)
+        if ROW_GRAD:
+            low, high = _diagonal_sums(ds, BM, BN)
+            tl.store(diag + n0 + tl.arange(0, BN), low + carry)
+            carry = high
+        k_ptrs += BN * skt
+        v_ptrs += BN * svt
+        bias_ptrs += BN
+    return dq, carry
+
+
+@triton.jit
 def _dq(Q, K, V, DO, LSE, DELTA, DQ, ROWS, E, DIAG,
         sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdob, sdoh, sdot,
-        H, GROUP, TQ, TK, D, row_len, diag_len, qk_scale, scale,
-        CAUSAL: tl.constexpr, ROW_GRAD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
-        PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+        H, GROUP, TQ, TK, row_stride, diag_len, qk_scale, scale,
+        D: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, ROW_GRAD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+        BD: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """dQ of one query block (DQ contiguous (B,H,Tq,Dh)) and, if ROW_GRAD, the diagonal sums of dS into
     DIAG[b, h, block, c] at c = j - i + m0 + BM - 1 (each c written once: no atomics)."""
     m0 = tl.program_id(0) * BM
-    bh = tl.program_id(1)
-    b, h = bh // H, bh % H
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
     hk = h // GROUP
+    bh = b * H + h
     i = m0 + tl.arange(0, BM)
+    jl = tl.arange(0, BN)
     d = tl.arange(0, BD)
     i_ok, d_ok = i < TQ, d < D
     q_mask = i_ok[:, None] & d_ok[None, :]
     q = tl.load(Q + b * sqb + h * sqh + i[:, None] * sqt + d[None, :], mask=q_mask, other=0.0)  # (BM,BD)
     do = tl.load(DO + b * sdob + h * sdoh + i[:, None] * sdot + d[None, :], mask=q_mask, other=0.0)
-    lse = tl.load(LSE + bh * TQ + i, mask=i_ok, other=0.0)
+    lse = tl.load(LSE + bh * TQ + i, mask=i_ok, other=float("inf"))  # padded queries: probability 0
     delta = tl.load(DELTA + bh * TQ + i, mask=i_ok, other=0.0)
-    e = tl.load(E + b)
-    rows = ROWS + h * row_len
-    k_base, v_base = K + b * skb + hk * skh, V + b * svb + hk * svh
+    k_ptrs = K + b * skb + hk * skh + jl[None, :] * skt + d[:, None]  # (BD,BN) at key 0
+    v_ptrs = V + b * svb + hk * svh + jl[None, :] * svt + d[:, None]
+    bias_ptrs = ROWS + h * row_stride + tl.load(E + b) + (jl[None, :] - i[:, None])  # (BM,BN) at key 0
     diag = DIAG + (bh * tl.num_programs(0) + tl.program_id(0)) * diag_len
     carry = tl.zeros((BN,), tl.float32)  # the previous tile's upper diagonals: the same c as this tile's lower
     dq = tl.zeros((BM, BD), tl.float32)
-    for n0 in range(0, _key_end(m0, TQ, TK, CAUSAL, BM), BN):
-        j = n0 + tl.arange(0, BN)
-        kv_mask_t = (j[None, :] < TK) & d_ok[:, None]
-        k_t = tl.load(k_base + j[None, :] * skt + d[:, None], mask=kv_mask_t, other=0.0)  # (BD,BN)
-        v_t = tl.load(v_base + j[None, :] * svt + d[:, None], mask=kv_mask_t, other=0.0)
-        s = _dot(q, k_t, PRECISION, UPCAST) * qk_scale  # (BM,BN)
-        s = _bias_and_mask(s, rows, row_len, e, i[:, None], j[None, :], TQ, TK, CAUSAL)
-        p = tl.where(i_ok[:, None], tl.exp2(s - lse[:, None]), 0.0)
-        ds = p * (_dot(do, v_t, PRECISION, UPCAST) - delta[:, None])  # (BM,BN): d loss / d logit
-        dq += _dot(ds.to(k_t.dtype), tl.trans(k_t), PRECISION, UPCAST)
-        if ROW_GRAD:
-            low, high = _diagonal_sums(ds, BM, BN)
-            c = n0 + tl.arange(0, BN)
-            tl.store(diag + c, low + carry)
-            carry = high
+    interior = _interior_end(m0, TQ, TK, CAUSAL, BM, BN)
+    end = _key_end(m0, TQ, TK, CAUSAL, BM)
+    dq, carry = _dq_tiles(dq, carry, q, do, lse, delta, k_ptrs, v_ptrs, bias_ptrs, diag, i, 0, interior, TQ, TK,
+                          qk_scale, skt, svt, d_ok, CAUSAL, False, HAS_BIAS, ROW_GRAD, BD == D, BM, BN, PRECISION,
+                          UPCAST)
+    dq, carry = _dq_tiles(dq, carry, q, do, lse, delta, k_ptrs, v_ptrs, bias_ptrs, diag, i, interior, end, TQ, TK,
+                          qk_scale, skt, svt, d_ok, CAUSAL, True, HAS_BIAS, ROW_GRAD, BD == D, BM, BN, PRECISION,
+                          UPCAST)
     if ROW_GRAD:
-        last = tl.cdiv(_key_end(m0, TQ, TK, CAUSAL, BM), BN) * BN
-        tl.store(diag + last + tl.arange(0, BN), carry)
-    tl.store(DQ + bh * TQ * D + i[:, None] * D + d[None, :], (dq * scale).to(DQ.dtype.element_ty), mask=q_mask)
+        tl.store(diag + tl.cdiv(end, BN) * BN + tl.arange(0, BN), carry)
+    tl.store(DQ + (bh * TQ + i[:, None]) * D + d[None, :], (dq * scale).to(DQ.dtype.element_ty), mask=q_mask)
 
 
 @triton.jit
@@ -209,7 +345,7 @@ def _row_reduce(DIAG, E, DROW, B, H, Q_BLOCKS, diag_len, row_len, BM: tl.constex
     acc = tl.zeros((BR,), tl.float32)
     for b in range(0, B):
         e = tl.load(E + b)
-        base = DIAG + (b * H + h) * Q_BLOCKS * diag_len
+        base = DIAG + (b * H + h).to(tl.int64) * Q_BLOCKS * diag_len
         for block in range(0, Q_BLOCKS):
             c = r - e + block * BM + BM - 1
             acc += tl.load(base + block * diag_len + c, mask=(c >= 0) & (c < diag_len), other=0.0)

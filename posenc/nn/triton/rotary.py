@@ -6,8 +6,9 @@ pairings, in bf16, fp16 or fp32, computing in float32 and rounding once (as pose
     (a, b) -> (a cos - b sin, b cos + a sin)   with sin negated for the backward: R(theta)^T = R(-theta)
 
 cos/sin are the tables posenc.rotary builds (every scaling is already in them): (B|1, 1, T, R/2) float32.
-Dims past R pass through. One program per (block of positions, batch row) rotates every head, so each table
-entry is read once per batch row, not once per head.
+Dims past R pass through. One program per (block of positions, head, batch row): heads on the grid, so a
+(1, 32, 4096, 128) tensor runs 4,096 programs, not 256 that loop over heads. Every load is contiguous: the
+half-split halves as two runs, the interleaved pairs as one run of R values split in registers.
 """
 
 from __future__ import annotations
@@ -17,35 +18,49 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-POSITIONS_PER_PROGRAM = 16
+BYTES_PER_PROGRAM = 8192  # positions per program: about this many bytes of x (enough loads in flight per SM)
 
 
 @triton.jit
-def _rotate(X, OUT, COS, SIN, sxb, sxh, sxt, sob, soh, sot, scb, sct,
-            H, T, D, HALF, sign,
-            INTERLEAVED: tl.constexpr, BT: tl.constexpr, BP: tl.constexpr, BREST: tl.constexpr):
+def _rotate(X, OUT, COS, SIN, sxb, sxh, sxt, sob, soh, sot, scb, sct, T, sign,
+            D: tl.constexpr, HALF: tl.constexpr, INTERLEAVED: tl.constexpr, COPY_REST: tl.constexpr,
+            BT: tl.constexpr, BP: tl.constexpr, BREST: tl.constexpr):
     t = tl.program_id(0) * BT + tl.arange(0, BT)
-    b = tl.program_id(1)
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
     p = tl.arange(0, BP)
-    mask = (t[:, None] < T) & (p[None, :] < HALF)
+    t_ok = t[:, None] < T
+    mask = t_ok & (p[None, :] < HALF)
     table = b * scb + t[:, None] * sct + p[None, :]
     cos = tl.load(COS + table, mask=mask, other=0.0)  # (BT,BP) float32
     sin = tl.load(SIN + table, mask=mask, other=0.0) * sign
-    if INTERLEAVED:
-        first, second = 2 * p, 2 * p + 1
+    x_row = X + b * sxb + h * sxh + t[:, None] * sxt
+    out_row = OUT + b * sob + h * soh + t[:, None] * sot
+    if INTERLEAVED:  # one contiguous run of 2 BP values, pairs split in registers
+        c = tl.arange(0, 2 * BP)
+        run_mask = t_ok & (c[None, :] < 2 * HALF)
+        x1, x2 = tl.split(tl.reshape(tl.load(x_row + c[None, :], mask=run_mask, other=0.0).to(tl.float32),
+                                     (BT, BP, 2)))
+        rotated = tl.reshape(tl.join(x1 * cos - x2 * sin, x2 * cos + x1 * sin), (BT, 2 * BP))
+        tl.store(out_row + c[None, :], rotated.to(OUT.dtype.element_ty), mask=run_mask)
     else:
-        first, second = p, p + HALF
-    for h in range(0, H):
-        x = X + b * sxb + h * sxh + t[:, None] * sxt
-        out = OUT + b * sob + h * soh + t[:, None] * sot
-        x1 = tl.load(x + first[None, :], mask=mask, other=0.0).to(tl.float32)
-        x2 = tl.load(x + second[None, :], mask=mask, other=0.0).to(tl.float32)
-        tl.store(out + first[None, :], (x1 * cos - x2 * sin).to(OUT.dtype.element_ty), mask=mask)
-        tl.store(out + second[None, :], (x2 * cos + x1 * sin).to(OUT.dtype.element_ty), mask=mask)
-        if BREST > 0:  # the dims past R, copied
-            rest = 2 * HALF + tl.arange(0, BREST)
-            rest_mask = (t[:, None] < T) & (rest[None, :] < D)
-            tl.store(out + rest[None, :], tl.load(x + rest[None, :], mask=rest_mask), mask=rest_mask)
+        x1 = tl.load(x_row + p[None, :], mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(x_row + HALF + p[None, :], mask=mask, other=0.0).to(tl.float32)
+        tl.store(out_row + p[None, :], (x1 * cos - x2 * sin).to(OUT.dtype.element_ty), mask=mask)
+        tl.store(out_row + HALF + p[None, :], (x2 * cos + x1 * sin).to(OUT.dtype.element_ty), mask=mask)
+    if COPY_REST:  # the dims past R, copied (not needed in place)
+        rest = 2 * HALF + tl.arange(0, BREST)
+        rest_mask = t_ok & (rest[None, :] < D)
+        tl.store(out_row + rest[None, :], tl.load(x_row + rest[None, :], mask=rest_mask), mask=rest_mask)
+
+
+def launch(kernel, grid: tuple[int, ...], *args, **options) -> None:
+    """Every launch of this module (the static check, benchmarks/gpu_static.py, compiles these instead)."""
+    kernel[grid](*args, **options)
+
+
+def positions_per_program(head_dim: int, element_size: int) -> int:
+    return max(1, min(128, triton.next_power_of_2(max(1, BYTES_PER_PROGRAM // (head_dim * element_size)))))
 
 
 def rotate(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, sign: float = 1.0,
@@ -58,6 +73,8 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, sign: float =
         raise ValueError(f"cos/sin shape {tuple(cos.shape)}: expected (1 or {b}, 1, {t}, R/2) for x {tuple(x.shape)}")
     if 2 * half > d:
         raise ValueError(f"rotary dims R={2 * half}: expected R <= head_dim={d}")
+    if h > 65_535 or b > 65_535:
+        raise ValueError(f"RoPE on the GPU: B={b}, H={h}; each sits on a grid axis of at most 65535")
     x = x if x.stride(-1) == 1 else x.contiguous()
     cos, sin = (c.to(device=x.device, dtype=torch.float32) for c in (cos, sin))
     if cos.stride() != sin.stride() or cos.stride(-1) != 1:
@@ -65,11 +82,12 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, sign: float =
     if out is None:
         out = torch.empty(x.shape, device=x.device, dtype=x.dtype)
     rest = d - 2 * half
-    grid = (triton.cdiv(t, POSITIONS_PER_PROGRAM), b)
-    _rotate[grid](x, out, cos, sin, *x.stride()[:3], *out.stride()[:3], cos.stride(0) if cos.shape[0] > 1 else 0,
-                  cos.stride(2), h, t, d, half, sign, INTERLEAVED=interleaved, BT=POSITIONS_PER_PROGRAM,
-                  BP=max(triton.next_power_of_2(half), 1), BREST=triton.next_power_of_2(rest) if rest else 0)
+    block = positions_per_program(d, x.element_size())
+    launch(_rotate, (triton.cdiv(t, block), h, b), x, out, cos, sin, *x.stride()[:3], *out.stride()[:3],
+           cos.stride(0) if cos.shape[0] > 1 else 0, cos.stride(2), t, sign,
+           D=d, HALF=half, INTERLEAVED=interleaved, COPY_REST=rest > 0 and out.data_ptr() != x.data_ptr(),
+           BT=block, BP=max(triton.next_power_of_2(half), 1), BREST=triton.next_power_of_2(rest) if rest else 1)
     return out
 
 
-__all__ = ["rotate"]
+__all__ = ["launch", "rotate"]

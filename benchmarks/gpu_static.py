@@ -1,0 +1,242 @@
+"""posenc's Triton kernels compiled for the H100 (sm_90) without a GPU: registers, spills, shared memory and the
+inner loop's instructions per tile, read from the cubin Triton itself builds (the triton wheel's own ptxas and
+cuobjdump). `python -m benchmarks.gpu_static` prints the table (and --markdown writes BENCHMARKS-gpu.md's static
+section); tests/nn/test_triton_compiled_sm90.py asserts on the same records in `make test`.
+
+The kernels are compiled exactly as posenc would launch them: the host code (posenc.nn.triton.attention and
+.rotary) runs on meta tensors of the requested shapes, and its launch() hands each kernel, grid and argument
+list here instead of to a GPU; Triton's own binder specialises the arguments (alignment, divisibility, constexprs)
+as it would at a real launch. Nothing in this file needs a CUDA device or driver.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+H100_SHARED_BYTES = 227 * 1024  # the most shared memory one block may use on an H100 (sm_90)
+TARGET = ("cuda", 90, 32)
+
+
+@dataclass(frozen=True)
+class Compiled:
+    kernel: str
+    setting: str  # dtype, head dim, causal, ... as one readable label
+    tiles: str  # BM x BN, warps, stages
+    registers: int
+    spilled_bytes: int  # local memory per thread (spill stores + stack)
+    shared_bytes: int
+    loop_instructions: int  # SASS instructions in the hot loop's body: per tile and warp
+    seconds: float
+
+
+def _tools() -> Path:
+    import triton
+
+    return Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+
+
+def _compile(kernel, args: tuple, options: dict):
+    """Triton's own launch path up to the compile, for sm_90: the binder specialises args as a launch would."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    target = GPUTarget(*TARGET)
+    backend = make_backend(target)
+    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+    bound, specialization, launch_options = binder(*args, **options)
+    opts, signature, constexprs, attrs = kernel._pack_args(backend, options, bound, specialization, launch_options)
+    return triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target, options=opts.__dict__)
+
+
+def _resources(cubin: bytes, workdir: Path) -> tuple[int, int, str]:
+    """(registers, local bytes, SASS) of a cubin, from the wheel's cuobjdump."""
+    path = workdir / "kernel.cubin"
+    path.write_bytes(cubin)
+    tool = str(_tools() / "cuobjdump")
+    usage = subprocess.run([tool, "-res-usage", str(path)], capture_output=True, text=True, check=True).stdout
+    registers = int(re.search(r"REG:(\d+)", usage).group(1))
+    local = int(re.search(r"STACK:(\d+)", usage).group(1)) + int(re.search(r"LOCAL:(\d+)", usage).group(1))
+    sass = subprocess.run([tool, "-sass", str(path)], capture_output=True, text=True, check=True).stdout
+    return registers, local, sass
+
+
+_INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
+
+
+def loop_instructions(sass: str) -> int:
+    """Instructions in the body of the smallest loop that holds a matrix product (HGMMA/HMMA): the unmasked
+    interior loop, which the masked ones (more instructions) surround. A loop is a branch back to an earlier
+    address. 0 when no loop holds a product."""
+    instructions = [(int(m.group(1), 16), m.group(3), m.group(4)) for m in _INSTRUCTION.finditer(sass)]
+    address_index = {a: n for n, (a, _, _) in enumerate(instructions)}
+    best = 0
+    for n, (_, op, rest) in enumerate(instructions):
+        target = re.search(r"0x([0-9a-f]+)", rest) if op.startswith("BRA") else None
+        if target is None or (start := address_index.get(int(target.group(1), 16))) is None or start > n:
+            continue
+        body = instructions[start : n + 1]
+        if any(o.startswith(("HGMMA", "HMMA", "WARPGROUP")) for _, o, _ in body):
+            best = len(body) if best == 0 else min(best, len(body))
+    return best
+
+
+@dataclass
+class _Launch:
+    kernel: object
+    grid: tuple
+    args: tuple
+    options: dict
+
+
+@contextlib.contextmanager
+def recorded_launches() -> Iterator[list[_Launch]]:
+    """Replace posenc's Triton launch() with a recorder while the host code runs on meta tensors."""
+    from posenc.nn.triton import attention, rotary
+
+    launches: list[_Launch] = []
+    record = lambda kernel, grid, *args, **options: launches.append(_Launch(kernel, grid, args, options))
+    saved = attention.launch, rotary.launch
+    saved_tiles = attention.tiles
+    attention.launch = rotary.launch = record
+    attention.tiles = lambda kernel, head_dim, device: attention.gpu_tiles(kernel, head_dim)  # meta: the GPU's
+    try:
+        yield launches
+    finally:
+        attention.launch, rotary.launch = saved
+        attention.tiles = saved_tiles
+
+
+def attention_launches(dtype: torch.dtype, head_dim: int, causal: bool, row_grad: bool, *, batch: int = 2,
+                       heads: int = 8, kv_heads: int = 2, length: int = 1024) -> list[_Launch]:
+    """Forward and backward of posenc's row-bias attention on meta tensors, as launched on a GPU."""
+    from posenc.nn.triton.attention import attend_rows
+
+    with recorded_launches() as launches:
+        q = torch.empty(batch, heads, length, head_dim, device="meta", dtype=dtype, requires_grad=True)
+        k, v = (torch.empty(batch, kv_heads, length, head_dim, device="meta", dtype=dtype, requires_grad=True)
+                for _ in range(2))
+        rows = torch.empty(heads, 2 * length, device="meta", requires_grad=row_grad)
+        e = torch.full((batch,), length, device="meta", dtype=torch.int64)
+        out = attend_rows(q, k, v, rows, e, causal)
+        torch.autograd.grad(out, [q, k, v, *([rows] if row_grad else [])], torch.empty_like(out))
+    return launches
+
+
+def rotary_launches(dtype: torch.dtype, head_dim: int, rotary_dim: int, interleaved: bool) -> list[_Launch]:
+    from posenc.nn.triton.rotary import rotate
+
+    with recorded_launches() as launches:
+        x = torch.empty(2, 8, 1024, head_dim, device="meta", dtype=dtype)
+        table = torch.empty(1, 1, 1024, rotary_dim // 2, device="meta", dtype=torch.float32)
+        rotate(x, table, table, interleaved)
+    return launches
+
+
+def _name(kernel) -> str:
+    return kernel.fn.__name__.lstrip("_")
+
+
+def analyse(launch: _Launch, setting: str, workdir: Path) -> Compiled:
+    started = time.perf_counter()
+    compiled = _compile(launch.kernel, launch.args, launch.options)
+    registers, local, sass = _resources(compiled.asm["cubin"], workdir)
+    o = launch.options
+    tiles = (f"{o.get('BM', o.get('BT', '-'))}x{o.get('BN', o.get('BP', '-'))}, {o.get('num_warps', 4)} warps, "
+             f"{o.get('num_stages', 3)} stages")
+    return Compiled(_name(launch.kernel), setting, tiles, registers, local, compiled.metadata.shared,
+                    loop_instructions(sass), time.perf_counter() - started)
+
+
+def without_bias(launch: _Launch) -> _Launch:
+    """The same forward launch with the bias switched off: the yardstick of a bias's cost per tile."""
+    return _Launch(launch.kernel, launch.grid, launch.args, {**launch.options, "HAS_BIAS": False})
+
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+HEAD_DIMS = (16, 32, 64, 80, 96, 128, 256)
+
+
+def attention_records(dtypes: list[str], head_dims: list[int], workdir: Path, causal_options=(True, False),
+                      row_grads=(True, False)) -> list[dict]:
+    """Every kernel the row-bias attention launches for these settings, compiled and read; each forward also
+    without its bias, and the ratio of instructions per tile between the two."""
+    records = []
+    for dtype in dtypes:
+        for head_dim in head_dims:
+            for causal in causal_options:
+                for row_grad in row_grads:
+                    setting = f"{dtype} Dh={head_dim} {'causal' if causal else 'full'}"
+                    for launch in attention_launches(DTYPES[dtype], head_dim, causal, row_grad):
+                        name = _name(launch.kernel)
+                        if name == "row_reduce" or (name != "dq" and not row_grad and len(row_grads) > 1):
+                            continue  # the forward and dK/dV do not depend on the row gradient: once
+                        label = f"{setting}{' row grad' if name == 'dq' and row_grad else ''}"
+                        record = asdict(analyse(launch, label, workdir))
+                        if name == "forward":
+                            plain = analyse(without_bias(launch), label, workdir)
+                            record["plain_loop_instructions"] = plain.loop_instructions
+                            record["bias_ratio"] = record["loop_instructions"] / max(plain.loop_instructions, 1)
+                        records.append(record)
+    return records
+
+
+def rotary_records(dtypes: list[str], workdir: Path) -> list[dict]:
+    records = []
+    for dtype in dtypes:
+        for head_dim, rotary_dim in ((64, 64), (128, 128), (128, 64), (96, 96)):
+            for interleaved in (False, True):
+                setting = f"{dtype} Dh={head_dim} R={rotary_dim} {'interleaved' if interleaved else 'half-split'}"
+                for launch in rotary_launches(DTYPES[dtype], head_dim, rotary_dim, interleaved):
+                    records.append(asdict(analyse(launch, setting, workdir)))
+    return records
+
+
+COLUMNS = ("kernel", "setting", "tiles", "registers", "spilled_bytes", "shared_bytes", "loop_instructions",
+           "plain_loop_instructions", "bias_ratio")
+
+
+def markdown(records: list[dict]) -> str:
+    from benchmarks.report import table
+
+    rows = [{c: r.get(c, "") for c in COLUMNS} for r in records]
+    return ("## GPU, static: compiled for sm_90 (H100) without a GPU\n\n"
+            "Triton's own cubin, read with the triton wheel's cuobjdump (`python -m benchmarks.gpu_static`). "
+            "registers per thread; spilled bytes of local memory per thread; shared memory per block (an H100 "
+            f"block may use {H100_SHARED_BYTES // 1024} KB); loop instructions: SASS instructions in the hot "
+            "(unmasked) loop's body, per tile and warp; bias ratio: a biased forward's loop against the same "
+            "forward compiled without the bias (target <= 1.20).\n\n" + table(rows))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dtypes", default="bf16,fp16,fp32")
+    parser.add_argument("--head-dims", default=",".join(map(str, HEAD_DIMS)))
+    parser.add_argument("--markdown", help="write the table to this file (BENCHMARKS-gpu.md's static section)")
+    args = parser.parse_args(argv)
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as workdir:
+        dtypes = args.dtypes.split(",")
+        records = attention_records(dtypes, [int(d) for d in args.head_dims.split(",")], Path(workdir))
+        records += rotary_records(dtypes, Path(workdir))
+    text = markdown(records)
+    print(text)
+    if args.markdown:
+        Path(args.markdown).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
