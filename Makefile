@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: demo test lint env bench mutation extend tasks clean
+.PHONY: demo test lint env bench mutation extend tasks clean gpu-check
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
@@ -37,6 +37,12 @@ SAMPLE ?= 40
 mutation: $(STAMP)
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[mutation]'
 	$(BIN)/python scripts/mutation.py $(if $(filter-out 0,$(SAMPLE)),--sample $(SAMPLE))
+
+# The first command of any GPU session: the kernel tests compiled at real sizes, attention / RoPE / a training step
+# timed against their peers, the targets read out. Runs on the GPU machine's own python3 (nothing to install);
+# everything lands in $(OUT) (default ./gpu-check) as it goes. See scripts/gpu_check.sh.
+gpu-check:
+	OUT=$${OUT:-gpu-check} PY=$${GPU_PY:-python3} bash scripts/gpu_check.sh
 
 lint: $(STAMP)
 	$(BIN)/ruff check posenc tests benchmarks

@@ -24,7 +24,8 @@ from torch.autograd.function import once_differentiable
 def _tensors(value: Any) -> tuple[Tensor, ...]:
     if isinstance(value, Tensor):
         return (value,)
-    return tuple(getattr(value, f.name) for f in dataclasses.fields(value) if isinstance(getattr(value, f.name), Tensor))
+    fields = (getattr(value, f.name) for f in dataclasses.fields(value))
+    return tuple(t for t in fields if isinstance(t, Tensor))
 
 
 def _with_tensors(value: Any, tensors: Sequence[Tensor]) -> Any:

@@ -380,3 +380,24 @@ def test_rope_kernel_heads_on_the_grid_partial_rotation_in_place():
         rotary.rotate(in_place, cos, sin, interleaved, out=in_place)
         close(in_place, expected, torch.float32, "in place")
         assert torch.equal(in_place[..., 48:], x[..., 48:])
+
+
+@pytest.mark.skipif(INTERPRETED, reason="real sizes: on a GPU only (make gpu-check)")
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("length", [2048, 8192])
+def test_real_sizes_bf16_gqa_on_the_gpu(head_dim, length):
+    """The compiled kernels at the sizes training uses: bf16, GQA 4:1, causal, against the float32 reference
+    computed from the same bf16 inputs (a (B,H,T,T) float32 tensor: 1 GB at 8k)."""
+    g = torch.Generator().manual_seed(length + head_dim)
+    q = torch.randn(1, 8, length, head_dim, generator=g).to(DEVICE, torch.bfloat16).requires_grad_()
+    k, v = (torch.randn(1, 2, length, head_dim, generator=g).to(DEVICE, torch.bfloat16).requires_grad_()
+            for _ in range(2))
+    rows = (-0.01 * torch.arange(2 * length, dtype=torch.float32)).flip(0).repeat(8, 1).to(DEVICE).requires_grad_()
+    e = torch.tensor([length - 1], device=DEVICE)
+    out = attention.attend_rows(q, k, v, rows, e, True)
+    reference = attend(*(t.float() for t in (q, k, v)), gathered(rows, e, length, length), True)
+    close(out, reference, torch.bfloat16, "output")
+    grad = torch.randn(out.shape, generator=g).to(DEVICE)
+    for name, a, b_ in zip(("dq", "dk", "dv", "drow"), torch.autograd.grad(out, [q, k, v, rows], grad.bfloat16()),
+                           torch.autograd.grad(reference, [q, k, v, rows], grad), strict=True):
+        close(a, b_, torch.bfloat16, f"T={length} Dh={head_dim} {name}")

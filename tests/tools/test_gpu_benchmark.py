@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from benchmarks import gpu
 from benchmarks.run import main as bench_main
@@ -13,11 +14,47 @@ from benchmarks.run import main as bench_main
 
 def test_quick_mode_runs_every_section_on_the_cpu(tmp_path, capsys):
     assert bench_main(["--device", "cpu", "--quick", "--out", str(tmp_path)]) == 0  # through run.py's hook
-    results = json.loads((tmp_path / "benchmarks" / "results-gpu-quick.json").read_text())
-    assert {row["path"] for row in results["attention"]} >= {"causal SDPA", "posenc kerple", "materialised kerple"}
-    assert {row["pass"] for row in results["rope"]} == {"fwd", "fwd+bwd"}
-    assert [row["scheme"] for row in results["train"]] == ["none", "rope", "alibi"]
+    rows = [json.loads(line) for line in (tmp_path / "benchmarks" / "results-gpu-quick.jsonl").read_text().splitlines()]
+    by_section = {}
+    for row in rows:
+        by_section.setdefault(row.pop("section"), []).append(row)
+    assert "errors" not in by_section, by_section.get("errors")
+    attention = by_section["attention"]
+    assert {row["path"] for row in attention} >= {"causal SDPA (cpu default)", "posenc kerple", "materialised kerple"}
+    assert {row["H:Hkv"] for row in attention} == {"64:64", "64:32"}  # MHA and GQA
+    assert all(isinstance(row["ms"], float) for row in attention)
+    assert {row["pass"] for row in by_section["rope"]} == {"fwd", "fwd+bwd"}
+    assert [row["scheme"] for row in by_section["train"]] == ["none", "rope", "alibi"]
     assert "## GPU: CPU (quick check" in (tmp_path / "BENCHMARKS-gpu-quick.md").read_text()
+
+
+def test_a_contender_that_fails_is_a_cell_and_the_rest_run(tmp_path, monkeypatch):
+    """An out-of-memory (or any error) in one contender is written as such; the others are still measured, and
+    every row reaches the file as it is measured."""
+    from benchmarks import gpu_sections
+
+    original = gpu_sections.attention_cells
+
+    def failing(name, *args, **kwargs):
+        cells = original(name, *args, **kwargs)
+        if name == "alibi":
+            cells = {path: (lambda: (_ for _ in ()).throw(torch.OutOfMemoryError("CUDA out of memory")))
+                     for path in cells}
+        return cells
+
+    monkeypatch.setattr(gpu_sections, "attention_cells", failing)
+    assert gpu.main(["--device", "cpu", "--quick", "--sections", "attention", "--out", str(tmp_path)]) == 0
+    rows = [json.loads(line) for line in (tmp_path / "benchmarks" / "results-gpu-quick.jsonl").read_text().splitlines()]
+    cells = {(row["path"], row["pass"], row["H:Hkv"]): row["ms"] for row in rows if row["section"] == "attention"}
+    assert cells[("posenc alibi", "fwd", "64:64")] == "OOM"
+    assert isinstance(cells[("posenc kerple", "fwd", "64:64")], float)
+
+
+def test_refuses_unknown_sections_and_schemes():
+    for argv in (["--quick", "--device", "cpu", "--sections", "attention,nope"],
+                 ["--quick", "--device", "cpu", "--schemes", "alibi,nope"]):
+        with pytest.raises(SystemExit):
+            gpu.main(argv)
 
 
 def test_refuses_a_cpu_measurement():
@@ -28,7 +65,8 @@ def test_refuses_a_cpu_measurement():
 def test_tables_mark_targets_from_fake_timings():
     results = {"device": "H100", "torch": "2.11", "triton": "3.6.0", "dtype": "torch.bfloat16", "seconds": 1.0,
                "attention": [{"pass": "fwd", "T": 4096, "path": "posenc kerple", "ms": 1.0, "x SDPA": 1.05},
-                             {"pass": "fwd+bwd", "T": 4096, "path": "posenc kerple", "ms": 3.0, "x SDPA": 1.3}],
+                             {"pass": "fwd+bwd", "T": 4096, "path": "posenc kerple", "ms": 3.0, "x SDPA": 1.3},
+                             {"pass": "fwd", "T": 16384, "path": "posenc fire", "ms": "OOM", "x SDPA": float("nan")}],
                "rope": [{"pass": "fwd", "B,H,T,Dh": "1,8,16,64", "path": "posenc half-split", "us": 5.0,
                          "x copy": 1.1}],
                "train": [{"scheme": "none", "ms/step": 100.0, "tokens/s": 1e5, "x none": 1.0},

@@ -77,8 +77,8 @@ def tiles(kernel: str, head_dim: int, device: torch.device) -> Tiles:
 
 def precision(dtype: torch.dtype, interpreted: bool) -> str:
     """tl.dot's input precision: 16-bit types run on tensor cores as they are; float32 runs on them as TF32 when
-    torch allows TF32 for matmuls (torch.set_float32_matmul_precision "high" or "medium"), else as three TF32 products (tf32x3, about float32's accuracy): never the
-    non-tensor-core float32 dot, which spilled 6.5-29 KB per thread."""
+    torch allows TF32 for matmuls (set_float32_matmul_precision "high" or "medium"), else as three TF32 products
+    (tf32x3, about float32's accuracy): never the non-tensor-core float32 dot, which spilled 6.5-29 KB per thread."""
     if interpreted:
         return "ieee"
     if dtype != torch.float32 or torch.get_float32_matmul_precision() != "highest":
@@ -110,7 +110,7 @@ def _bhd(t: Tensor) -> tuple[int, int, int]:
 def _check_sizes(q: Tensor, k: Tensor, v: Tensor) -> None:
     """Refuse, before any launch, what the kernels cannot address: heads or batch past a grid axis, and a head
     whose slice passes int32 offsets (the kernels' per-tile arithmetic)."""
-    b, h, tq, d = q.shape
+    b, h, _, d = q.shape
     if h > GRID_AXIS_LIMIT or b > GRID_AXIS_LIMIT:
         raise ValueError(f"attention on the GPU: B={b}, H={h}; the kernels put each on a grid axis of at most "
                          f"{GRID_AXIS_LIMIT}")

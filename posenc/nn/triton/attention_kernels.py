@@ -121,7 +121,8 @@ def _key_end(m0, TQ, TK, CAUSAL: tl.constexpr, BM: tl.constexpr):
 def _forward(Q, K, V, OUT, LSE, ROWS, E,
              sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot,
              H, GROUP, TQ, TK, row_stride, qk_scale,
-             D: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
+             D: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr,
+             BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
              PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     m0 = tl.program_id(0) * BM
     h = tl.program_id(1).to(tl.int64)
@@ -201,7 +202,8 @@ def _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, bias_ptrs, 
 def _dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, ROWS, E,
           sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdob, sdoh, sdot,
           H, GROUP, TQ, TK, row_stride, qk_scale, scale,
-          D: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
+          D: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr,
+          BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
           PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """dK, dV of one key block for query head h, (BN,BD), into DK/DV contiguous (B,H,Tk,Dh): per query head, so
     GQA groups sit on the grid (the host adds a group's heads up)."""
@@ -299,7 +301,8 @@ def _dq_tiles(dq, carry, q, do, lse, delta, k_ptrs, v_ptrs, bias_ptrs, diag, i, 
 def _dq(Q, K, V, DO, LSE, DELTA, DQ, ROWS, E, DIAG,
         sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdob, sdoh, sdot,
         H, GROUP, TQ, TK, row_stride, diag_len, qk_scale, scale,
-        D: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, ROW_GRAD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+        D: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, ROW_GRAD: tl.constexpr,
+        BM: tl.constexpr, BN: tl.constexpr,
         BD: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """dQ of one query block (DQ contiguous (B,H,Tq,Dh)) and, if ROW_GRAD, the diagonal sums of dS into
     DIAG[b, h, block, c] at c = j - i + m0 + BM - 1 (each c written once: no atomics)."""

@@ -1,0 +1,39 @@
+"""Shared by the sm_90 compile tests (two files, so `make test`'s two workers compile side by side): posenc's
+Triton kernels compiled for the H100 without a GPU, through benchmarks/gpu_static.py."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from benchmarks import gpu_static
+from posenc.nn import triton as gpu
+
+needs_compiler = pytest.mark.skipif(not gpu.installed() or gpu.interpreting(),
+                                    reason="needs triton, not under TRITON_INTERPRET (kernels must be compiled)")
+
+
+def check_attention(dtype: str, head_dim: int, causal: bool, spills_allowed: bool = False) -> None:
+    """Every kernel posenc launches for this setting (forward, dK/dV, dQ with and without the row gradient, the
+    row reduction) compiles for sm_90, fits an H100 block's shared memory, and (16-bit types) spills nothing;
+    the biased forward uses no more shared memory than the same forward without a bias (the bias is not staged
+    through the pipeline's buffers)."""
+    with tempfile.TemporaryDirectory() as workdir:
+        launches = {}
+        for row_grad in (True, False):
+            for launch in gpu_static.attention_launches(gpu_static.DTYPES[dtype], head_dim, causal, row_grad):
+                name = gpu_static._name(launch.kernel)
+                launches[f"{name}{' rows' if name == 'dq' and row_grad else ''}"] = launch
+        assert set(launches) == {"forward", "dkdv", "dq", "dq rows", "row_reduce"}, sorted(launches)
+        for name, launch in launches.items():
+            record = gpu_static.analyse(launch, f"{dtype} Dh={head_dim}", Path(workdir))
+            what = f"{name} {dtype} Dh={head_dim} {'causal' if causal else 'full'} ({record.tiles})"
+            assert record.shared_bytes <= gpu_static.H100_SHARED_BYTES, f"{what}: {record.shared_bytes} B shared"
+            if not spills_allowed:
+                assert record.spilled_bytes == 0, f"{what}: {record.spilled_bytes} B spilled per thread"
+            if name == "forward":
+                plain = gpu_static.analyse(gpu_static.without_bias(launch), "", Path(workdir))
+                assert record.shared_bytes == plain.shared_bytes, f"{what}: the bias takes shared memory"
+                assert record.loop_instructions > plain.loop_instructions > 0, f"{what}: no hot loop found"

@@ -1,0 +1,55 @@
+"""posenc's Triton kernels compiled for the H100 (sm_90) in `make test`: fp16, fp32 (TF32 / tf32x3), the other
+head dims the dispatch accepts (16, 32, 256), a loop that recognises a hot loop, and RoPE."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks import gpu_static
+from tests.nn.sm90_support import check_attention, needs_compiler
+
+pytestmark = needs_compiler
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_fp16_attention_kernels_compile_fit_and_do_not_spill(head_dim):
+    check_attention("fp16", head_dim, True)
+
+
+@pytest.mark.parametrize("precision", ["highest", "high"])
+def test_fp32_attention_kernels_compile_and_fit(precision, monkeypatch):
+    """float32 runs on tensor cores (tf32x3 by default, TF32 when allowed); it may spill, it must fit."""
+    monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: precision)
+    check_attention("fp32", 64, True, spills_allowed=True)
+
+
+@pytest.mark.parametrize("head_dim", [16, 32, 256])
+def test_other_head_dims_compile_fit_and_do_not_spill(head_dim):
+    check_attention("bf16", head_dim, True)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_rope_kernel_compiles_without_spills(dtype, interleaved):
+    with tempfile.TemporaryDirectory() as workdir:
+        for head_dim, rotary_dim in ((128, 128), (96, 64)):
+            (launch,) = gpu_static.rotary_launches(gpu_static.DTYPES[dtype], head_dim, rotary_dim, interleaved)
+            record = gpu_static.analyse(launch, "", Path(workdir))
+            assert record.spilled_bytes == 0 and record.shared_bytes <= gpu_static.H100_SHARED_BYTES, record
+
+
+def test_loop_finder_reads_a_back_edge_around_a_product():
+    sass = """
+        /*0100*/                   MOV R1, R2 ;
+        /*0110*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], RZ ;
+        /*0120*/                   FFMA R3, R4, R5, R6 ;
+        /*0130*/              @P0  BRA 0x110 ;
+        /*0140*/                   EXIT ;
+        /*0150*/                   FADD R3, R4, R5 ;
+        /*0160*/                   BRA 0x150 ;
+    """
+    assert gpu_static.loop_instructions(sass) == 3  # the loop without a product does not count
