@@ -41,16 +41,19 @@ class Tiles(NamedTuple):
 
 # (kernel, padded head dim) -> Tiles on a GPU, chosen by the static table (benchmarks/gpu_static.py, BENCHMARKS-gpu.md):
 # the largest tiles that spill no register in bf16/fp16 and fit the H100's 227 KB of shared memory per block, the
-# shapes Triton's fused-attention tutorial uses (dK/dV over 32 queries x 128 keys, dQ over 128 x 32). dq_rows (dQ
-# with the row gradient) needs BM <= BN for its diagonal sums; 64 x 64 there spilled 136-320 B.
-# Sweeps at bf16, causal (registers / spilled bytes / loop instructions): forward 128x64 8 warps 254/0/379 at
-# Dh 64, 255/0/456 at 128 (128x128: 240 B spilled at 128; 4 warps: 88-840 B); dkdv 64x64 8 warps 0 B at 64
-# but 176 B at 128, 32x128 8 warps 206/0 and 251/0; dq 128x32 8 warps 128/0 and 242/0; dq_rows 32x32 8 warps
-# 176/0 at both. Dh 256: forward 64x32 254/0, dkdv and dq 32x32 234/0 and 170/0, dq_rows 16x32 170/0.
+# shapes of Triton's fused-attention tutorial (dK/dV over a few queries x 128 keys, dQ over 128 queries x 32).
+# dq_rows (dQ with the row gradient) needs BM <= BN for its diagonal sums. Sweeps at bf16, causal (registers /
+# spilled bytes / loop instructions per tile):
+#   forward 128x64 8 warps 3 stages: 176/0/355 at Dh 64, 255/0/411 at 128; 128x128: 1.4x the instructions per
+#     pair of keys, 216-344 B spilled at 128; 4 warps: 488 B spilled at 128
+#   dkdv 64x128 8 warps: 210/0/412 at 64 (24 B spilled at 128); 32x128 8 warps: 228/0/331 at 128; 64x64 4 warps
+#     spills 336 B at 128
+#   dq 128x32 8 warps: 128/0/197 and 206/0/238; dq_rows 32x32 8 warps: 128/0/196 and 175/0/267 (64x64: 136-320 B)
+#   Dh 256: forward 64x32, dkdv and dq 32x32, dq_rows 16x32, all without spills.
 _BY_HEAD_DIM = {
     "forward": {16: Tiles(128, 64, 4, 3), 32: Tiles(128, 64, 4, 3), 64: Tiles(128, 64, 8, 3),
                 128: Tiles(128, 64, 8, 3), 256: Tiles(64, 32, 8, 2)},
-    "dkdv": {16: Tiles(32, 128, 4, 2), 32: Tiles(32, 128, 4, 2), 64: Tiles(32, 128, 8, 2),
+    "dkdv": {16: Tiles(64, 128, 4, 2), 32: Tiles(64, 128, 8, 2), 64: Tiles(64, 128, 8, 2),
              128: Tiles(32, 128, 8, 2), 256: Tiles(32, 32, 8, 2)},
     "dq": {16: Tiles(128, 32, 4, 2), 32: Tiles(128, 32, 4, 2), 64: Tiles(128, 32, 8, 2),
            128: Tiles(128, 32, 8, 2), 256: Tiles(32, 32, 8, 2)},
