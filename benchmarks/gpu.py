@@ -91,6 +91,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--lengths", help="attention lengths, e.g. 1024,4096,16384")
     parser.add_argument("--head-dims", help="attention head dims, e.g. 64,128")
     parser.add_argument("--kv-groups", help="query heads per key head, e.g. 1,4 (4: GQA 4:1)")
+    parser.add_argument("--no-peers", action="store_true",
+                        help="attention against SDPA only: no flex or materialised peers (flex compiles per shape)")
     args = parser.parse_args(argv)
     unknown = set(_csv(args.sections)) - {"attention", "rope", "decode", "train"}
     if unknown:
@@ -137,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     layers, d_model, heads, seq, batch = p["model"]
     runs = {
         "attention": lambda: gpu_sections.attention_rows(p["attention"], p["lengths"], p["head_dims"], p["kv_groups"],
-                                                         p["tokens"], p["repeats"], device, dtype, sink),
+                                                         p["tokens"], p["repeats"], device, dtype, sink,
+                                                         peers=not args.no_peers),
         "rope": lambda: gpu_sections.rope_rows(p["rope"], p["repeats"], device, dtype, sink),
         "decode": lambda: gpu_sections.decode_rows(p["decode"], p["context"], layers, d_model, heads, p["repeats"],
                                                    device, dtype, sink),

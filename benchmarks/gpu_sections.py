@@ -117,16 +117,16 @@ def _ours(q, k, v, scheme, pos):
     return lambda: attend(q, k, v, None, True)
 
 
-def attention_cells(name: str, q, k, v, device, backward: bool) -> dict[str, Callable[[], object]]:
-    """posenc's path for the scheme, and its peers (flex with the score_mod, the materialised bias)."""
+def attention_cells(name: str, q, k, v, device, backward: bool, peers: bool = True) -> dict[str, Callable[[], object]]:
+    """posenc's path for the scheme, and (peers) flex with the score_mod and the materialised bias."""
     heads, t, head_dim = q.shape[1], q.shape[2], q.shape[3]
     dims = Dims(d_model=heads * head_dim, n_head=heads, head_dim=head_dim, max_seq_len=t, n_kv_head=k.shape[1])
     scheme = build(name, dims).to(device)
     pos = torch.arange(t, device=device)[None]
     cells = {f"posenc {name}": _ours(q, k, v, scheme, pos)}
-    if device.type == "cuda" and scheme.score_mod(pos, pos) is not None:
+    if peers and device.type == "cuda" and scheme.score_mod(pos, pos) is not None:
         cells[f"flex {name}"] = _flex(q, k, v, scheme, pos)
-    if materialises_bias(scheme) and not scheme.needs_weights and t <= MATERIALISED_MAX_T:
+    if peers and materialises_bias(scheme) and not scheme.needs_weights and t <= MATERIALISED_MAX_T:
         cells[f"materialised {name}"] = lambda: attend(q, k, v, scheme.bias(pos, pos, q, k), True)
     if backward:
         inputs = [q, k, v, *(p for p in scheme.parameters() if p.requires_grad)]
@@ -135,7 +135,7 @@ def attention_cells(name: str, q, k, v, device, backward: bool) -> dict[str, Cal
 
 
 def attention_rows(schemes: list[str], lengths: list[int], head_dims: list[int], kv_groups: list[int],
-                   tokens: int, repeats: int, device, dtype, sink: Sink) -> None:
+                   tokens: int, repeats: int, device, dtype, sink: Sink, peers: bool = True) -> None:
     """Forward and forward+backward per scheme, length, head dim and GQA group, against causal SDPA. Batch
     B = tokens // T (at least 1) so short lengths are not timing launches; d_model = 1024 (H = 1024 // Dh)."""
     backend, pinned = sdpa_backend(device, dtype)
@@ -168,7 +168,7 @@ def attention_rows(schemes: list[str], lengths: list[int], head_dims: list[int],
                     for name in schemes:
                         if name not in ROW_SCHEMES and t > SQUARE_MAX_T:
                             continue
-                        for path, fn in attention_cells(name, q, k, v, device, backward).items():
+                        for path, fn in attention_cells(name, q, k, v, device, backward, peers).items():
                             result = timed(fn, device, repeats)
                             sink("attention", {**common, "path": path, "ms": _ms(result),
                                                "x SDPA": _ratio(result, base)})

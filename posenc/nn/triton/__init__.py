@@ -49,10 +49,10 @@ MAX_HEAD_DIM = 256  # the attention kernel keeps a (BM, Dh) tile per operand in 
 
 def attention_fits(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> bool:
     """The attention kernel serves q (B,H,Tq,Dh), k/v (B,Hkv,Tk,Dh): one dtype, H a multiple of Hkv, one head
-    dim up to MAX_HEAD_DIM, and (causal) queries that are the last Tq of the keys, Tq <= Tk."""
+    dim up to MAX_HEAD_DIM, and (causal) queries that are the last Tq of the keys, 0 < Tq <= Tk."""
     return (q.dim() == k.dim() == v.dim() == 4 and q.dtype == k.dtype == v.dtype and serves(q, k, v)
             and q.shape[-1] == k.shape[-1] == v.shape[-1] <= MAX_HEAD_DIM and q.shape[1] % k.shape[1] == 0
-            and not (causal and q.shape[2] > k.shape[2]))
+            and not (causal and q.shape[2] > k.shape[2]) and q.shape[2] > 0 and k.shape[2] > 0)  # no empty grid
 
 
 __all__ = ["attention_fits", "installed", "interpreting", "serves"]
