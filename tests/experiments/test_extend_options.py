@@ -104,3 +104,23 @@ def test_a_hand_edited_progress_file_is_one_line_naming_it(tmp_path, content):
     (tmp_path / STATE_FILE).write_text(content)
     with pytest.raises(ValueError, match=rf"progress='{tmp_path / STATE_FILE}' is not allowed: an extend progress"):
         RunState.load(tmp_path)
+
+
+@pytest.mark.parametrize("extra, field", [
+    (["ruler.trials=5"], "ruler.trials"),
+    (["--trials", "7"], "passkey.trials"),
+    (["--quick"], "--quick"),
+    (["--preset", "long"], "--preset"),
+])
+def test_a_setting_given_with_resume_is_refused_by_name_not_dropped(tmp_path, capsys, extra, field):
+    """Issue 36: `--resume DIR ruler.trials=5` ran the stored settings without a word; train, ladder and finetune
+    refuse a change and name the key. Refused before any model loads (none is available here)."""
+    from posenc.experiments.runs import manifest
+    from tests.experiments.cli_helpers import cli, one_line
+
+    stored = config("--quick", "--methods", "none", "--lengths", "1024")
+    manifest.write_record(tmp_path, {"command": "extend", "config": stored.to_dict(), "corpus": None,
+                                     "wall_seconds": 1.0})
+    code, _, err = cli(capsys, "extend", "--resume", tmp_path, "--methods", "none", "--lengths", "1024", *extra)
+    assert code != 0 and field in one_line(err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json"]
