@@ -55,6 +55,9 @@ def test_a_rung_pairs_seeds_and_measures_the_gap():
     ("ladder.subject=sinusoidal", r"ladder.subject='sinusoidal' .*one of compare.schemes"),
     ("eval.length_multipliers=[1,4]", r"eval.length_multipliers=\[1, 4\] .*holding 1 and 2"),
     ("model.d_model=256", r"model.d_model.*each of ladder.sizes"),
+    # issue 36: [1x16,1x32] held and [1x32,1x16] failed on the same numbers: the verdict reads up the list
+    ("ladder.sizes=[1x32,1x16]", r"ladder.sizes=\['1x32', '1x16'\] .*smallest first.*1x32: [\d,]+, 1x16: [\d,]+"),
+    ("ladder.sizes=[2x16,1x16]", r"ladder.sizes=.*smallest first"),
 ])
 def test_bad_ladder_settings_name_the_field(override, message):
     with pytest.raises(ValueError) as caught:
