@@ -117,3 +117,21 @@ def test_a_diverged_unit_is_kept_named_and_never_a_success(finished, tmp_path, c
     assert results["diverged"] == ["linear seed 0"]
     steps = (run / "steps_to_target.csv").read_text().splitlines()
     assert any(row.startswith("linear,diverged") for row in steps)
+
+
+def test_posenc_report_on_a_stopped_run_marks_the_units_not_run_and_never_complete(finished, tmp_path, capsys):
+    """Issue 36: a folder stopped before its second method read 'not by 3' for it, the claims said 'not in
+    finetune.methods, or diverged', and results.json was rewritten with complete: true."""
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
+    results = json.loads((run / "results.json").read_text())
+    (run / "results.json").write_text(json.dumps(results | {
+        "units": [u for u in results["units"] if u["method"] == "none"], "complete": False}))
+    code, _, _ = cli(capsys, "report", run)
+    assert code == 0
+    after = json.loads((run / "results.json").read_text())
+    assert after["complete"] is False
+    steps = (run / "steps_to_target.csv").read_text().splitlines()
+    assert any(row.startswith("linear,not run,not run,0/2") for row in steps)
+    assert all("not run" in c["evidence"] and "not in finetune.methods" not in c["evidence"] for c in after["claims"])
+    assert "Stopped before the end: 2 of 6 units finished" in (run / "tables.md").read_text()
