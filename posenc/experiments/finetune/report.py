@@ -6,15 +6,14 @@ per method; accuracy and perplexity by length)."""
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from posenc.errors import bad_value
 from posenc.experiments import report_writer
 from posenc.experiments.config import loader as config_loader
 from posenc.experiments.evaluation.statistics import Spread
+from posenc.experiments.finetune import stored as stored_files
 from posenc.experiments.finetune.claims import FEW_HUNDRED, judge_all, steps_to_target
 from posenc.experiments.finetune.config import FinetuneConfig, resolved
 from posenc.experiments.report_writer import Plot, Report, Table, is_number
@@ -222,13 +221,7 @@ def finetune_report(cfg: FinetuneConfig, units: Sequence[dict], bases: Sequence[
 
 def rerender(run_dir: Path, stored: dict) -> Path:
     """`posenc report RUN_DIR`: the report again from results.json and run.json (no model is loaded)."""
-    path = Path(run_dir) / "results.json"
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        units = [u | {"records": [r | {key: {int(n): v for n, v in r[key].items()} for key in ("passkey", "ppl")}
-                                  for r in u.get("records", [])]} for u in data["units"]]
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as err:
-        raise bad_value("results", str(path), f"a readable results.json of `posenc finetune` ({err})") from None
+    units, bases = stored_files.results(Path(run_dir) / "results.json")  # checked as a whole, before any rewrite
     cfg = resolved(config_loader.build(FinetuneConfig, stored["config"]))
-    report = finetune_report(cfg, units, data.get("bases", []), float(stored.get("wall_seconds") or 0.0))
+    report = finetune_report(cfg, units, bases, float(stored.get("wall_seconds") or 0.0))
     return report_writer.write(Path(run_dir), report, markdown=MARKDOWN, echo=False)[-1]
