@@ -159,3 +159,17 @@ def test_a_hand_edited_value_in_progress_is_named_before_anything_is_rewritten(t
     code, _, err = cli(capsys, "report", tmp_path)
     assert code == 2 and named in one_line(err)
     assert (tmp_path / "results.json").read_text() == "{}" and not (tmp_path / "ppl.csv").exists()
+
+
+@pytest.mark.parametrize("results", ["[]", '{"complete": "no"}', "not json"])
+def test_a_hand_edited_extend_results_json_is_one_line(tmp_path, capsys, results):
+    from posenc.experiments.extend.progress import STATE_FILE
+    from posenc.experiments.runs import manifest
+    from tests.experiments.cli_helpers import cli, one_line
+
+    (tmp_path / STATE_FILE).write_text(json.dumps(_progress() | {"machine": {"model": "m"}}))
+    manifest.write_record(tmp_path, {"command": "extend", "config": config("--quick").to_dict(), "corpus": None})
+    (tmp_path / "results.json").write_text(results)
+    code, _, err = cli(capsys, "report", tmp_path)
+    assert code == 2 and "results.json of `posenc extend`" in one_line(err)
+    assert (tmp_path / "results.json").read_text() == results
