@@ -1,6 +1,7 @@
 """SIGTERM is Ctrl-C. Schedulers, `timeout` and torchrun's agent stop a run with SIGTERM; it gets the same
 save, record and exit as Ctrl-C (an Interrupted, exit 128 + the signal's number) instead of the silent
-death that would lose every step since the last checkpoint."""
+death that would lose every step since the last checkpoint. Ctrl-C itself raises the same Interrupted (not
+Python's bare KeyboardInterrupt), so a study has one interruption path to handle, whichever signal came."""
 
 from __future__ import annotations
 
@@ -24,16 +25,19 @@ def raise_interrupted(signum: int, frame: object) -> None:
 
 @contextlib.contextmanager
 def sigterm_as_ctrl_c() -> Iterator[None]:
-    """For the whole command (the CLI wraps every command in it), restored after; training loops defer both
-    signals to the end of the step in flight."""
+    """SIGTERM and Ctrl-C raise Interrupted for the whole command (the CLI wraps every command in it), restored
+    after; training loops defer both signals to the end of the step in flight."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    before = signal.signal(signal.SIGTERM, raise_interrupted)
+    before = {signal.SIGTERM: signal.signal(signal.SIGTERM, raise_interrupted)}
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # an ignored Ctrl-C (nohup, &) stays ignored
+        before[signal.SIGINT] = signal.signal(signal.SIGINT, raise_interrupted)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, before)
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
 
 
 __all__ = ["STOP_SIGNALS", "name", "raise_interrupted", "sigterm_as_ctrl_c"]

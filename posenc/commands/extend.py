@@ -83,12 +83,17 @@ def _preset_text(name: str) -> str:
     return " ".join(f"{section}.{key}={value}" for section, options in data.items() for key, value in options.items())
 
 
+def _asked(args: argparse.Namespace) -> list[str]:
+    """The flags, then the key=value overrides, as dotted overrides."""
+    flags = [f"{key}={_yaml_value(_parse(key, kind, text))}" for key, kind, _ in OPTIONS.values()
+             if (text := getattr(args, key, None)) is not None]
+    return [*flags, *getattr(args, "overrides", [])]
+
+
 def config_from_args(args: argparse.Namespace) -> ExtendConfig:
     """Dataclass defaults, then the preset, then the YAML file, then the flags, then key=value overrides."""
     preset = "quick" if args.quick else args.preset or "default"
-    flags = [f"{key}={_yaml_value(_parse(key, kind, text))}" for key, kind, _ in OPTIONS.values()
-             if (text := getattr(args, key)) is not None]
-    return load_extend_config(preset, args.config, [*flags, *getattr(args, "overrides", [])])
+    return load_extend_config(preset, args.config, _asked(args))
 
 
 def _yaml_value(value: Any) -> str:
@@ -108,11 +113,21 @@ def _resumed_config(run_dir: Path) -> ExtendConfig:
     return config_loader.build(ExtendConfig, stored["config"])
 
 
+def _resumed_with(args: argparse.Namespace, stored: ExtendConfig) -> ExtendConfig:
+    """The stored settings with whatever else was asked applied on top: run() then refuses, naming the key, any
+    change the run rule does not allow (a setting given with --resume is never silently dropped)."""
+    if args.quick or args.preset is not None:
+        raise bad_value("--preset" if args.preset is not None else "--quick", args.preset or True,
+                        "no preset with --resume: the run keeps the settings it was started with")
+    asked = _asked(args)
+    return config_loader.load(ExtendConfig, args.config, asked, base=stored) if asked or args.config else stored
+
+
 def main(args: argparse.Namespace) -> int:
     from posenc.experiments.extend.run import run
 
     if args.resume:
         run_dir = Path(args.resume)
-        return run(_resumed_config(run_dir), run_dir)
+        return run(_resumed_with(args, _resumed_config(run_dir)), run_dir)
     cfg = config_from_args(args)  # every bad option fails here, before the model loads
     return run(cfg, None)

@@ -12,7 +12,7 @@ from posenc.experiments import report_writer
 from posenc.experiments.compare.ladder import ladder, preflight_ladder
 from posenc.experiments.compare.ladder_config import RULE, LadderConfig
 from posenc.experiments.compare.ladder_report import report as ladder_report
-from posenc.experiments.compare.results import DIVERGED, failed, save_units
+from posenc.experiments.compare.results import DIVERGED, RESULTS, failed, load_units, save_units
 from posenc.experiments.config import loader as config_loader
 from posenc.experiments.runs import manifest
 from posenc.experiments.runs.files import new_run_dir, removed_if_unused
@@ -34,7 +34,12 @@ def main(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir) if args.run_dir else new_run_dir(cfg.out_dir, "ladder")
     with removed_if_unused(run_dir, manifest.holds_results) if created else contextlib.nullcontext(), \
             open_run(run_dir, RULE, cfg.to_dict(), corpus) as run:
-        units = ladder(cfg, run_dir, on_unit=lambda done: (run.tick(force=True), save_units(run_dir, done)))
+        try:
+            units = ladder(cfg, run_dir, on_unit=lambda done: (run.tick(force=True), save_units(run_dir, done)))
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the report of the models that finished, marked incomplete
+            if (run_dir / RESULTS).is_file():
+                report_writer.write(run_dir, ladder_report(load_units(run_dir), cfg, run.wall_seconds), echo=False)
+            raise
         files = report_writer.write(run_dir, ladder_report(units, cfg, run.wall_seconds))
     print(f"run folder: {run_dir}\nreport:     {files[-1]}")
     if failed(units):

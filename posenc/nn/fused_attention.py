@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from posenc.nn import native
+from posenc.nn.kernel_checks import check_contextual, check_operands, check_piecewise, check_rows
 
 _I64x3 = ctypes.c_int64 * 3
 _FLOAT_P = ctypes.c_void_p
@@ -67,7 +68,10 @@ def _row_strides(t: Tensor | None) -> ctypes.Array:
 
 
 def _dense_last(t: Tensor) -> Tensor:
-    return t if t.stride(-1) == 1 else t.contiguous()
+    """A contiguous last dim, and rows that do not overlap: the (b, h, t) strides become BLAS leading dimensions,
+    which must be >= Dh (an expanded sequence axis has stride 0: MKL refuses it and leaves the output unwritten)."""
+    rows_apart = t.dim() != 4 or t.shape[2] == 1 or t.stride(2) >= t.shape[3]
+    return t if t.stride(-1) == 1 and rows_apart else t.contiguous()
 
 
 def _attention(q, k, v, out, lse, causal, scale, grads=None) -> Attention:
@@ -192,8 +196,10 @@ def can_run(q: Tensor, k: Tensor, v: Tensor) -> bool:
 def attend_rows(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, e: Tensor, causal: bool,
                 want_mass: bool = False) -> tuple[Tensor, Tensor | None]:
     """q (B,H,Tq,Dh), k/v (B,Hkv,Tk,Dh), rows (B|1,H,Tq|1,S), e (B,) int64 -> out (B,H,Tq,Dh) and, if asked,
-    mass (B,H,Tq,S). Only where can_run(q, k, v)."""
+    mass (B,H,Tq,S). Only where can_run(q, k, v); any other shape is refused before the kernel runs."""
+    check_operands(q, k, v, causal)
     rows, e = rows.to(torch.float32), per_batch_row(e, q)
+    check_rows(rows, q, e)
     out, mass = _RowBiasAttention.apply(q, k, v, rows, e, causal, q.shape[-1] ** -0.5, want_mass)
     return out, (mass if want_mass else None)
 
@@ -201,16 +207,23 @@ def attend_rows(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, e: Tensor, causal
 def attend_piecewise(q: Tensor, k: Tensor, v: Tensor, feature: Tensor, divisor: Tensor, knots: Tensor,
                      slope: Tensor, intercept: Tensor, e: Tensor, causal: bool) -> Tensor:
     """feature (S,) non-increasing, divisor (B|1,Tq), knots (K,) ascending, slope/intercept (H,K+1), e (B,)
-    -> (B,H,Tq,Dh). Only where can_run(q, k, v)."""
-    f32 = [t.to(torch.float32) for t in (feature, divisor, slope, intercept)]
-    return _PiecewiseAttention.apply(q, k, v, *f32, knots.detach().to(torch.float32).contiguous(),
-                                     per_batch_row(e, q), causal, q.shape[-1] ** -0.5)
+    -> (B,H,Tq,Dh). Only where can_run(q, k, v); any other shape is refused before the kernel runs."""
+    check_operands(q, k, v, causal)
+    feature, divisor, slope, intercept = (t.to(torch.float32) for t in (feature, divisor, slope, intercept))
+    knots, e = knots.detach().to(torch.float32).contiguous(), per_batch_row(e, q)
+    check_piecewise(q, k, feature, divisor, knots, slope, intercept, e, causal)
+    return _PiecewiseAttention.apply(q, k, v, feature, divisor, slope, intercept, knots, e, causal,
+                                     q.shape[-1] ** -0.5)
 
 
 def attend_contextual(q: Tensor, k: Tensor, v: Tensor, rows: Tensor) -> Tensor:
     """Causal attention with CoPE's bias: rows (B,H,Tq,P) read at the contextual position p_ij = sum_{t=j..i}
-    sigmoid(q_i . k_t / sqrt(Dh)), interpolated, clamped to P - 1 -> (B,H,Tq,Dh). Only where can_run(q, k, v)."""
-    return _ContextualAttention.apply(q, k, v, rows.to(torch.float32), q.shape[-1] ** -0.5)
+    sigmoid(q_i . k_t / sqrt(Dh)), interpolated, clamped to P - 1 -> (B,H,Tq,Dh). Only where can_run(q, k, v); any
+    other shape is refused before the kernel runs."""
+    check_operands(q, k, v, True)
+    rows = rows.to(torch.float32)
+    check_contextual(rows, q)
+    return _ContextualAttention.apply(q, k, v, rows, q.shape[-1] ** -0.5)
 
 
 __all__ = ["attend_contextual", "attend_piecewise", "attend_rows", "blocks", "can_run", "per_batch_row"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from posenc.nn.kernel_checks import check_rotary
 from posenc.rotary import _fast
 
 
@@ -49,6 +50,7 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False)
     rotation by the opposite angle, so it saves only cos/sin and runs the same kernel twice. Left to
     autograd, the slices and cat of the plain formula cost ~5x more (zero-filled slice gradients).
     """
+    check_rotary(x, cos, sin)  # one error on every path (the native kernel would write past each row)
     learned_tables = torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad)
     if not learned_tables and _fast.triton_fits(x, cos, sin):  # GPU: one pass in x's own dtype, tables kept float32
         if torch.is_grad_enabled() and x.requires_grad:

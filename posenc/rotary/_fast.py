@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from posenc.nn import native
+from posenc.nn.kernel_checks import check_rotary
 
 COMPILE_MIN_ELEMENTS = 1 << 22  # ~16 MB of float32: below this the eager path costs < a few ms
 _compiled = None
@@ -84,11 +85,12 @@ def can_use_complex(x: Tensor) -> bool:
 
 def rotate_native(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, sign: float = 1.0) -> Tensor | None:
     """x (B,H,T,Dh) float32 on CPU, cos/sin (B|1,1,T,R/2) -> x rotated by sign * angle; None when the
-    native kernels are unavailable here."""
+    native kernels are unavailable here or the tables are in another layout; tables wider than the head refused."""
     if x.dtype != torch.float32 or x.device.type != "cpu" or x.dim() != 4 or (lib := native.library()) is None:
         return None
+    check_rotary(x, cos, sin)  # the kernel writes R = 2 * cos.shape[-1] dims of every row of out
     b, h, t, d = x.shape
-    if cos.shape != sin.shape or cos.dim() != 4 or cos.shape[0] not in (1, b) or cos.shape[1:3] != (1, t):
+    if cos.dim() != 4 or cos.shape[0] not in (1, b) or cos.shape[1:3] != (1, t):
         return None
     x = x if x.stride(-1) == 1 else x.contiguous()
     cos, sin = cos.to(torch.float32), sin.to(torch.float32)

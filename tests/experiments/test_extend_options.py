@@ -104,3 +104,72 @@ def test_a_hand_edited_progress_file_is_one_line_naming_it(tmp_path, content):
     (tmp_path / STATE_FILE).write_text(content)
     with pytest.raises(ValueError, match=rf"progress='{tmp_path / STATE_FILE}' is not allowed: an extend progress"):
         RunState.load(tmp_path)
+
+
+@pytest.mark.parametrize("extra, field", [
+    (["ruler.trials=5"], "ruler.trials"),
+    (["--trials", "7"], "passkey.trials"),
+    (["--quick"], "--quick"),
+    (["--preset", "long"], "--preset"),
+])
+def test_a_setting_given_with_resume_is_refused_by_name_not_dropped(tmp_path, capsys, extra, field):
+    """Issue 36: `--resume DIR ruler.trials=5` ran the stored settings without a word; train, ladder and finetune
+    refuse a change and name the key. Refused before any model loads (none is available here)."""
+    from posenc.experiments.runs import manifest
+    from tests.experiments.cli_helpers import cli, one_line
+
+    stored = config("--quick", "--methods", "none", "--lengths", "1024")
+    manifest.write_record(tmp_path, {"command": "extend", "config": stored.to_dict(), "corpus": None,
+                                     "wall_seconds": 1.0})
+    code, _, err = cli(capsys, "extend", "--resume", tmp_path, "--methods", "none", "--lengths", "1024", *extra)
+    assert code != 0 and field in one_line(err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json"]
+
+
+def _progress() -> dict:
+    """A progress.json as extend writes it: one perplexity row, one passkey and one RULER record, one forward."""
+    return {"ppl": {"none": {"method": "none", "rope_scaling": None, "attention_extension": None,
+                             "attention_scaling": 1.0, "ppl_by_length": {"64": {"ppl": 9.5, "lo": 9.0, "hi": None}}}},
+            "passkey": {"none|64|0.5|0": {"method": "none", "length": 64, "depth": 0.5, "trial": 0, "correct": True}},
+            "ruler": {"none|niah|64|0": {"method": "none", "task": "niah", "length": 64, "trial": 0, "score": 0.5}},
+            "forwards": [{"task": "ppl", "length": 64, "seconds": 0.1}], "machine": {}}
+
+
+@pytest.mark.parametrize(("edit", "named"), [
+    (lambda p: p["ppl"]["none"]["ppl_by_length"]["64"].update(ppl="abc"), "ppl['none'][64].ppl='abc'"),
+    (lambda p: p["ppl"]["none"].update(ppl_by_length={"x": {}}), "ppl['none'].ppl_by_length"),
+    (lambda p: p["passkey"]["none|64|0.5|0"].update(correct="yes"), "passkey['none|64|0.5|0'].correct='yes'"),
+    (lambda p: p["passkey"]["none|64|0.5|0"].update(depth="abc"), ".depth='abc'"),
+    (lambda p: p["ruler"]["none|niah|64|0"].update(score=2), "ruler['none|niah|64|0'].score=2"),
+    (lambda p: p["forwards"].append("abc"), "forwards[1]='abc'"),
+])
+def test_a_hand_edited_value_in_progress_is_named_before_anything_is_rewritten(tmp_path, capsys, edit, named):
+    """Issue 36: a perplexity of "abc" gave matplotlib's TypeError after results.json and ppl.csv were rewritten."""
+    from posenc.experiments.extend.progress import STATE_FILE, RunState
+    from posenc.experiments.runs import manifest
+    from tests.experiments.cli_helpers import cli, one_line
+
+    (tmp_path / STATE_FILE).write_text(json.dumps(_progress()))
+    assert RunState.load(tmp_path).ppl["none"]["ppl_by_length"][64]["ppl"] == 9.5  # as written: accepted
+    progress = _progress()
+    edit(progress)
+    (tmp_path / STATE_FILE).write_text(json.dumps(progress))
+    manifest.write_record(tmp_path, {"command": "extend", "config": config("--quick").to_dict(), "corpus": None})
+    (tmp_path / "results.json").write_text("{}")
+    code, _, err = cli(capsys, "report", tmp_path)
+    assert code == 2 and named in one_line(err)
+    assert (tmp_path / "results.json").read_text() == "{}" and not (tmp_path / "ppl.csv").exists()
+
+
+@pytest.mark.parametrize("results", ["[]", '{"complete": "no"}', "not json"])
+def test_a_hand_edited_extend_results_json_is_one_line(tmp_path, capsys, results):
+    from posenc.experiments.extend.progress import STATE_FILE
+    from posenc.experiments.runs import manifest
+    from tests.experiments.cli_helpers import cli, one_line
+
+    (tmp_path / STATE_FILE).write_text(json.dumps(_progress() | {"machine": {"model": "m"}}))
+    manifest.write_record(tmp_path, {"command": "extend", "config": config("--quick").to_dict(), "corpus": None})
+    (tmp_path / "results.json").write_text(results)
+    code, _, err = cli(capsys, "report", tmp_path)
+    assert code == 2 and "results.json of `posenc extend`" in one_line(err)
+    assert (tmp_path / "results.json").read_text() == results

@@ -34,6 +34,7 @@ from tests.experiments.cli_helpers import cli, one_line
     ("trainer.max_steps=5", r"trainer\.max_steps=5.*last step of finetune\.schedule"),
     ("trainer.device=tpu", r"trainer\.device='tpu'.*cpu, cuda"),
     ("finetune.methodz=[none]", r"finetune\.methodz.*did you mean 'finetune\.methods'"),
+    ("data.tokenizer=smollm2", r"data\.tokenizer='smollm2'.*bytes.*gguf:smollm2"),  # was trained on bytes, recorded
 ])
 def test_a_bad_option_is_one_line_naming_it(override, pattern):
     with pytest.raises(ValueError, match=pattern):

@@ -96,6 +96,6 @@ def test_a_missing_method_or_a_base_that_cannot_retrieve_is_inconclusive():
               "none": dict.fromkeys(SEEDS, curve(64, 64, 64, 64, 64, 64))}
     found = verdicts(ranges)
     assert found["PI"].verdict == "held"
-    assert found["YaRN"].verdict == "inconclusive" and "yarn not measured" in found["YaRN"].evidence
+    assert found["YaRN"].verdict == "inconclusive" and "yarn (not in finetune.methods)" in found["YaRN"].evidence
     weak = verdicts(ranges, retrieves={0: True, 1: False, 2: True})
     assert weak["PI"].verdict == "inconclusive" and "seed 1 does not retrieve" in weak["PI"].evidence

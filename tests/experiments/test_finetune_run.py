@@ -57,14 +57,14 @@ def test_a_resume_redoes_only_what_is_missing_and_replays_it_exactly(finished, t
     unit = run / "seed-1" / "yarn"
     shutil.rmtree(unit / "checkpoints")  # killed after measuring step 0: no checkpoint, one record
     records = json.loads((unit / "records.json").read_text())
-    (unit / "records.json").write_text(json.dumps([records[0] | {"train_loss": "kept"}]))
+    (unit / "records.json").write_text(json.dumps([records[0] | {"train_loss": 12345.0}]))  # a mark
     base = run / "seed-0" / "base" / "checkpoints"
     base_files = {p: p.stat().st_mtime_ns for p in base.rglob("*") if p.is_file()}
     (run / "results.json").unlink()
     code, out, _ = cli(capsys, "finetune", "--run-dir", run)  # a bare resume takes the run's own settings
     assert code == 0 and f"run folder: {run}" in out
     after = units_of(run)
-    assert after[("yarn", 1)][0]["train_loss"] == "kept"  # step 0 was not measured again
+    assert after[("yarn", 1)][0]["train_loss"] == 12345.0  # step 0 was not measured again
     assert after[("yarn", 1)][1:] == before[("yarn", 1)][1:]  # steps 1 and 3 replayed exactly
     assert all(after[key] == before[key] for key in before if key != ("yarn", 1))
     assert {p: p.stat().st_mtime_ns for p in base.rglob("*") if p.is_file()} == base_files  # no base retrained
@@ -117,3 +117,53 @@ def test_a_diverged_unit_is_kept_named_and_never_a_success(finished, tmp_path, c
     assert results["diverged"] == ["linear seed 0"]
     steps = (run / "steps_to_target.csv").read_text().splitlines()
     assert any(row.startswith("linear,diverged") for row in steps)
+
+
+def test_posenc_report_on_a_stopped_run_marks_the_units_not_run_and_never_complete(finished, tmp_path, capsys):
+    """Issue 36: a folder stopped before its second method read 'not by 3' for it, the claims said 'not in
+    finetune.methods, or diverged', and results.json was rewritten with complete: true."""
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
+    results = json.loads((run / "results.json").read_text())
+    (run / "results.json").write_text(json.dumps(results | {
+        "units": [u for u in results["units"] if u["method"] == "none"], "complete": False}))
+    code, _, _ = cli(capsys, "report", run)
+    assert code == 0
+    after = json.loads((run / "results.json").read_text())
+    assert after["complete"] is False
+    steps = (run / "steps_to_target.csv").read_text().splitlines()
+    assert any(row.startswith("linear,not run,not run,0/2") for row in steps)
+    assert all("not run" in c["evidence"] and "not in finetune.methods" not in c["evidence"] for c in after["claims"])
+    assert "Stopped before the end: 2 of 6 units finished" in (run / "tables.md").read_text()
+
+
+def test_a_hand_edited_results_json_is_one_line_and_nothing_is_rewritten(finished, tmp_path, capsys):
+    """Issue 36: '"range": "zero"' in results.json gave a TypeError from `posenc report`."""
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
+    results = json.loads((run / "results.json").read_text())
+    results["units"][1]["records"][2]["range"] = "zero"
+    (run / "results.json").write_text(json.dumps(results))
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    code, _, err = cli(capsys, "report", run)
+    assert code == 2 and "units[1].records[2].range='zero'" in one_line(err) and "whole number" in one_line(err)
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+
+
+@pytest.mark.parametrize(("edit", "named"), [
+    (lambda r: r[1]["passkey"].update({"40": "abc"}), "[1].passkey[40]='abc'"),
+    (lambda r: r[0].update({"range": -3}), "[0].range=-3"),
+    (lambda r: r[2]["ppl"].update({"80": "abc"}), "[2].ppl[80]='abc'"),
+])
+def test_a_hand_edited_records_json_is_refused_before_any_unit_runs(finished, tmp_path, capsys, edit, named):
+    """Issue 36: a records.json holding "abc" was accepted into the results."""
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
+    path = run / "seed-1" / "linear" / "records.json"
+    records = json.loads(path.read_text())
+    edit(records)
+    path.write_text(json.dumps(records))
+    (run / "results.json").write_text("{}")  # would be rewritten by the first unit that ran
+    code, _, err = cli(capsys, "finetune", "--run-dir", run)
+    assert code == 2 and f"records.json {named}" in one_line(err)
+    assert (run / "results.json").read_text() == "{}"

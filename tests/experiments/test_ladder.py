@@ -55,6 +55,9 @@ def test_a_rung_pairs_seeds_and_measures_the_gap():
     ("ladder.subject=sinusoidal", r"ladder.subject='sinusoidal' .*one of compare.schemes"),
     ("eval.length_multipliers=[1,4]", r"eval.length_multipliers=\[1, 4\] .*holding 1 and 2"),
     ("model.d_model=256", r"model.d_model.*each of ladder.sizes"),
+    # issue 36: [1x16,1x32] held and [1x32,1x16] failed on the same numbers: the verdict reads up the list
+    ("ladder.sizes=[1x32,1x16]", r"ladder.sizes=\['1x32', '1x16'\] .*smallest first.*1x32: [\d,]+, 1x16: [\d,]+"),
+    ("ladder.sizes=[2x16,1x16]", r"ladder.sizes=.*smallest first"),
 ])
 def test_bad_ladder_settings_name_the_field(override, message):
     with pytest.raises(ValueError) as caught:
@@ -79,6 +82,8 @@ def test_a_tiny_ladder_runs_every_size_and_prints_its_verdict(tmp_path, capsys):
         (size, scheme, 0) for size in ("1x8", "2x16") for scheme in ("none", "rope"))
     assert [r["size"] for r in results["rungs"]] == ["1x8", "2x16"]
     assert results["rungs"][0]["params"] < results["rungs"][1]["params"]
+    trained = {u["size"]: u["params"] for u in results["units"] if u["scheme"] == "none"}
+    assert [r["params"] for r in results["rungs"]] == [trained["1x8"], trained["2x16"]]  # counted before training
     assert results["claim"]["verdict"] in ("held", "failed", "inconclusive") and "verdict" in out
     assert (run / "ladder.png").stat().st_size > 0 and (run / "size-1x8" / "rope" / "seed-0").is_dir()
     assert results["claim"]["verdict"] == "inconclusive"  # one seed per rung: no spread to judge a fall by
@@ -89,3 +94,45 @@ def test_a_tiny_ladder_runs_every_size_and_prints_its_verdict(tmp_path, capsys):
         return re.sub(r"Wall time \d+ s", "Wall time", text)
 
     assert code == 0 and timeless((run / "report.md").read_text()) == timeless(before)
+
+
+def test_a_stopped_ladder_is_reported_as_incomplete_never_as_a_mean_over_seeds():
+    """Issue 36: a stopped ladder showed one seed's number under 'mean ± std over seeds', marked nothing
+    incomplete, and had params nan where the subject's unit had not run."""
+    from posenc.experiments.compare.ladder_report import report
+
+    cfg = load(LadderConfig, None, ["compare.schemes=[none,rope]", "compare.seeds=[0,1]", "ladder.sizes=[1x16,1x32]"])
+
+    def unit(size, scheme, seed, p1):
+        return {"size": size, "scheme": scheme, "seed": seed, "status": "ok", "params": 1, "ppl": {1: p1, 2: p1}}
+
+    units = [unit("1x16", "none", 0, 6.0), unit("1x16", "none", 1, 5.0), unit("1x16", "rope", 0, 4.0),
+             unit("1x16", "rope", 1, 5.0), unit("1x32", "rope", 0, 3.0)]  # stopped: three 1x32 models not run
+    made = report(units, cfg, 1.0)
+    ladder_rows = {r["size"]: r for r in next(t for t in made.tables if t.name == "ladder").rows}
+    scheme_rows = {r["size"]: r for r in next(t for t in made.tables if t.name == "schemes").rows}
+    assert scheme_rows["1x32"]["rope"] == "3.000 (1 of 2 seeds)" and scheme_rows["1x16"]["rope"] == "4.500 ± 0.707"
+    assert scheme_rows["1x32"]["none"] == "n/a"
+    assert [ladder_rows[s]["params"] for s in ("1x16", "1x32")] == [cfg.params_at("1x16"), cfg.params_at("1x32")]
+    assert made.results["complete"] is False and len(made.results["not_run"]) == 3
+    assert "Stopped before the end: 5 of 8 models finished" in made.intro
+    assert made.results["claim"]["verdict"] == "inconclusive"
+
+
+def test_an_interrupted_ladder_writes_the_report_of_what_finished_marked_incomplete(tmp_path, capsys, monkeypatch):
+    from posenc.commands import ladder as command
+    from posenc.errors import Interrupted
+
+    def stopped(cfg, run_dir, on_unit):
+        on_unit([{"size": "1x8", "scheme": "none", "seed": 0, "status": "ok", "params": 1, "ppl": {1: 5.0, 2: 6.0}}])
+        raise Interrupted("stopped by Ctrl-C", signum=2)
+
+    monkeypatch.setattr(command, "ladder", stopped)
+    tiny = [o for o in TINY if not o.startswith(("model.n_layer", "model.d_model"))]
+    run = tmp_path / "run"
+    code, _, _ = cli(capsys, "ladder", *tiny, "compare.seeds=[0]", "compare.schemes=[none,rope]",
+                     "ladder.sizes=[1x8,2x16]", "--run-dir", run)
+    assert code == 130
+    results = json.loads((run / "results.json").read_text())
+    assert results["complete"] is False and len(results["units"]) == 1
+    assert "Stopped before the end: 1 of 4 models finished" in (run / "report.md").read_text()

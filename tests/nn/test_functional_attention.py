@@ -53,3 +53,39 @@ def test_attention_names_the_bad_argument():
         posenc.attention(q, q, q, scheme, q_pos=torch.zeros(1, 4, dtype=torch.long))
     with pytest.raises(ConfigError, match="k shape"):
         posenc.attention(q, torch.randn(1, 3, 5, 8), torch.randn(1, 3, 5, 8), scheme)
+
+
+EMPTY_CASES = [((0, 4, 5, 16), (0, 2, 5, 16), True), ((2, 4, 0, 16), (2, 2, 7, 16), True),
+               ((2, 4, 0, 16), (2, 2, 0, 16), True), ((2, 4, 3, 16), (2, 2, 0, 16), False)]
+
+
+@pytest.mark.parametrize("name", posenc.available())
+@pytest.mark.parametrize(("q_shape", "k_shape", "causal"), EMPTY_CASES)
+def test_empty_sequences_give_what_sdpa_gives(name, q_shape, k_shape, causal):
+    scheme = posenc.build(name, Dims(d_model=64, n_head=4, head_dim=16, max_seq_len=64, n_kv_head=2))
+    q, k, v = torch.randn(q_shape), torch.randn(k_shape), torch.randn(k_shape)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+    torch.testing.assert_close(posenc.attention(q, k, v, scheme, causal=causal), expected)
+
+
+def _bad_call(case: str):
+    scheme = posenc.build("alibi", Dims(d_model=16, n_head=2, head_dim=8, max_seq_len=16))
+    q = torch.randn(1, 2, 5, 8)
+    calls = {
+        "scheme": lambda: posenc.attention(q, q, q, torch.nn.Linear(2, 2)),
+        "q dtype": lambda: posenc.attention(q.long(), q.long(), q.long(), scheme),
+        "v dtype": lambda: posenc.attention(q, q, torch.ones(1, 2, 5, 8, dtype=torch.int32), scheme),
+        "dtypes": lambda: posenc.attention(q, q.double(), q.double(), scheme),
+        "causal": lambda: posenc.attention(q, q, q, scheme, causal="no"),
+        "H=2": lambda: posenc.attention(torch.randn(1, 4, 5, 8), q, q, scheme),
+        "Dh=8": lambda: (q16 := torch.randn(1, 2, 5, 16), posenc.attention(q16, q16, q16, scheme)),
+        "k shape": lambda: posenc.attention(q, torch.randn(1, 0, 5, 8), torch.randn(1, 0, 5, 8), scheme),
+    }
+    return calls[case]
+
+
+@pytest.mark.parametrize("case", ["scheme", "q dtype", "v dtype", "dtypes", "causal", "H=2", "Dh=8", "k shape"])
+def test_malformed_calls_are_refused_in_one_line_naming_the_argument(case):
+    with pytest.raises(ConfigError) as refused:
+        _bad_call(case)()
+    assert case in str(refused.value) and "\n" not in str(refused.value)

@@ -6,14 +6,18 @@ did not). The ladder belongs to compare: every size is a compare run, unit for u
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
 from dataclasses import dataclass, field
 from typing import ClassVar
+
+import torch
 
 from posenc.errors import bad_value
 from posenc.experiments.compare.config import CompareConfig, CompareSchemes
 from posenc.experiments.config.fields import name_list
 from posenc.experiments.runs.rule import RunRule
+from posenc.models import GPT
 
 SIZE = re.compile(r"(\d+)x(\d+)")  # n_layer x d_model, e.g. 4x128
 LADDER_SCHEMES = ("none", "rope", "alibi", "learned_absolute")  # NoPE and the three families beside it
@@ -68,6 +72,22 @@ class LadderConfig(CompareConfig):
             if layers_width(size)[1] % self.model.n_head:
                 raise bad_value("ladder.sizes", list(lad.sizes), f"widths divisible by model.n_head="
                                 f"{self.model.n_head} ({size} is not)")
+        self._check_ascending()
+
+    def _check_ascending(self) -> None:
+        """The verdict reads the ratio up the ladder in list order: the list must go up in parameters."""
+        counts = {size: self.params_at(size) for size in self.ladder.sizes}
+        if any(a >= b for a, b in itertools.pairwise(counts.values())):
+            shown = ", ".join(f"{size}: {n:,}" for size, n in counts.items())
+            raise bad_value("ladder.sizes", list(self.ladder.sizes), f"sizes smallest first, each with more "
+                            f"parameters than the one before (the verdict reads up the ladder; here {shown})")
+
+    def params_at(self, size: str) -> int:
+        """The parameter count of the subject's model at this size (built on the meta device: no memory)."""
+        n_layer, d_model = layers_width(size)
+        model = self.model.replace(n_layer=n_layer, d_model=d_model, position_embedding_type=self.ladder.subject)
+        with torch.device("meta"):
+            return sum(p.numel() for p in GPT(model).parameters())
 
     def at_size(self, size: str) -> CompareConfig:
         """The compare run of one rung: the same recipe with the model at this size."""

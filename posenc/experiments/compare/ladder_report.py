@@ -54,10 +54,23 @@ def rung(units: Sequence[dict[str, Any]], cfg: LadderConfig, size: str) -> dict[
     extrapolation = ratios([_ppl(ext.get(k, {}), 2) for k in seeds], [_ppl(ext.get(k, {}), 1) for k in seeds])
     mine = [u for u in units if u.get("size") == size and u["status"] == "ok"]
     gap = Spread(tuple(_gap(u) for u in mine))
-    params = [u["params"] for u in subject.values() if "params" in u]
-    return {"size": size, "params": params[0] if params else math.nan, "best": best or "n/a",
+    return {"size": size, "params": cfg.params_at(size), "best": best or "n/a",  # known before any model ran
             "ratio": ratio, "extrapolation": extrapolation, "gap": gap, "at_1x": at_1x,
             "diverged": sum(u["status"] == DIVERGED for u in units if u.get("size") == size)}
+
+
+def shown(spread: Spread, digits: int) -> str:
+    """mean ± std over seeds, saying how many seeds it is over when some are missing (a stopped or diverged unit):
+    never one seed's number passed off as a mean over seeds."""
+    text, n = spread.text(digits), len(spread.finite)
+    return text if spread.complete or not n else f"{text} ({n} of {len(spread.values)} seeds)"
+
+
+def not_run(units: Sequence[dict[str, Any]], cfg: LadderConfig) -> list[str]:
+    """`size scheme seed N` of every model the config asks for and the folder does not hold (a stopped run)."""
+    held = {(u.get("size"), u.get("scheme"), u.get("seed")) for u in units}
+    return [f"{size} {scheme} seed {seed}" for size in cfg.ladder.sizes for scheme in cfg.compare.schemes
+            for seed in cfg.compare.seeds if (size, scheme, seed) not in held]
 
 
 def verdict(spreads: Sequence[Spread]) -> str:
@@ -78,8 +91,8 @@ def _rows(rungs: list[dict[str, Any]], cfg: LadderConfig) -> list[dict[str, Any]
     for r in rungs:
         close = ("yes" if r["ratio"].high <= CLOSE else "no") if r["ratio"].complete else "n/a"
         row = {"size": r["size"], "params": r["params"], "best other": r["best"],
-               f"{lad.subject} / best": r["ratio"].text(3), f"close (<= {CLOSE:g})": close,
-                f"{lad.extrapolation} 2x/1x": r["extrapolation"].text(2),
+               f"{lad.subject} / best": shown(r["ratio"], 3), f"close (<= {CLOSE:g})": close,
+                f"{lad.extrapolation} 2x/1x": shown(r["extrapolation"], 2),
                 "gap (nats)": r["gap"].text(3), "gap max": max(r["gap"].finite) if r["gap"].finite else "n/a",
                 "diverged": r["diverged"]}
         rows.append(row)
@@ -90,7 +103,7 @@ def _scheme_rows(rungs: list[dict[str, Any]], cfg: LadderConfig) -> list[dict[st
     rows = []
     for r in rungs:
         rows.append({"size": r["size"], "params": r["params"],
-                     **{s: r["at_1x"][s].text(3) for s in cfg.compare.schemes}})
+                     **{s: shown(r["at_1x"][s], 3) for s in cfg.compare.schemes}})
     return rows
 
 
@@ -109,7 +122,8 @@ def report(units: Sequence[dict[str, Any]], cfg: LadderConfig, wall_seconds: flo
     lad, t, L = cfg.ladder, cfg.trainer, cfg.data.seq_len
     rungs = [rung(units, cfg, size) for size in lad.sizes]
     judged = verdict([r["ratio"] for r in rungs])
-    evidence = ", ".join(f"{r['size']}: {r['ratio'].text(3)}" for r in rungs)
+    evidence = ", ".join(f"{r['size']}: {shown(r['ratio'], 3)}" for r in rungs)
+    missing = not_run(units, cfg)
     claim = {"source": "Haviv et al. 2022", "claim": f"{lad.subject}'s gap to the best at 1x shrinks with size",
              "rule": RULE, "verdict": judged, "evidence": evidence}
     units_rows = [{**u, **{f"ppl@{m}x": u.get("ppl", {}).get(m, u["status"]) for m in cfg.eval.length_multipliers}}
@@ -121,6 +135,11 @@ def report(units: Sequence[dict[str, Any]], cfg: LadderConfig, wall_seconds: flo
              f"scheme with the lowest mean among the others. Gap: held-out minus training-text loss at 1x (nats per "
              f"token, the same amount of text each), mean ± std over every model of the size; near 0 means no "
              f"memorising. Verdict rule: {RULE}. Wall time {wall_seconds:.0f} s.")
+    if missing:
+        total = len(lad.sizes) * len(cfg.compare.schemes) * len(cfg.compare.seeds)
+        intro += (f" Stopped before the end: {total - len(missing)} of {total} models finished; not run: "
+                  f"{', '.join(missing)}. Numbers over fewer seeds say so; `posenc ladder --run-dir DIR` with the "
+                  "same settings completes the run.")
     tables = [Table("ladder", f"{lad.subject} against the others at the training length, by model size",
                     list(_rows(rungs, cfg)[0]) if rungs else ["size"], _rows(rungs, cfg)),
               Table("schemes", "Held-out perplexity per token at the training length, mean ± std over seeds",
@@ -130,7 +149,7 @@ def report(units: Sequence[dict[str, Any]], cfg: LadderConfig, wall_seconds: flo
               Table("units", "Every model (size x scheme x seed)",
                     ["size", "scheme", "seed", "status", "params", "final_train_loss", "train_ppl@1x",
                      *[f"ppl@{m}x" for m in cfg.eval.length_multipliers], "seconds"], units_rows, shown=False)]
-    results = {"units": list(units), "claim": claim,
+    results = {"units": list(units), "claim": claim, "complete": not missing, "not_run": missing,
                "rungs": [{"size": r["size"], "params": r["params"], "best": r["best"],
                           "ratio": r["ratio"].values, "extrapolation": r["extrapolation"].values,
                           "gap": r["gap"].values} for r in rungs]}

@@ -53,6 +53,7 @@ class RunState:
                         and all(isinstance(row, dict) for row in [*saved["ppl"].values(), *saved["passkey"].values(),
                                                                   *saved["ruler"].values()])):
                     raise ValueError("an object with ppl {method: row}, passkey {cell: record} and forwards [...]")
+                _check_rows(saved)
                 state.ppl = {name: _int_keys(_named_method(row)) for name, row in saved["ppl"].items()}
             except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as err:
                 raise bad_value("progress", str(path), f"an extend progress file ({err}); restore it, or remove "
@@ -81,6 +82,46 @@ class RunState:
 
     def forward_done(self, task: str, length: int, usage: PeakMemory) -> None:
         self.forwards.append({"task": task, "length": length, **usage.as_dict()})
+
+
+def _number(value: Any, low: float = -math.inf, high: float = math.inf) -> bool:
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value <= high)
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_rows(saved: dict[str, Any]) -> None:
+    """Every value the report reads has its type (a hand-edited "abc" is named here, before results.json, ppl.csv
+    or a plot is rewritten from it). Raises ValueError naming the place."""
+    def need(ok: bool, where: str, value: Any, allowed: str) -> None:
+        if not ok:
+            raise ValueError(f"{where}={value!r}: {allowed}")
+
+    for name, row in saved["ppl"].items():
+        table = row.get("ppl_by_length")
+        need(isinstance(table, dict) and all(isinstance(n, str) and n.isdigit() for n in table),
+             f"ppl[{name!r}].ppl_by_length", table, "an object from lengths to {ppl, lo, hi}")
+        need(_number(row.get("attention_scaling")), f"ppl[{name!r}].attention_scaling", row.get("attention_scaling"),
+             "a number")
+        for n, stat in table.items():
+            need(isinstance(stat, dict), f"ppl[{name!r}][{n}]", stat, "an object {ppl, lo, hi}")
+            for key in ("ppl", "lo", "hi"):
+                need(_number(stat.get(key), 0.0), f"ppl[{name!r}][{n}].{key}", stat.get(key), "a number >= 0, or null")
+    for kind, rows, score in (("passkey", saved["passkey"], "correct"), ("ruler", saved["ruler"], "score")):
+        for cell, record in rows.items():
+            for key in ("length", "trial"):
+                need(_whole(record.get(key)), f"{kind}[{cell!r}].{key}", record.get(key), "a whole number")
+            if kind == "passkey":
+                need(_number(record.get("depth"), 0.0, 1.0) and record.get("depth") is not None,
+                     f"passkey[{cell!r}].depth", record.get("depth"), "a depth from 0 to 1")
+            value = record.get(score)
+            need(isinstance(value, bool) if score == "correct" else _number(value, 0.0, 1.0) and value is not None,
+                 f"{kind}[{cell!r}].{score}", value, "true or false" if score == "correct" else "a score from 0 to 1")
+    for i, forward in enumerate(saved["forwards"]):
+        need(isinstance(forward, dict) and _whole(forward.get("length")) and _number(forward.get("seconds"), 0.0),
+             f"forwards[{i}]", forward, "an object with length and seconds")
 
 
 def _int_keys(row: dict[str, Any]) -> dict[str, Any]:

@@ -143,7 +143,14 @@ def rerender(run_dir: Path, stored: dict[str, Any]) -> Path:
         raise bad_value("run_dir", str(run_dir), "an extend folder written since extend records its machine in "
                                                  "progress.json ('machine'); rerun or --resume it once")
     cfg = config_loader.build(ExtendConfig, stored["config"])
-    done = json.loads((run_dir / "results.json").read_text(encoding="utf-8")).get("complete", True)
+    path = run_dir / "results.json"
+    try:
+        done = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise bad_value("results", str(path), f"a readable results.json of `posenc extend` ({err})") from None
+    done = done.get("complete", True) if isinstance(done, dict) else None
+    if not isinstance(done, bool):
+        raise bad_value("results", str(path), "a results.json of `posenc extend` (an object; complete: true or false)")
     meta = run_meta(state, cfg, stored["corpus"], float(stored.get("wall_seconds") or 0.0), done)
     return write_results(state, cfg, meta)[-1]
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from posenc.errors import Interrupted, bad_value
+from posenc.errors import bad_value
 from posenc.experiments.config import loader as config_loader
 from posenc.experiments.config.sections import run_device
 from posenc.experiments.extend.config import OLD_CONFIG_FILE, RULE, ExtendConfig
@@ -142,8 +142,8 @@ def _sweep(cfg: ExtendConfig, opened: Run, corpus: Any) -> int:
                 run_passkey(cfg, model, builder, state, bar)
             if ruler_builder is not None:
                 run_ruler(cfg, model, ruler_builder, state, bar)
-    except Interrupted:  # a time limit's SIGTERM or Ctrl-C: the tables of what finished, then the usual exit
-        if state.forwards:
+    except KeyboardInterrupt:  # Interrupted (SIGTERM, or Ctrl-C under the CLI) or a bare Ctrl-C from Python: the
+        if state.forwards:  # tables of what finished, then the usual exit
             print("stopped: writing the tables of what finished (--resume completes them)", file=sys.stderr)
             _write(state, cfg, model, corpus, opened, device, complete=False)
         raise

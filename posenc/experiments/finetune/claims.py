@@ -58,17 +58,20 @@ CLAIMS = (
 )
 
 
-def judge_all(ranges: Ranges, seeds: Sequence[int], target: int, retrieves: Mapping[int, bool]) -> list[Verdict]:
-    """`retrieves`: seed -> whether its base (method none, step 0) passes the passkey at the trained length."""
-    return [_judge(spec, ranges, seeds, target, retrieves) for spec in CLAIMS]
+def judge_all(ranges: Ranges, seeds: Sequence[int], target: int, retrieves: Mapping[int, bool],
+              reasons: Mapping[str, str] | None = None) -> list[Verdict]:
+    """`retrieves`: seed -> whether its base (method none, step 0) passes the passkey at the trained length;
+    `reasons`: method -> why some seed of it has no curve (diverged, not run yet); by default it was not asked."""
+    return [_judge(spec, ranges, seeds, target, retrieves, reasons or {}) for spec in CLAIMS]
 
 
 def _judge(spec: tuple, ranges: Ranges, seeds: Sequence[int], target: int,
-           retrieves: Mapping[int, bool]) -> Verdict:
+           retrieves: Mapping[int, bool], reasons: Mapping[str, str]) -> Verdict:
     source, claim, methods, rule, test = spec
     missing = [m for m in methods if m not in ranges or any(s not in ranges[m] for s in seeds)]
     weak = [s for s in seeds if not retrieves.get(s, False)]
-    why = (f"{', '.join(missing)} not measured on every seed (not in finetune.methods, or diverged)" if missing
+    shown = ", ".join(f"{m} ({reasons.get(m, 'not in finetune.methods')})" for m in missing)
+    why = (f"not measured on every seed: {shown}" if missing
            else f"the base of seed {', '.join(map(str, weak))} does not retrieve the key at the trained length"
            if weak else None)
     if why:

@@ -157,6 +157,9 @@ class FinetuneConfig:
             raise bad_value("passkey.length_multipliers", list(self.passkey.length_multipliers),
                             f"a list holding the target {target} (= finetune.factor {self.finetune.factor:g}, an "
                             "integer): the passkey range is judged against it")
+        if self.data.tokenizer != "bytes":  # the bases, passkeys and measurements are built on bytes
+            raise bad_value("data.tokenizer", self.data.tokenizer, "bytes: posenc finetune trains its own bases on "
+                            "bytes; a GGUF base brings its own tokenizer (finetune.base=gguf:smollm2 or gguf:PATH)")
         if 1 not in self.passkey.length_multipliers:
             raise bad_value("passkey.length_multipliers", list(self.passkey.length_multipliers),
                             "a list holding 1: the base must retrieve at its trained length")

@@ -6,15 +6,14 @@ per method; accuracy and perplexity by length)."""
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from posenc.errors import bad_value
 from posenc.experiments import report_writer
 from posenc.experiments.config import loader as config_loader
 from posenc.experiments.evaluation.statistics import Spread
+from posenc.experiments.finetune import stored as stored_files
 from posenc.experiments.finetune.claims import FEW_HUNDRED, judge_all, steps_to_target
 from posenc.experiments.finetune.config import FinetuneConfig, resolved
 from posenc.experiments.report_writer import Plot, Report, Table, is_number
@@ -66,21 +65,28 @@ def _range_rows(cfg: FinetuneConfig, units: Sequence[dict]) -> list[dict[str, An
     return rows
 
 
+def not_run(cfg: FinetuneConfig, units: Sequence[dict]) -> list[tuple[str, int]]:
+    """(method, seed) of every unit the config asks for and the folder does not hold (a stopped run)."""
+    held = {(u.get("method"), u.get("seed")) for u in units}
+    return [(m, s) for m in cfg.finetune.methods for s in cfg.finetune.seeds if (m, s) not in held]
+
+
 def _steps_rows(cfg: FinetuneConfig, units: Sequence[dict]) -> list[dict[str, Any]]:
     f, ranges, rows = cfg.finetune, _ranges(units), []
     diverged = {(u["method"], u["seed"]) for u in units if u.get("status") != "ok"}
+    missing = set(not_run(cfg, units))
     for method in f.methods:
         row: dict[str, Any] = {"method": method}
         steps = []
         for seed in f.seeds:
-            if (method, seed) in diverged:
-                row[f"seed {seed}"] = "diverged"
+            if (method, seed) in diverged or (method, seed) in missing:
+                row[f"seed {seed}"] = "diverged" if (method, seed) in diverged else "not run"
                 continue
             s = steps_to_target(ranges.get(method, {}).get(seed, []), cfg.target_length)
             row[f"seed {seed}"] = s if s is not None else f"not by {f.schedule[-1]}"
             steps.append(s)
         reached = [s for s in steps if s is not None]
-        row["reached"] = f"{len(reached)}/{len(f.seeds)}"
+        row["reached"] = f"{len(reached)}/{len(f.seeds)}"  # a unit not run or diverged has not reached it
         row["steps (reached seeds)"] = _spread(reached).text(0) if reached else "n/a"
         rows.append(row)
     return rows
@@ -142,6 +148,26 @@ def _plots(cfg: FinetuneConfig, units: Sequence[dict]) -> list[Plot]:
                  final("ppl", cfg.perplexity.length_multipliers), log_y=True, vline=L)]
 
 
+def _reasons(units: Sequence[dict], missing: Sequence[tuple[str, int]]) -> dict[str, str]:
+    """method -> why some seed of it has no passkey curve (the claims say so instead of 'not asked for')."""
+    out: dict[str, list[str]] = {}
+    for u in units:
+        if u.get("status") != "ok":
+            out.setdefault(u["method"], []).append(f"seed {u['seed']} diverged")
+    for method, seed in missing:
+        out.setdefault(method, []).append(f"seed {seed} not run: the run stopped before it")
+    return {m: "; ".join(why) for m, why in out.items()}
+
+
+def _stopped(cfg: FinetuneConfig, missing: Sequence[tuple[str, int]]) -> str:
+    if not missing:
+        return ""
+    total = len(cfg.finetune.methods) * len(cfg.finetune.seeds)
+    shown = ", ".join(f"{m} seed {s}" for m, s in missing)
+    return (f" Stopped before the end: {total - len(missing)} of {total} units finished; not run: {shown} (they read "
+            "'not run'; `posenc finetune --run-dir DIR` completes them).")
+
+
 def _intro(cfg: FinetuneConfig, wall_seconds: float) -> str:
     f, L = cfg.finetune, cfg.data.seq_len
     base = (f"posenc's own {cfg.model.position_embedding_type} GPT ({cfg.model.n_layer} layers, d_model "
@@ -162,7 +188,8 @@ def finetune_report(cfg: FinetuneConfig, units: Sequence[dict], bases: Sequence[
     # The base itself is method none at step 0; without that row it is not checked (nothing to check it with).
     retrieves = {seed: bool((r := _record(units, "none", seed, 0)) and r["passkey"].get(L, 0) >= f.range_threshold)
                  if "none" in f.methods else True for seed in f.seeds}
-    verdicts = judge_all(_ranges(units), f.seeds, cfg.target_length, retrieves)
+    missing = not_run(cfg, units)
+    verdicts = judge_all(_ranges(units), f.seeds, cfg.target_length, retrieves, _reasons(units, missing))
     records, record_columns = _record_rows(cfg, units)
     steps_cols = ["method", *[f"seed {s}" for s in f.seeds], "reached", "steps (reached seeds)"]
     pk_cols = [f"{m * L}" for m in cfg.passkey.length_multipliers]
@@ -186,20 +213,15 @@ def finetune_report(cfg: FinetuneConfig, units: Sequence[dict], bases: Sequence[
     ]
     diverged = [f"{u['method']} seed {u['seed']}" for u in units if u.get("status") != "ok"]
     results = {"config": cfg.to_dict(), "bases": list(bases), "units": list(units), "diverged": diverged,
-               "claims": [dataclasses.asdict(v) for v in verdicts], "wall_seconds": wall_seconds, "complete": True}
-    return Report("Fine-tuning to extend the context (posenc finetune)", _intro(cfg, wall_seconds), tables,
-                  _plots(cfg, units), results)
+               "claims": [dataclasses.asdict(v) for v in verdicts], "wall_seconds": wall_seconds,
+               "complete": not missing}
+    return Report("Fine-tuning to extend the context (posenc finetune)",
+                  _intro(cfg, wall_seconds) + _stopped(cfg, missing), tables, _plots(cfg, units), results)
 
 
 def rerender(run_dir: Path, stored: dict) -> Path:
     """`posenc report RUN_DIR`: the report again from results.json and run.json (no model is loaded)."""
-    path = Path(run_dir) / "results.json"
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        units = [u | {"records": [r | {key: {int(n): v for n, v in r[key].items()} for key in ("passkey", "ppl")}
-                                  for r in u.get("records", [])]} for u in data["units"]]
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as err:
-        raise bad_value("results", str(path), f"a readable results.json of `posenc finetune` ({err})") from None
+    units, bases = stored_files.results(Path(run_dir) / "results.json")  # checked as a whole, before any rewrite
     cfg = resolved(config_loader.build(FinetuneConfig, stored["config"]))
-    report = finetune_report(cfg, units, data.get("bases", []), float(stored.get("wall_seconds") or 0.0))
+    report = finetune_report(cfg, units, bases, float(stored.get("wall_seconds") or 0.0))
     return report_writer.write(Path(run_dir), report, markdown=MARKDOWN, echo=False)[-1]

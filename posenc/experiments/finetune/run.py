@@ -21,12 +21,13 @@ from posenc.data.tokens import load_corpus, split
 from posenc.errors import RunFailed, bad_value
 from posenc.experiments import report_writer
 from posenc.experiments.config.sections import run_device
+from posenc.experiments.finetune import stored
 from posenc.experiments.finetune.config import RULE, FinetuneConfig
 from posenc.experiments.finetune.model_source import BYTES, check_base
 from posenc.experiments.finetune.pretrain import base_finished, train_base
 from posenc.experiments.finetune.report import MARKDOWN, finetune_report
 from posenc.experiments.finetune.retrieval import Retrieval
-from posenc.experiments.finetune.tune import finetune_unit
+from posenc.experiments.finetune.tune import finetune_unit, unit_dir
 from posenc.experiments.runs import manifest
 from posenc.experiments.runs.files import new_run_dir, removed_if_unused
 from posenc.experiments.runs.rule import Run, open_run
@@ -67,6 +68,7 @@ def run(cfg: FinetuneConfig, run_dir: Path | None) -> int:
     run_dir = run_dir or new_run_dir(cfg.out_dir, "finetune")
     with removed_if_unused(run_dir, manifest.holds_results) if created else contextlib.nullcontext(), \
             open_run(run_dir, RULE, cfg.to_dict(), corpus) as opened:
+        _check_kept(cfg, run_dir)
         bases = _bases(cfg, run_dir, opened)
         units = _finetune(cfg, run_dir, opened, bases)
         files = report_writer.write(run_dir, finetune_report(cfg, units, bases, opened.wall_seconds),
@@ -77,6 +79,14 @@ def run(cfg: FinetuneConfig, run_dir: Path | None) -> int:
         raise RunFailed(f"{', '.join(diverged)} diverged (reported as such, with no numbers after it); the other "
                         f"units' results are in {run_dir}")
     return 0
+
+
+def _check_kept(cfg: FinetuneConfig, run_dir: Path) -> None:
+    """Every unit file a resume reads, checked as a whole before any unit runs or results.json is rewritten."""
+    for seed in cfg.finetune.seeds:
+        for method in cfg.finetune.methods:
+            stored.status(unit_dir(run_dir, seed, method) / "unit.json")
+            stored.records(unit_dir(run_dir, seed, method) / "records.json")
 
 
 def _jobs(cfg: FinetuneConfig) -> int:

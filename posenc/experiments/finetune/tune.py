@@ -7,7 +7,6 @@ from its last scheduled step and never measures a step twice. A unit that diverg
 
 from __future__ import annotations
 
-import json
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ import torch
 from posenc.atomic_files import write_json
 from posenc.data.tokens import load_corpus, split
 from posenc.experiments.config.sections import run_device
+from posenc.experiments.finetune import stored
 from posenc.experiments.finetune.config import FinetuneConfig
 from posenc.experiments.finetune.measure import measure
 from posenc.experiments.finetune.methods import rope_scaling
@@ -34,15 +34,12 @@ def unit_dir(run_dir: Path, seed: int, method: str) -> Path:
 
 
 def stored_records(folder: Path) -> list[dict[str, Any]]:
-    """The unit's records, lengths back as ints (JSON keys are text)."""
-    path = folder / "records.json"
-    records = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []
-    return [r | {key: {int(n): v for n, v in r[key].items()} for key in ("passkey", "ppl")} for r in records]
+    """The unit's records, checked as a whole, lengths back as ints (JSON keys are text)."""
+    return stored.records(folder / "records.json")
 
 
 def stored_status(folder: Path) -> dict[str, Any] | None:
-    path = folder / "unit.json"
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    return stored.status(folder / "unit.json")
 
 
 def finetune_unit(job: tuple[FinetuneConfig, Path, int, str]) -> dict[str, Any]:
