@@ -401,3 +401,12 @@ def test_real_sizes_bf16_gqa_on_the_gpu(head_dim, length):
     for name, a, b_ in zip(("dq", "dk", "dv", "drow"), torch.autograd.grad(out, [q, k, v, rows], grad.bfloat16()),
                            torch.autograd.grad(reference, [q, k, v, rows], grad), strict=True):
         close(a, b_, torch.bfloat16, f"T={length} Dh={head_dim} {name}")
+
+
+def test_rows_for_other_heads_are_refused_in_one_line():
+    q, k, v = inputs(1, 4, 2, 17, 17, torch.float32)
+    e = torch.tensor([16], device=DEVICE)
+    for rows in (torch.zeros(8, 40, device=DEVICE), torch.zeros(2, 40, device=DEVICE),
+                 torch.zeros(4, 40, dtype=torch.long, device=DEVICE)):
+        with pytest.raises(ValueError, match="rows"):
+            attention.attend_rows(q, k, v, rows, e, True)

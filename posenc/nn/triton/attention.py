@@ -205,6 +205,9 @@ def attend_rows(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, e: Tensor, causal
         raise ValueError(f"query heads H={q.shape[1]}: expected a multiple of the key heads Hkv={k.shape[1]}")
     if causal and q.shape[2] > k.shape[2]:
         raise ValueError(f"causal attention with Tq={q.shape[2]} queries: expected Tq <= Tk={k.shape[2]}")
+    if rows.shape[-1] < 1 or rows.numel() != q.shape[1] * rows.shape[-1] or not rows.is_floating_point():
+        raise ValueError(f"rows {tuple(rows.shape)} {rows.dtype}: expected floats (H,S) or (1,H,1,S) with "
+                         f"H={q.shape[1]} (q {tuple(q.shape)}) and S >= 1")
     rows = rows.reshape(q.shape[1], rows.shape[-1]).to(torch.float32)  # (H,S)
     return _RowBiasAttention.apply(q, k, v, rows, per_batch_row(e.to(q.device), q), causal)
 
