@@ -92,6 +92,16 @@ def loop_instructions(sass: str) -> int:
     return best
 
 
+@contextlib.contextmanager
+def _tf32() -> Iterator[None]:
+    saved = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(saved)
+
+
 @dataclass
 class _Launch:
     kernel: object
@@ -110,7 +120,7 @@ def recorded_launches() -> Iterator[list[_Launch]]:
     saved = attention.launch, rotary.launch
     saved_tiles = attention.tiles
     attention.launch = rotary.launch = record
-    attention.tiles = lambda kernel, head_dim, device: attention.gpu_tiles(kernel, head_dim)  # meta: the GPU's
+    attention.tiles = lambda kernel, head_dim, device, dtype: attention.gpu_tiles(kernel, head_dim, dtype)
     try:
         yield launches
     finally:
@@ -120,10 +130,11 @@ def recorded_launches() -> Iterator[list[_Launch]]:
 
 def attention_launches(dtype: torch.dtype, head_dim: int, causal: bool, row_grad: bool, *, batch: int = 2,
                        heads: int = 8, kv_heads: int = 2, length: int = 1024) -> list[_Launch]:
-    """Forward and backward of posenc's row-bias attention on meta tensors, as launched on a GPU."""
+    """Forward and backward of posenc's row-bias attention on meta tensors, as launched on a GPU (float32 as
+    TF32, the only way the dispatch runs it: posenc.nn.triton.attention.serves_float32)."""
     from posenc.nn.triton.attention import attend_rows
 
-    with recorded_launches() as launches:
+    with recorded_launches() as launches, _tf32():
         q = torch.empty(batch, heads, length, head_dim, device="meta", dtype=dtype, requires_grad=True)
         k, v = (torch.empty(batch, kv_heads, length, head_dim, device="meta", dtype=dtype, requires_grad=True)
                 for _ in range(2))
@@ -173,8 +184,12 @@ def attention_records(dtypes: list[str], head_dims: list[int], workdir: Path, ca
     """Every kernel the row-bias attention launches for these settings, compiled and read; each forward also
     without its bias, and the ratio of instructions per tile between the two."""
     records = []
+    from posenc.nn.triton.attention import FP32_MAX_HEAD_DIM
+
     for dtype in dtypes:
         for head_dim in head_dims:
+            if dtype == "fp32" and head_dim > FP32_MAX_HEAD_DIM:
+                continue  # not served in float32 (the exact paths are)
             for causal in causal_options:
                 for row_grad in row_grads:
                     setting = f"{dtype} Dh={head_dim} {'causal' if causal else 'full'}"

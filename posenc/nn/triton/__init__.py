@@ -49,10 +49,21 @@ MAX_HEAD_DIM = 256  # the attention kernel keeps a (BM, Dh) tile per operand in 
 
 def attention_fits(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> bool:
     """The attention kernel serves q (B,H,Tq,Dh), k/v (B,Hkv,Tk,Dh): one dtype, H a multiple of Hkv, one head
-    dim up to MAX_HEAD_DIM, and (causal) queries that are the last Tq of the keys, 0 < Tq <= Tk."""
-    return (q.dim() == k.dim() == v.dim() == 4 and q.dtype == k.dtype == v.dtype and serves(q, k, v)
+    dim up to MAX_HEAD_DIM, and (causal) queries that are the last Tq of the keys, 0 < Tq <= Tk; float32 only as
+    TF32 (attention.serves_float32)."""
+    if not (q.dim() == k.dim() == v.dim() == 4 and q.dtype == k.dtype == v.dtype and serves(q, k, v)
             and q.shape[-1] == k.shape[-1] == v.shape[-1] <= MAX_HEAD_DIM and q.shape[1] % k.shape[1] == 0
-            and not (causal and q.shape[2] > k.shape[2]) and q.shape[2] > 0 and k.shape[2] > 0)  # no empty grid
+            and not (causal and q.shape[2] > k.shape[2]) and q.shape[2] > 0 and k.shape[2] > 0):  # no empty grid
+        return False
+    if q.dtype != torch.float32:
+        return True
+    return _float32_rule(q.shape[-1])
+
+
+def _float32_rule(head_dim: int) -> bool:
+    from posenc.nn.triton.attention import serves_float32  # imports triton: only for a tensor it may serve
+
+    return serves_float32(head_dim, interpreting())
 
 
 __all__ = ["attention_fits", "installed", "interpreting", "serves"]

@@ -53,14 +53,28 @@ class Tiles(NamedTuple):
 _BY_HEAD_DIM = {
     "forward": {16: Tiles(128, 64, 4, 3), 32: Tiles(128, 64, 4, 3), 64: Tiles(128, 64, 8, 3),
                 128: Tiles(128, 64, 8, 3), 256: Tiles(64, 32, 8, 2)},
-    "dkdv": {16: Tiles(64, 128, 4, 2), 32: Tiles(64, 128, 8, 2), 64: Tiles(64, 128, 8, 2),
+    "dkdv": {16: Tiles(64, 128, 8, 2), 32: Tiles(64, 128, 8, 2), 64: Tiles(64, 128, 8, 2),
              128: Tiles(32, 128, 8, 2), 256: Tiles(32, 32, 8, 2)},
     "dq": {16: Tiles(128, 32, 4, 2), 32: Tiles(128, 32, 4, 2), 64: Tiles(128, 32, 8, 2),
            128: Tiles(128, 32, 8, 2), 256: Tiles(32, 32, 8, 2)},
     "dq_rows": {16: Tiles(32, 32, 4, 2), 32: Tiles(32, 32, 4, 2), 64: Tiles(32, 32, 8, 2),
                 128: Tiles(32, 32, 8, 2), 256: Tiles(16, 32, 8, 2)},
 }
-TILES = {(kernel, dim): t for kernel, by_dim in _BY_HEAD_DIM.items() for dim, t in by_dim.items()}
+# float32 runs as TF32 (4-byte operands: half the tile of a 16-bit type for the same shared memory), and only up to
+# Dh 128: at 256 every tile spilled 100-2800 B. Sweeps with TF32 (registers / spilled bytes): forward 128x32 8 warps
+# 128/0 at Dh 64 and 239/0 at 128 (64x64: 32-256 B spilled); dkdv 32x64 8 warps 255/0 at 64, 32x32 4 warps 255/0 at
+# 128; dq 64x32 8 warps 161/0 and 255/0; dq_rows 32x32 4 warps 208/0 and 242/0.
+_FP32_BY_HEAD_DIM = {
+    "forward": dict.fromkeys((16, 32, 64, 128), Tiles(128, 32, 8, 2)),
+    "dkdv": {16: Tiles(32, 64, 8, 2), 32: Tiles(32, 64, 8, 2), 64: Tiles(32, 64, 8, 2), 128: Tiles(32, 32, 4, 2)},
+    "dq": dict.fromkeys((16, 32, 64, 128), Tiles(64, 32, 8, 2)),
+    "dq_rows": dict.fromkeys((16, 32, 64, 128), Tiles(32, 32, 4, 2)),
+}
+FP32_MAX_HEAD_DIM = 128
+TILES = {(kernel, dim, dtype): t
+         for dtype, table in ((torch.bfloat16, _BY_HEAD_DIM), (torch.float16, _BY_HEAD_DIM),
+                              (torch.float32, _FP32_BY_HEAD_DIM))
+         for kernel, by_dim in table.items() for dim, t in by_dim.items()}
 INTERPRETED_TILES = Tiles(16, 16, 1, 1)  # Triton's interpreter (tests): small tiles, numpy per tile
 
 
@@ -68,25 +82,31 @@ def padded_head_dim(head_dim: int) -> int:
     return max(16, triton.next_power_of_2(head_dim))
 
 
-def gpu_tiles(kernel: str, head_dim: int) -> Tiles:
-    return TILES[kernel, padded_head_dim(head_dim)]
+def gpu_tiles(kernel: str, head_dim: int, dtype: torch.dtype) -> Tiles:
+    return TILES[kernel, padded_head_dim(head_dim), dtype]
 
 
-def tiles(kernel: str, head_dim: int, device: torch.device) -> Tiles:
+def tiles(kernel: str, head_dim: int, device: torch.device, dtype: torch.dtype) -> Tiles:
     """The tiles a launch uses: the GPU table, or the interpreter's small tiles on a CPU (tests force the GPU's
     by replacing this function)."""
-    return INTERPRETED_TILES if device.type == "cpu" else gpu_tiles(kernel, head_dim)
+    return INTERPRETED_TILES if device.type == "cpu" else gpu_tiles(kernel, head_dim, dtype)
+
+
+def tf32_allowed() -> bool:
+    return torch.get_float32_matmul_precision() != "highest"  # "high" / "medium": torch's own matmuls use TF32
+
+
+def serves_float32(head_dim: int, interpreted: bool) -> bool:
+    """float32 runs here only as TF32, where torch allows TF32 for its own matmuls, and up to Dh 128; otherwise
+    the exact float32 paths serve it. (The non-tensor-core float32 dot spilled 6.5-29 KB per thread; three TF32
+    products, tf32x3, spilled 100 B-16 KB and took up to 327 KB of shared memory: the static table.)"""
+    return interpreted or (tf32_allowed() and head_dim <= FP32_MAX_HEAD_DIM)
 
 
 def precision(dtype: torch.dtype, interpreted: bool) -> str:
-    """tl.dot's input precision: 16-bit types run on tensor cores as they are; float32 runs on them as TF32 when
-    torch allows TF32 for matmuls (set_float32_matmul_precision "high" or "medium"), else as three TF32 products
-    (tf32x3, about float32's accuracy): never the non-tensor-core float32 dot, which spilled 6.5-29 KB per thread."""
-    if interpreted:
-        return "ieee"
-    if dtype != torch.float32 or torch.get_float32_matmul_precision() != "highest":
-        return "tf32"
-    return "tf32x3"
+    """tl.dot's input precision: 16-bit types on tensor cores as they are, float32 as TF32 (serves_float32);
+    the interpreter multiplies exactly."""
+    return "ieee" if interpreted else "tf32"
 
 
 def launch(kernel, grid: tuple[int, ...], *args, **options) -> None:
@@ -143,8 +163,8 @@ class _RowBiasAttention(torch.autograd.Function):
         q, k, v = _dense_last(q), _dense_last(k), _dense_last(v)
         _check_sizes(q, k, v)
         b, h, tq, d = q.shape
-        t = tiles("forward", d, q.device)
-        pad = _pad(*(tiles(kernel, d, q.device) for kernel in ("forward", "dkdv", "dq", "dq_rows")))
+        t = tiles("forward", d, q.device, q.dtype)
+        pad = _pad(*(tiles(kernel, d, q.device, q.dtype) for kernel in ("forward", "dkdv", "dq", "dq_rows")))
         biased, row_stride = _padded_rows(rows, pad)
         out = torch.empty_like(q, memory_format=torch.contiguous_format)  # (B,H,Tq,Dh)
         lse = torch.empty(b, h, tq, device=q.device, dtype=torch.float32)  # base 2; the backward's softmax
@@ -172,7 +192,7 @@ class _RowBiasAttention(torch.autograd.Function):
         kv_dtype = k.dtype if group == 1 else torch.float32
         dk_heads = torch.empty(b, h, tk, d, device=q.device, dtype=kv_dtype)
         dv_heads = torch.empty(b, h, tk, d, device=q.device, dtype=kv_dtype)
-        t = tiles("dkdv", d, q.device)
+        t = tiles("dkdv", d, q.device, q.dtype)
         launch(kernels._dkdv, (triton.cdiv(tk, t.bn), h, b), q, k, v, dout, lse, delta, dk_heads, dv_heads,
                biased, e, *strides, h, group, tq, tk, ctx.row_stride, *scales,
                BM=t.bm, BN=t.bn, **shape, **_options(t, q.dtype, q.device))
@@ -181,7 +201,7 @@ class _RowBiasAttention(torch.autograd.Function):
             dk = dk_heads.view(b, hkv, group, tk, d).sum(2).to(k.dtype)
             dv = dv_heads.view(b, hkv, group, tk, d).sum(2).to(v.dtype)
         row_grad = ctx.needs_input_grad[3]
-        t = tiles("dq_rows" if row_grad else "dq", d, q.device)
+        t = tiles("dq_rows" if row_grad else "dq", d, q.device, q.dtype)
         q_blocks, diag_len = triton.cdiv(tq, t.bm), triton.cdiv(tk, t.bn) * t.bn + t.bn
         diag = torch.zeros(b * h, q_blocks, diag_len if row_grad else 1, device=q.device, dtype=torch.float32)
         dq = torch.empty(b, h, tq, d, device=q.device, dtype=q.dtype)
@@ -212,4 +232,4 @@ def attend_rows(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, e: Tensor, causal
     return _RowBiasAttention.apply(q, k, v, rows, per_batch_row(e.to(q.device), q), causal)
 
 
-__all__ = ["TILES", "Tiles", "attend_rows", "gpu_tiles", "launch", "tiles"]
+__all__ = ["TILES", "Tiles", "attend_rows", "gpu_tiles", "launch", "serves_float32", "tiles"]
