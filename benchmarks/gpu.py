@@ -23,6 +23,7 @@ import torch
 
 from benchmarks import gpu_sections
 from benchmarks.report import table
+from benchmarks.sections import replace_section
 
 ATTENTION = ["alibi", "kerple", "sandwich", "relative", "fire", "shaw", "transformer_xl", "cope"]
 MODELS = ["none", "learned_absolute", "sinusoidal", "rope", "xpos", "alibi", "kerple", "sandwich", "relative", "fire",
@@ -155,8 +156,8 @@ def main(argv: list[str] | None = None) -> int:
                 sink("errors", {"section": name, "error": f"{type(err).__name__}: {err}"[:300]})
     results["seconds"] = time.perf_counter() - started
     md_path = out / f"BENCHMARKS{suffix}.md"
-    md_path.write_text(markdown(results))
-    print(md_path.read_text())
+    replace_section(md_path, "measured", markdown(results))  # the static section (gpu_static.py) stays
+    print(markdown(results))
     print(f"wrote {md_path} and {rows_path}")
     return 0
 

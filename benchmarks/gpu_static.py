@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dtypes", default="bf16,fp16,fp32")
     parser.add_argument("--head-dims", default=",".join(map(str, HEAD_DIMS)))
-    parser.add_argument("--markdown", help="write the table to this file (BENCHMARKS-gpu.md's static section)")
+    parser.add_argument("--markdown", help="put the table in this file's static section (BENCHMARKS-gpu.md)")
     args = parser.parse_args(argv)
     import tempfile
 
@@ -249,7 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     text = markdown(records)
     print(text)
     if args.markdown:
-        Path(args.markdown).write_text(text)
+        from benchmarks.sections import replace_section
+
+        replace_section(Path(args.markdown), "static", text)
     return 0
 
 

@@ -77,3 +77,17 @@ def test_tables_mark_targets_from_fake_timings():
     assert lines["posenc kerple fwd "].rstrip(" |").endswith("yes")
     assert lines["posenc kerple fwd+bwd "].rstrip(" |").endswith("**no**")
     assert "| shaw | 150.00 | 67,000 | 0.67 | 0.75 | **no** |" in text
+
+
+def test_each_generator_rewrites_only_its_own_section(tmp_path):
+    from benchmarks.sections import replace_section
+
+    path = tmp_path / "BENCHMARKS-gpu.md"
+    path.write_text("# title\n\nintro\n")
+    replace_section(path, "static", "static one")
+    replace_section(path, "measured", "measured one")
+    replace_section(path, "static", "static two")
+    text = path.read_text()
+    assert text.startswith("# title\n\nintro\n")
+    assert "static two" in text and "static one" not in text and "measured one" in text
+    assert text.index("static two") < text.index("measured one")
