@@ -15,15 +15,12 @@ from torch import Tensor, nn
 
 from posenc.errors import bad_value
 from posenc.models.generation import CausalGeneration
+from posenc.models.layer_schemes import build_schemes, layer_scheme
 from posenc.models.llama_config import LlamaConfig
-from posenc.models.positions import SchemeStack
 from posenc.nn.decoder_attention import AttentionShape
 from posenc.nn.kv_cache import KVCache
 from posenc.nn.llama_block import BlockShape, LlamaBlock
 from posenc.nn.norms import rms_norm
-from posenc.position_maps import build_position_map
-from posenc.position_maps.scheme import PositionMapped
-from posenc.position_maps.window import Windowed
 from posenc.scheme import Scheme
 
 
@@ -37,18 +34,6 @@ def block_shape(cfg: LlamaConfig, layer: int) -> BlockShape:
         query_scale=None if scale is None else scale**-0.5, softcap=cfg.attn_logit_softcapping,
         window=cfg.sliding_window if sliding else None)
     return BlockShape(attention, cfg.ffn_hidden_size, cfg.hidden_act, entry.norms)
-
-
-def local_stack(cfg: LlamaConfig) -> SchemeStack:
-    """The sliding layers' schemes: their own options (Gemma 3's local theta) and, under a position map, the
-    map with the window inside it (the map then runs attention, so the window must be in the map)."""
-    stack = SchemeStack(cfg.position_embedding_type, cfg.dims(), cfg.local_options(), cfg.n_layer)
-    position_map = build_position_map(cfg.attention_extension, cfg.max_seq_len)
-    if position_map is not None:
-        windowed = Windowed(inner=position_map, window=cfg.sliding_window)
-        for i, scheme in enumerate(stack):
-            stack[i] = PositionMapped(scheme, windowed)
-    return stack
 
 
 class Llama(CausalGeneration, nn.Module):
@@ -70,16 +55,10 @@ class Llama(CausalGeneration, nn.Module):
     def _build_schemes(self) -> None:
         """self.schemes serves the full-attention layers (and frames every position); self.local_schemes the
         sliding ones where they differ (their own theta, or a map that must hold the window), else None."""
-        cfg = self.cfg
-        self.schemes = SchemeStack(cfg.position_embedding_type, cfg.dims(), cfg.options, cfg.n_layer,
-                                   cfg.attention_extension)
-        sliding = any(cfg.layer_type(i) == "sliding_attention" for i in range(cfg.n_layer))
-        differs = cfg.local_rotary_base is not None or cfg.attention_extension is not None
-        self.local_schemes = local_stack(cfg) if sliding and differs else None
+        self.schemes, self.local_schemes = build_schemes(self.cfg)
 
     def layer_scheme(self, index: int) -> Scheme:
-        local = self.local_schemes is not None and self.cfg.layer_type(index) == "sliding_attention"
-        return (self.local_schemes if local else self.schemes).layer(index)
+        return layer_scheme(self.cfg, self.schemes, self.local_schemes, index)
 
     @classmethod
     def from_gguf(cls, path: str | Path, rope_scaling: dict[str, Any] | None = None,

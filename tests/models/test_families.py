@@ -108,3 +108,16 @@ def test_saved_back_loads_in_transformers(tmp_path, family):
         expected = ours(PROMPT)
         assert_close(back(PROMPT), expected)
         assert_close(hf(PROMPT).logits, expected)
+
+
+@pytest.mark.parametrize("family", ["mistral", "qwen2", "gemma3"])
+def test_window_inside_a_map_equals_the_window_as_a_mask(tmp_path, family):
+    """Under a map the sliding layers' window lives in the map (position_maps/window.py), without one it is
+    attention's mask: Self-Extend with group 1 is plain RoPE, so the two must agree, cached or not."""
+    plain = Llama.from_hf(build(family, tmp_path)).double()
+    mapped = Llama.from_hf(tmp_path, attention_extension={"type": "self_extend", "group_size": 1, "window": 2})
+    mapped = mapped.double()
+    assert mapped.local_schemes is not None
+    with torch.no_grad():
+        assert_close(mapped(PROMPT), plain(PROMPT))
+    assert_close(our_cached_logits(mapped, PROMPT), our_cached_logits(plain, PROMPT))
