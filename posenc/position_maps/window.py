@@ -32,6 +32,10 @@ class Windowed(PositionMap):
         return self.inner.period
 
     @property
+    def score_scale(self) -> float:
+        return self.inner.score_scale
+
+    @property
     def plain_within(self) -> int:
         return self.inner.plain_within  # the plain model slides too: the window changes nothing between the two
 
