@@ -39,9 +39,16 @@ class Family:
     embed_scale: bool = False  # embeddings times sqrt(d_model), rounded to the weights' dtype (Gemma)
     # checkpoint tensors holding several of ours, concatenated on dim 0 in this order (Phi-3)
     fused: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    activation: str = "silu"  # the MLP's gate where a file does not name it (GGUF)
     activation_key: str = "hidden_act"  # the config.json key its transformers class reads the MLP's gate from
     sliding_pattern: int | None = None  # config.json without layer_types: every n-th layer global, the rest slide
-    gguf_arch: str | None = None  # llama.cpp's general.architecture, where posenc reads it
+    # llama.cpp GGUF files: their general.architecture; whether the converter permuted q/k rows into adjacent
+    # pairs (its "normal" rope: Llama); tensors whose GGUF name holds a fused HF one (Phi-3's ffn_up is gate_up);
+    # the sliding layers' theta llama.cpp assumes where the file has none (Gemma 3)
+    gguf_arch: str | None = None
+    gguf_interleaved: bool = False
+    gguf_parts: Mapping[str, str] = field(default_factory=dict)
+    gguf_local_base: float | None = None
 
     def __post_init__(self) -> None:
         assert set(self.norms) <= set(SLOTS) and self.qk_norm in QK_NORMS, self  # a table typo, not user input
@@ -53,18 +60,20 @@ class Family:
 
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
-    Family("llama", ("llama",), "LlamaForCausalLM", gguf_arch="llama"),
-    Family("mistral", ("mistral",), "MistralForCausalLM"),
-    Family("qwen2", ("qwen2",), "Qwen2ForCausalLM", qkv_bias=True),
-    Family("qwen3", ("qwen3",), "Qwen3ForCausalLM", qk_norm="head"),
+    Family("llama", ("llama",), "LlamaForCausalLM", gguf_arch="llama", gguf_interleaved=True),
+    Family("mistral", ("mistral",), "MistralForCausalLM"),  # llama.cpp writes Mistral as arch llama, no window
+    Family("qwen2", ("qwen2",), "Qwen2ForCausalLM", qkv_bias=True, gguf_arch="qwen2"),
+    Family("qwen3", ("qwen3",), "Qwen3ForCausalLM", qk_norm="head", gguf_arch="qwen3"),
     Family("gemma2", ("gemma2",), "Gemma2ForCausalLM", SANDWICH, norm_offset=1.0, embed_scale=True,
-           activation_key="hidden_activation", sliding_pattern=2),
+           activation="gelu_pytorch_tanh", activation_key="hidden_activation", sliding_pattern=2, gguf_arch="gemma2"),
     Family("gemma3", ("gemma3_text",), "Gemma3ForCausalLM", SANDWICH, norm_offset=1.0, qk_norm="head",
-           embed_scale=True, activation_key="hidden_activation", sliding_pattern=6),
+           embed_scale=True, activation="gelu_pytorch_tanh", activation_key="hidden_activation", sliding_pattern=6,
+           gguf_arch="gemma3", gguf_local_base=10000.0),
     Family("phi3", ("phi3",), "Phi3ForCausalLM",
            fused={"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-                  "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}),
-    Family("olmo2", ("olmo2",), "Olmo2ForCausalLM", POST_NORM, qk_norm="all"),
+                  "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")},
+           gguf_arch="phi3", gguf_parts={"ffn_up": "mlp.gate_up_proj"}),
+    Family("olmo2", ("olmo2",), "Olmo2ForCausalLM", POST_NORM, qk_norm="all", gguf_arch="olmo2"),
 )}
 
 
@@ -72,6 +81,14 @@ def family(name: str) -> Family:
     if name not in FAMILIES:
         raise unknown_name("family", name, FAMILIES)
     return FAMILIES[name]
+
+
+def family_of_gguf_arch(arch: object) -> Family:
+    """The entry reading a GGUF's general.architecture, or a one-line error listing those posenc reads."""
+    for entry in FAMILIES.values():
+        if entry.gguf_arch is not None and entry.gguf_arch == arch:
+            return entry
+    raise unknown_name("general.architecture", str(arch), [f.gguf_arch for f in FAMILIES.values() if f.gguf_arch])
 
 
 def family_of_model_type(model_type: object) -> Family:
@@ -82,4 +99,4 @@ def family_of_model_type(model_type: object) -> Family:
     raise unknown_name("config.json model_type", str(model_type), [t for f in FAMILIES.values() for t in f.model_types])
 
 
-__all__ = ["FAMILIES", "SLOTS", "Family", "family", "family_of_model_type"]
+__all__ = ["FAMILIES", "SLOTS", "Family", "family", "family_of_gguf_arch", "family_of_model_type"]

@@ -12,6 +12,7 @@ tensors a family fuses (Phi-3's qkv_proj, gate_up_proj) are split on load and jo
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -59,25 +60,35 @@ def _files(directory: Path) -> list[str]:
     raise bad_value("path", str(directory), "a folder with model.safetensors or model.safetensors.index.json")
 
 
+def map_tensors(named: Iterable[tuple[str, Tensor]], entry: Family, shapes: dict[str, torch.Size],
+                source: str) -> dict[str, Tensor]:
+    """(transformers name, tensor) pairs -> float32 state dict in posenc names; `shapes` (the model's) tells how
+    a fused tensor splits. `source` names the file kind in errors."""
+    state = {}
+    for name, tensor in named:
+        mapped = _param_names(name, entry)
+        if mapped is None or any(m not in shapes for m in mapped):
+            raise bad_value(f"{source} tensor", name, f"a tensor of a {entry.name} checkpoint "
+                            "(model.layers.N.self_attn.q_proj.weight...)")
+        sizes = [shapes[m][0] for m in mapped]
+        if sum(sizes) != tensor.shape[0]:
+            raise bad_value(f"{source} tensor {name} shape", tuple(tensor.shape), f"{sum(sizes)} rows")
+        for m, piece in zip(mapped, tensor.split(sizes), strict=True):
+            state[m] = piece.to(torch.float32)
+    return state
+
+
 def read_state(directory: Path, entry: Family, shapes: dict[str, torch.Size]) -> dict[str, Tensor]:
-    """float32 state dict in posenc names; `shapes` (the model's) tells how a fused tensor splits."""
+    """float32 state dict in posenc names from model.safetensors or its sharded index."""
     from safetensors.torch import load_file
 
-    state = {}
-    for file in _files(directory):
-        for name, tensor in load_file(str(directory / file)).items():
-            if name.endswith("rotary_emb.inv_freq"):  # a buffer some old checkpoints saved; rebuilt from the config
-                continue
-            mapped = _param_names(name, entry)
-            if mapped is None or any(m not in shapes for m in mapped):
-                raise bad_value("safetensors tensor", name, f"a tensor of a {entry.name} checkpoint "
-                                "(model.layers.N.self_attn.q_proj.weight...)")
-            sizes = [shapes[m][0] for m in mapped]
-            if sum(sizes) != tensor.shape[0]:
-                raise bad_value(f"safetensors tensor {name} shape", tuple(tensor.shape), f"{sum(sizes)} rows")
-            for m, piece in zip(mapped, tensor.split(sizes), strict=True):
-                state[m] = piece.to(torch.float32)
-    return state
+    def named() -> Iterator[tuple[str, Tensor]]:
+        for file in _files(directory):
+            for name, tensor in load_file(str(directory / file)).items():
+                if not name.endswith("rotary_emb.inv_freq"):  # a buffer old checkpoints saved; rebuilt from config
+                    yield name, tensor
+
+    return map_tensors(named(), entry, shapes, "safetensors")
 
 
 def _interleaved_to_half_split(w: Tensor, n_head: int) -> Tensor:
@@ -151,4 +162,4 @@ def _special_tokens(model: Any, tokenizer: Any) -> dict[str, Any]:
 
 save_hf_llama = save_hf  # the name it had while Llama was the only family
 
-__all__ = ["config_fields", "read_config", "read_state", "save_hf", "save_hf_llama"]
+__all__ = ["config_fields", "map_tensors", "read_config", "read_state", "save_hf", "save_hf_llama"]

@@ -63,18 +63,24 @@ class Llama(CausalGeneration, nn.Module):
     @classmethod
     def from_gguf(cls, path: str | Path, rope_scaling: dict[str, Any] | None = None,
                   attention_extension: dict[str, Any] | None = None) -> Llama:
-        """Load a llama.cpp GGUF (weights dequantised to float32); rope_scaling in HF's dict format;
-        attention_extension a position map's dict (posenc.position_maps)."""
-        from posenc.models.gguf import read_llama_gguf
+        """Load a llama.cpp GGUF of any family with a gguf_arch (weights dequantised to float32); rope_scaling
+        None keeps the file's own (if any), a dict (HF's format) replaces it; attention_extension a position map's
+        dict (posenc.position_maps)."""
+        from posenc.models.gguf import hf_named, read_gguf
+        from posenc.models.hf_llama import map_tensors
 
         # a bad scaling or extension fails here, before the slow read
         LlamaConfig(rope_scaling=rope_scaling, attention_extension=attention_extension)
-        fields, state = read_llama_gguf(path)
-        model = cls(LlamaConfig(**fields, rope_scaling=rope_scaling, attention_extension=attention_extension))
+        entry, fields, tensors = read_gguf(path)
+        if rope_scaling is not None:
+            fields["rope_scaling"] = rope_scaling
+        model = cls(LlamaConfig(**fields, attention_extension=attention_extension))
+        shapes = {name: p.shape for name, p in model.state_dict().items()}
+        state = map_tensors(hf_named(tensors, entry), entry, shapes, "gguf")
         missing, unexpected = model.load_state_dict(state, strict=False)
         missing = [m for m in missing if not (m == "lm_head.weight" and model.cfg.tie_word_embeddings)]
         if missing or unexpected:
-            raise bad_value("gguf tensors", {"missing": missing, "unexpected": unexpected}, "a Llama GGUF")
+            raise bad_value("gguf tensors", {"missing": missing, "unexpected": unexpected}, f"a {entry.gguf_arch} GGUF")
         model.gguf_path = Path(path)
         return model.eval()
 
