@@ -49,3 +49,27 @@ def test_a_map_the_family_cannot_carry_is_refused_in_one_line(tmp_path, tokenize
     assert cli_main(argv) == 2
     err = capsys.readouterr().err
     assert "extend.methods" in err and "attn_logit_softcapping" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.pretrained
+def test_the_builtin_run_gives_the_same_numbers_through_hf_apply(tmp_path, capsys):
+    """`posenc extend --quick` on SmolLM2 loaded by transformers (each method put in by posenc.hf.apply) and on
+    posenc's decoder: the same perplexities (float32, to its rounding) and the same passkey answers, a map
+    included (Self-Extend and STRING made to act at 128 tokens)."""
+    smollm2_gguf()
+    options = "extend.method_options={self_extend: {group_size: 4, window: 16}, string: {shifted_offset: 40}}"
+    results = {}
+    for backend in ("posenc", "transformers"):
+        out = tmp_path / backend
+        argv = ["extend", "--quick", "--scalings", "none,self_extend,string", "--out-dir", str(out),
+                "model.dtype=float32", f"model.backend={backend}", "perplexity.lengths=[128]", "passkey.lengths=[128]",
+                options]
+        assert cli_main(argv) == 0, capsys.readouterr().err
+        (run_dir,) = out.iterdir()
+        results[backend] = json.loads((run_dir / "results.json").read_text())
+    ours, theirs = results["posenc"], results["transformers"]
+    for a, b in zip(ours["ppl"], theirs["ppl"], strict=True):
+        assert a["method"] == b["method"]
+        assert a["ppl_by_length"]["128"]["ppl"] == pytest.approx(b["ppl_by_length"]["128"]["ppl"], rel=1e-5)
+    answers = [[(r["method"], r["output"]) for r in run["passkey"]] for run in (ours, theirs)]
+    assert answers[0] == answers[1]

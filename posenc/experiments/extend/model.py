@@ -82,7 +82,12 @@ def load_model(cfg: ExtendConfig) -> Llama:
     from posenc.models.gguf import builtin_smollm2_path
 
     path = Path(cfg.model.path) if cfg.model.path else builtin_smollm2_path()
-    model = Llama.from_hf(path) if path.is_dir() else Llama.from_gguf(path)
+    if cfg.model.backend == "transformers":
+        from posenc.experiments.extend.transformers_model import TransformersModel
+
+        model = TransformersModel.load(path)
+    else:
+        model = Llama.from_hf(path) if path.is_dir() else Llama.from_gguf(path)
     if model.cfg.rope_scaling is not None:
         raise bad_value("model", str(path), "a checkpoint without its own rope_scaling (extend compares "
                         f"scalings of plain RoPE; this one has {model.cfg.rope_scaling})")
