@@ -25,8 +25,8 @@ def _positions(query: Tensor, key: Tensor, kwargs: dict[str, Any]) -> tuple[Tens
         q_pos = kwargs.get("cache_position")
     if q_pos is None:
         raise bad_value("position_ids", None, "the positions transformers passes to attention (a decoder layer's)")
-    q_pos = q_pos.to(torch.int64).expand(query.shape[0], -1) if q_pos.dim() == 2 else q_pos[None].expand(
-        query.shape[0], -1)
+    q_pos = q_pos.to(torch.int64)
+    q_pos = (q_pos if q_pos.dim() == 2 else q_pos[None]).expand(query.shape[0], -1)  # (B,Tq)
     cached = key.shape[-2] - query.shape[-2]
     before = q_pos[:, :1] - cached + torch.arange(cached, device=q_pos.device)  # (B,Tk-Tq)
     return q_pos, torch.cat((before, q_pos), dim=1)
