@@ -9,7 +9,7 @@ DecoderAttention, so every scheme, position map and the KV cache work here too.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 import torch.nn.functional as F
@@ -50,16 +50,15 @@ class GatedMLP(nn.Module):
 SwiGLU = GatedMLP  # the name it had while Llama was the only member
 
 
+LLAMA_NORMS = {"attn_in": "input_layernorm", "mlp_in": "post_attention_layernorm"}  # the two pre-norms
+
+
 @dataclass(frozen=True)
 class BlockShape:
     attention: AttentionShape
     ffn_hidden_size: int
     hidden_act: str = "silu"
-    norms: Mapping[str, str] = None  # slot -> module name (families.SLOTS); None: Llama's two pre-norms
-
-    def __post_init__(self) -> None:
-        if self.norms is None:
-            object.__setattr__(self, "norms", {"attn_in": "input_layernorm", "mlp_in": "post_attention_layernorm"})
+    norms: Mapping[str, str] = field(default_factory=lambda: dict(LLAMA_NORMS))  # slot -> module name (SLOTS)
 
 
 class LlamaBlock(nn.Module):
