@@ -1,11 +1,13 @@
-"""Read llama.cpp GGUF files into posenc's Llama, and find the built-in SmolLM2 GGUF.
+"""Read llama.cpp GGUF files of the Llama family into posenc's decoder, and find the built-in SmolLM2 GGUF.
 
 Weights are dequantised to float32 with the `gguf` package. llama.cpp's converter permutes
 each head's q/k rows from HF's half-split pairs (x[i], x[i + Dh/2]) into interleaved pairs
 (x[2i], x[2i+1]) (convert_hf_to_gguf.py, LlamaModel.permute) because ggml's "normal" rope
 rotates adjacent pairs. The permutation is the same for q and k inside each head, so
 q . k is unchanged: we keep the GGUF rows as they are and rotate interleaved pairs
-(rotary_interleaved=True), the pairing the file was written for.
+(rotary_interleaved=True), the pairing the file was written for. The converter permutes only where ggml rotates
+adjacent pairs (arch llama, Mistral included); Qwen, Gemma, Phi-3 and OLMo 2 use ggml's NEOX rope, half-split
+as in transformers, and their rows are kept unpermuted (the family's gguf_interleaved).
 """
 
 from __future__ import annotations
@@ -20,20 +22,20 @@ import torch
 from torch import Tensor
 
 from posenc.errors import bad_value
+from posenc.models.families import Family, family_of_gguf_arch
+from posenc.models.gguf_config import FACTOR_TENSORS, gguf_fields
 
-# GGUF tensor name -> posenc Llama parameter name ({i} = layer).
-_LAYER_TENSORS = {
-    "attn_norm": "input_layernorm",
-    "attn_q": "attn.q_proj",
-    "attn_k": "attn.k_proj",
-    "attn_v": "attn.v_proj",
-    "attn_output": "attn.o_proj",
-    "ffn_norm": "post_attention_layernorm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
+# GGUF tensor names (llama.cpp's, gguf.TensorNameMap) -> transformers' names, which hf_llama maps to posenc's
+# (splitting what a family fuses). A block's norms are named by slot; the family names the slot's module.
+_GLOBAL_TENSORS = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_NORM_SLOTS = {"attn_norm": "attn_in", "post_attention_norm": "attn_out", "ffn_norm": "mlp_in",
+               "post_ffw_norm": "mlp_out"}
+_LAYER_PARTS = {
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "attn_qkv": "self_attn.qkv_proj", "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
-_GLOBAL_TENSORS = {"token_embd": "embed_tokens", "output_norm": "norm", "output": "lm_head"}
 
 
 def builtin_smollm2_path() -> Path:
@@ -59,33 +61,8 @@ def _reader(path: str | Path) -> Any:
 
 
 def metadata(reader: Any) -> dict[str, Any]:
-    """Scalar and string metadata fields (arrays such as the vocabulary are skipped)."""
-    out = {}
-    for name, field in reader.fields.items():
-        if len(field.data) == 1 and not name.startswith("tokenizer.ggml."):
-            out[name] = field.contents()
-    return out
-
-
-def _config_fields(meta: dict[str, Any], vocab_size: int) -> dict[str, Any]:
-    arch = meta.get("general.architecture")
-    if arch != "llama":
-        raise bad_value("general.architecture", arch, "'llama'")
-    n_head, d_model = int(meta["llama.attention.head_count"]), int(meta["llama.embedding_length"])
-    rot = int(meta.get("llama.rope.dimension_count", d_model // n_head))
-    return {
-        "vocab_size": vocab_size,
-        "n_layer": int(meta["llama.block_count"]),
-        "n_head": n_head,
-        "n_kv_head": int(meta.get("llama.attention.head_count_kv", n_head)),
-        "d_model": d_model,
-        "ffn_hidden_size": int(meta["llama.feed_forward_length"]),
-        "max_seq_len": int(meta["llama.context_length"]),
-        "rms_norm_eps": float(meta["llama.attention.layer_norm_rms_epsilon"]),
-        "rotary_base": float(meta.get("llama.rope.freq_base", 10000.0)),
-        "rotary_percentage": rot / (d_model // n_head),
-        "rotary_interleaved": True,  # see the module docstring
-    }
+    """Metadata fields: scalars, strings and arrays (a sliding pattern); the tokenizer's are left to load_tokenizer."""
+    return {name: field.contents() for name, field in reader.fields.items() if not name.startswith("tokenizer.ggml.")}
 
 
 def _dequantised(tensor: Any) -> Tensor:
@@ -96,26 +73,48 @@ def _dequantised(tensor: Any) -> Tensor:
     return torch.from_numpy(values.reshape(tuple(int(d) for d in reversed(tensor.shape))).copy())
 
 
-def _param_name(gguf_name: str) -> str | None:
-    stem, _, kind = gguf_name.rpartition(".")  # e.g. "blk.3.attn_q", "weight"
+def hf_name(gguf_name: str, entry: Family) -> str | None:
+    """`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight` (the family's names), or None."""
+    stem, _, kind = gguf_name.rpartition(".")
+    if stem in _GLOBAL_TENSORS:
+        return f"{_GLOBAL_TENSORS[stem]}.{kind}"
     parts = stem.split(".")
-    if parts[0] == "blk" and len(parts) == 3 and parts[2] in _LAYER_TENSORS:
-        return f"blocks.{parts[1]}.{_LAYER_TENSORS[parts[2]]}.{kind}"
-    return f"{_GLOBAL_TENSORS[stem]}.{kind}" if stem in _GLOBAL_TENSORS else None
+    if len(parts) != 3 or parts[0] != "blk":
+        return None
+    part = entry.gguf_parts.get(parts[2]) or _LAYER_PARTS.get(parts[2])
+    if part is None and parts[2] in _NORM_SLOTS:
+        part = entry.norms.get(_NORM_SLOTS[parts[2]])
+    return None if part is None else f"model.layers.{parts[1]}.{part}.{kind}"
 
 
-def read_llama_gguf(path: str | Path) -> tuple[dict[str, Any], dict[str, Tensor]]:
-    """-> (LlamaConfig fields, float32 state dict in posenc names). Unknown tensors are an error."""
+def read_gguf(path: str | Path) -> tuple[Family, dict[str, Any], dict[str, Tensor]]:
+    """-> (the family, LlamaConfig fields, float32 tensors by GGUF name). LongRoPE's factor tensors go into the
+    fields' rope_scaling; the rest are the model's."""
     reader = _reader(path)
-    state: dict[str, Tensor] = {}
-    for tensor in reader.tensors:
-        name = _param_name(tensor.name)
-        if name is None:
-            raise bad_value("gguf tensor", tensor.name, "a Llama tensor (" + ", ".join(_LAYER_TENSORS) + ")")
-        state[name] = _dequantised(tensor)
-    fields = _config_fields(metadata(reader), state["embed_tokens.weight"].shape[0])
-    fields["tie_word_embeddings"] = "lm_head.weight" not in state
-    return fields, state
+    meta = metadata(reader)
+    entry = family_of_gguf_arch(meta.get("general.architecture"))
+    tensors = {t.name: _dequantised(t) for t in reader.tensors}
+    if "rope_freqs.weight" in tensors:
+        raise bad_value("gguf tensor", "rope_freqs.weight", "absent (llama.cpp's per-pair Llama 3.1 factors): load "
+                        "the checkpoint's Hugging Face folder, whose config.json names its llama3 scaling")
+    factors = {name: tensors.pop(name) for name in FACTOR_TENSORS if name in tensors}
+    fields = gguf_fields(meta, entry, tensors["token_embd.weight"].shape[0], factors)
+    fields["tie_word_embeddings"] = "output.weight" not in tensors
+    return entry, fields, tensors
+
+
+def hf_named(tensors: dict[str, Tensor], entry: Family) -> list[tuple[str, Tensor]]:
+    """GGUF tensors under transformers' names; norms back to the weight the family stores (llama.cpp's Gemma
+    converter writes 1 + w, the scale the norm multiplies by)."""
+    out = []
+    for name, tensor in tensors.items():
+        mapped = hf_name(name, entry)
+        if mapped is None:
+            raise bad_value("gguf tensor", name, f"a tensor of a {entry.gguf_arch} GGUF (blk.N.attn_q.weight...)")
+        if entry.norm_offset and name.rpartition(".")[0].endswith("norm"):
+            tensor = tensor - entry.norm_offset
+        out.append((mapped, tensor))
+    return out
 
 
 def load_tokenizer(path: str | Path) -> Any:

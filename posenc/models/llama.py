@@ -1,51 +1,39 @@
-"""Llama (Touvron et al. 2023): RMSNorm, GQA, SwiGLU, and any posenc scheme (RoPE for
-pretrained weights). `Llama.from_gguf` loads a llama.cpp GGUF file, e.g. SmolLM2-135M."""
+"""The Llama-family decoder (Touvron et al. 2023: RMSNorm, GQA, gated MLP) with any posenc scheme (RoPE for
+pretrained weights). One model for every family of posenc.models.families (Llama, Mistral, Qwen2/3, Gemma 2/3,
+Phi-3, OLMo 2): the family's entry and the config's fields choose the norms, biases and windows, never a copy
+of the model. `Llama.from_hf` loads a Hugging Face folder of any of them, `Llama.from_gguf` a llama.cpp GGUF
+file, e.g. SmolLM2-135M."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from posenc.errors import bad_value
-from posenc.models.config import check_extension, check_shapes
 from posenc.models.generation import CausalGeneration
-from posenc.models.positions import SchemeStack
-from posenc.models.scheme_config import SchemeConfig
+from posenc.models.layer_schemes import build_schemes, layer_scheme
+from posenc.models.llama_config import LlamaConfig
+from posenc.nn.decoder_attention import AttentionShape
 from posenc.nn.kv_cache import KVCache
-from posenc.nn.llama_block import LlamaBlock
-from posenc.scheme import Dims
+from posenc.nn.llama_block import BlockShape, LlamaBlock
+from posenc.nn.norms import rms_norm
+from posenc.scheme import Scheme
 
 
-@dataclass(frozen=True, kw_only=True, init=False)
-class LlamaConfig(SchemeConfig):
-    """Defaults are SmolLM2-135M's shapes; a GGUF file overrides every one."""
-
-    vocab_size: int = 49152
-    n_layer: int = 30
-    n_head: int = 9
-    n_kv_head: int = 3  # GQA: each key/value head serves n_head // n_kv_head query heads
-    d_model: int = 576
-    ffn_hidden_size: int = 1536
-    max_seq_len: int = 8192  # the trained context: HF's max_position_embeddings, scalings' reference
-    rms_norm_eps: float = 1e-5
-    tie_word_embeddings: bool = True
-    position_embedding_type: str = "rope"
-    attention_extension: dict[str, Any] | None = None  # a position map (posenc.position_maps), e.g. Self-Extend
-
-    def __post_init__(self) -> None:
-        check_shapes(self)
-        self.check_scheme("position_embedding_type", self.dims())
-        check_extension(self)
-
-    def dims(self) -> Dims:
-        return Dims(self.d_model, self.n_head, self.d_model // self.n_head, self.max_seq_len, True, self.n_kv_head)
-
-    @property
-    def options(self) -> Any:
-        return self.scheme_options("position_embedding_type")
+def block_shape(cfg: LlamaConfig, layer: int) -> BlockShape:
+    """Layer `layer`'s shapes from the config and its family's entry."""
+    entry, sliding = cfg.entry, cfg.layer_type(layer) == "sliding_attention"
+    scale = cfg.query_pre_attn_scalar
+    attention = AttentionShape(
+        cfg.d_model, cfg.n_head, cfg.n_kv_head, cfg.head_size, qkv_bias=entry.qkv_bias or cfg.attention_bias,
+        o_bias=cfg.attention_bias, qk_norm=entry.qk_norm, norm_eps=cfg.rms_norm_eps, norm_offset=entry.norm_offset,
+        query_scale=None if scale is None else scale**-0.5, softcap=cfg.attn_logit_softcapping,
+        window=cfg.sliding_window if sliding else None)
+    return BlockShape(attention, cfg.ffn_hidden_size, cfg.hidden_act, entry.norms)
 
 
 class Llama(CausalGeneration, nn.Module):
@@ -53,12 +41,10 @@ class Llama(CausalGeneration, nn.Module):
         super().__init__()
         self.cfg = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.schemes = self._schemes()
-        self.blocks = nn.ModuleList(
-            LlamaBlock(cfg.d_model, cfg.n_head, cfg.n_kv_head, cfg.ffn_hidden_size, i, cfg.rms_norm_eps)
-            for i in range(cfg.n_layer)
-        )
-        self.norm = nn.RMSNorm(cfg.d_model, eps=cfg.rms_norm_eps)
+        self.embed_scale = math.sqrt(cfg.d_model) if cfg.entry.embed_scale else 1.0
+        self._build_schemes()
+        self.blocks = nn.ModuleList(LlamaBlock(block_shape(cfg, i), i) for i in range(cfg.n_layer))
+        self.norm = rms_norm(cfg.d_model, cfg.rms_norm_eps, cfg.entry.norm_offset)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
@@ -66,32 +52,42 @@ class Llama(CausalGeneration, nn.Module):
         self.hf_path: Path | None = None
         self._tokenizer: Any = None
 
-    def _schemes(self) -> SchemeStack:
-        cfg = self.cfg
-        return SchemeStack(cfg.position_embedding_type, cfg.dims(), cfg.options, cfg.n_layer, cfg.attention_extension)
+    def _build_schemes(self) -> None:
+        """self.schemes serves the full-attention layers (and frames every position); self.local_schemes the
+        sliding ones where they differ (their own theta, or a map that must hold the window), else None."""
+        self.schemes, self.local_schemes = build_schemes(self.cfg)
+
+    def layer_scheme(self, index: int) -> Scheme:
+        return layer_scheme(self.cfg, self.schemes, self.local_schemes, index)
 
     @classmethod
     def from_gguf(cls, path: str | Path, rope_scaling: dict[str, Any] | None = None,
                   attention_extension: dict[str, Any] | None = None) -> Llama:
-        """Load a llama.cpp GGUF (weights dequantised to float32); rope_scaling in HF's dict format;
-        attention_extension a position map's dict (posenc.position_maps)."""
-        from posenc.models.gguf import read_llama_gguf
+        """Load a llama.cpp GGUF of any family with a gguf_arch (weights dequantised to float32); rope_scaling
+        None keeps the file's own (if any), a dict (HF's format) replaces it; attention_extension a position map's
+        dict (posenc.position_maps)."""
+        from posenc.models.gguf import hf_named, read_gguf
+        from posenc.models.hf_llama import map_tensors
 
         # a bad scaling or extension fails here, before the slow read
         LlamaConfig(rope_scaling=rope_scaling, attention_extension=attention_extension)
-        fields, state = read_llama_gguf(path)
-        model = cls(LlamaConfig(**fields, rope_scaling=rope_scaling, attention_extension=attention_extension))
+        entry, fields, tensors = read_gguf(path)
+        if rope_scaling is not None:
+            fields["rope_scaling"] = rope_scaling
+        model = cls(LlamaConfig(**fields, attention_extension=attention_extension))
+        shapes = {name: p.shape for name, p in model.state_dict().items()}
+        state = map_tensors(hf_named(tensors, entry), entry, shapes, "gguf")
         missing, unexpected = model.load_state_dict(state, strict=False)
         missing = [m for m in missing if not (m == "lm_head.weight" and model.cfg.tie_word_embeddings)]
         if missing or unexpected:
-            raise bad_value("gguf tensors", {"missing": missing, "unexpected": unexpected}, "a Llama GGUF")
+            raise bad_value("gguf tensors", {"missing": missing, "unexpected": unexpected}, f"a {entry.gguf_arch} GGUF")
         model.gguf_path = Path(path)
         return model.eval()
 
     @classmethod
     def from_hf(cls, directory: str | Path, rope_scaling: dict[str, Any] | None = None,
                 attention_extension: dict[str, Any] | None = None) -> Llama:
-        """Load a Hugging Face Llama-family folder (config.json + safetensors); rope_scaling None keeps
+        """Load a Hugging Face folder of any family (config.json + safetensors); rope_scaling None keeps
         the checkpoint's own (if any), a dict replaces it; attention_extension as in from_gguf."""
         from posenc.models.hf_llama import config_fields, read_config, read_state
 
@@ -102,24 +98,26 @@ class Llama(CausalGeneration, nn.Module):
         fields["attention_extension"] = attention_extension
         cfg = LlamaConfig(**fields)  # a bad config fails here, before the weights are read
         model = cls(cfg)
-        missing, unexpected = model.load_state_dict(read_state(directory), strict=False)
+        shapes = {name: p.shape for name, p in model.state_dict().items()}
+        missing, unexpected = model.load_state_dict(read_state(directory, cfg.entry, shapes), strict=False)
         missing = [m for m in missing if not (m == "lm_head.weight" and cfg.tie_word_embeddings)]
         if missing or unexpected:
-            raise bad_value("safetensors tensors", {"missing": missing, "unexpected": unexpected}, "a Llama checkpoint")
+            raise bad_value("safetensors tensors", {"missing": missing, "unexpected": unexpected},
+                            f"a {cfg.family} checkpoint")
         model.hf_path = directory
         return model.eval()
 
     def set_rope_scaling(self, rope_scaling: dict[str, Any] | None) -> Llama:
         """Switch the context-extension scaling in place (weights untouched; validated first)."""
         self.cfg = self.cfg.replace(rope_scaling=rope_scaling)
-        self.schemes = self._schemes()
+        self._build_schemes()
         return self
 
     def set_attention_extension(self, attention_extension: dict[str, Any] | None) -> Llama:
         """Switch the training-free position map in place (posenc.position_maps; None: plain attention).
         Composes with the current rope_scaling; validated first, weights untouched."""
         self.cfg = self.cfg.replace(attention_extension=attention_extension)
-        self.schemes = self._schemes()
+        self._build_schemes()
         return self
 
     @property
@@ -142,15 +140,24 @@ class Llama(CausalGeneration, nn.Module):
         """input_ids (B,T) -> final-normed hidden states (B,T,D); the LM head is left to the caller
         so long-context evaluation can project in chunks instead of holding (T, vocab) logits."""
         pos = self.schemes.prepare(input_ids, position_ids, cache, vocab_size=self.cfg.vocab_size)
-        x = self.schemes.embed(self.embed_tokens(input_ids), pos)  # (B,T,D)
+        x = self.embed_tokens(input_ids)  # (B,T,D)
+        if self.embed_scale != 1.0:  # Gemma: the scale rounded to the weights' dtype, as transformers does
+            x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
+        x = self.schemes.embed(x, pos)
         for i, block in enumerate(self.blocks):
-            x = block(x, self.schemes.layer(i), pos.query, pos.key, cache)
+            x = block(x, self.layer_scheme(i), pos.query, pos.key, cache)
         return self.norm(x)
+
+    def logits(self, features: Tensor) -> Tensor:
+        """Final-normed hidden states (..., D) -> logits (..., V), soft-capped where the family caps them."""
+        logits = self.lm_head(features)
+        cap = self.cfg.final_logit_softcapping
+        return logits if cap is None else cap * torch.tanh(logits / cap)
 
     def forward(self, input_ids: Tensor, position_ids: Tensor | None = None,
                 cache: KVCache | None = None) -> Tensor:
         """input_ids (B,T) -> logits (B,T,V). position_ids default to cache length + arange(T)."""
-        return self.lm_head(self.features(input_ids, position_ids, cache))
+        return self.logits(self.features(input_ids, position_ids, cache))
 
     def new_cache(self) -> KVCache:
         return KVCache(self.cfg.n_layer)

@@ -79,6 +79,8 @@ def mapped_attention(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, position_m
     dtype = q.dtype
     if q.element_size() < 4:  # half precision: scores and sums in float32, one rounding at the end
         q, k, v = q.float(), k.float(), v.float()
+    if position_map.score_scale != 1.0:  # a map that scales every score (STRING's released code): folded into q
+        q = q * position_map.score_scale
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if fused is None:
         fused = q.device.type in FUSED_DEVICES and dropout == 0.0 and not needs_grad

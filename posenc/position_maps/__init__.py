@@ -17,9 +17,10 @@ from posenc.position_maps.base import FIELD, PositionMap
 from posenc.position_maps.dual_chunk import DualChunk
 from posenc.position_maps.lm_infinite import LMInfinite
 from posenc.position_maps.self_extend import SelfExtend
+from posenc.position_maps.string_map import String
 
 POSITION_MAPS: dict[str, type[PositionMap]] = {
-    cls.name: cls for cls in (SelfExtend, DualChunk, LMInfinite, AttentionSinks)
+    cls.name: cls for cls in (SelfExtend, DualChunk, LMInfinite, AttentionSinks, String)
 }
 
 
@@ -46,4 +47,4 @@ def build_position_map(spec: Mapping[str, Any] | None, max_seq_len: int) -> Posi
 
 
 __all__ = ["POSITION_MAPS", "AttentionSinks", "DualChunk", "LMInfinite", "PositionMap", "SelfExtend",
-           "build_position_map"]
+           "String", "build_position_map"]

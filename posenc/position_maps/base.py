@@ -51,6 +51,11 @@ class PositionMap:
         share a plain forward with a mapped one where they are the same computation."""
         return 0
 
+    @property
+    def score_scale(self) -> float:
+        """Every score is multiplied by this (1.0 for most maps; STRING's released code scales cos and sin)."""
+        return 1.0
+
     def resolved(self, max_seq_len: int) -> PositionMap:
         """Options left None take their defaults from the trained context length (max_seq_len)."""
         return self

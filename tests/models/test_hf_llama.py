@@ -70,9 +70,10 @@ def test_transformers_5_rope_parameters_are_read():
 
 @pytest.mark.parametrize(("change", "named"), [
     ({"model_type": "gpt2"}, "model_type"),
-    ({"attention_bias": True}, "attention_bias"),
-    ({"hidden_act": "gelu"}, "hidden_act"),
-    ({"head_dim": 16}, "head_dim"),
+    ({"mlp_bias": True}, "mlp_bias"),
+    ({"hidden_act": "relu"}, "hidden_act"),
+    ({"head_dim": 16}, "shape"),  # the config's head_dim against the tensors' rows
+    ({"attention_bias": True}, "bias"),  # the config promises biases the folder lacks
 ])
 def test_unsupported_configs_are_named(tmp_path, change, named):
     save_hf_llama(tiny_llama(False), tmp_path)

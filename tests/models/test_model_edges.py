@@ -51,14 +51,15 @@ def test_the_native_kernels_load_where_a_compiler_exists():
 
 
 def test_a_gguf_without_a_rope_dimension_count_rotates_the_whole_head():
-    from posenc.models.gguf import _config_fields
+    from posenc.models.families import FAMILIES
+    from posenc.models.gguf_config import gguf_fields
 
     meta = {"general.architecture": "llama", "llama.attention.head_count": 4, "llama.embedding_length": 64,
             "llama.block_count": 2, "llama.feed_forward_length": 128, "llama.context_length": 256,
             "llama.attention.layer_norm_rms_epsilon": 1e-5}
-    fields = _config_fields(meta, 100)
+    fields = gguf_fields(meta, FAMILIES["llama"], 100, {})
     assert fields["rotary_percentage"] == 1.0 and fields["n_kv_head"] == 4 and fields["rotary_base"] == 10000.0
-    assert _config_fields(meta | {"llama.rope.dimension_count": 8}, 100)["rotary_percentage"] == 0.5
+    assert gguf_fields(meta | {"llama.rope.dimension_count": 8}, FAMILIES["llama"], 100, {})["rotary_percentage"] == 0.5
 
 
 def test_a_cross_decoder_block_has_no_dropout_unless_asked():

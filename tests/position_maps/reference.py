@@ -129,6 +129,22 @@ def attention_sinks(q: Tensor, k: Tensor, v: Tensor, rope: Rope, n_sink: int, wi
     return torch.cat(rows, dim=1)
 
 
+def string(q: Tensor, k: Tensor, v: Tensor, rope: Rope, shifted_offset: int, local_value: int,
+           attention_factor: float) -> Tensor:
+    """STRING (string_for_llama.py's decoding path, every row): the dense relative-position matrix d for d < S,
+    d - S + W for d >= S, built from two score matrices with the query moved back by S - W in the second; cos and
+    sin carry attention_factor, so the scores carry its square."""
+    t, dh = q.shape[1], q.shape[-1]
+    k, v = _repeat(k, q.shape[0]), _repeat(v, q.shape[0])
+    pos = torch.arange(t, dtype=torch.float64)
+    keys = rope(k, pos).transpose(-1, -2)
+    neighbour = rope(q, pos) @ keys / dh**0.5
+    shifted = rope(q, pos - shifted_offset + local_value) @ keys / dh**0.5
+    d = pos[:, None] - pos[None, :]
+    scores = torch.where(d < shifted_offset, neighbour, shifted) * attention_factor**2
+    return _softmax_out(scores.masked_fill(d < 0, float("-inf")), v)
+
+
 def plain(q: Tensor, k: Tensor, v: Tensor, rope: Rope) -> Tensor:
     """Causal RoPE attention: what every method must equal when its window covers the sequence."""
     pos = torch.arange(q.shape[1], dtype=torch.float64)

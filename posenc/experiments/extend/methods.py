@@ -40,6 +40,7 @@ EXTENSIONS: dict[str, Callable[[Target], dict[str, Any]]] = {
     "dual_chunk": lambda t: {},
     "lm_infinite": lambda t: {},
     "attention_sinks": lambda t: {},
+    "string": lambda t: {},  # S = 0.33 and W = 128 of the trained length (the released defaults)
 }
 
 

@@ -63,17 +63,37 @@ def frequency_key(model: Llama, scaling: dict[str, Any] | None, length: int) -> 
     return tuple(inv_freq.tolist()), scale
 
 
+def check_methods(model: Llama, cfg: ExtendConfig) -> None:
+    """Every method on this model's family, before any forward: a map it cannot carry (Gemma 2's soft-capped
+    attention) is one line naming the method, not an error minutes into the sweep."""
+    for method in sweep_methods(model, cfg):
+        if method.extension is None:
+            continue
+        try:
+            model.cfg.replace(attention_extension=method.extension)
+        except ValueError as err:
+            raise bad_value("extend.methods", method.name, f"methods this {model.cfg.family} model can run ({err})") \
+                from None
+
+
 def load_model(cfg: ExtendConfig) -> Llama:
-    """The built-in GGUF, a user's GGUF file, or a user's HF checkpoint folder."""
+    """The built-in GGUF, a user's GGUF file, or a user's HF checkpoint folder of any family
+    (posenc.models.families): its trained context, head dim, rope base and scaling read from the checkpoint."""
     from posenc.models.gguf import builtin_smollm2_path
 
     path = Path(cfg.model.path) if cfg.model.path else builtin_smollm2_path()
-    model = Llama.from_hf(path) if path.is_dir() else Llama.from_gguf(path)
+    if cfg.model.backend == "transformers":
+        from posenc.experiments.extend.transformers_model import TransformersModel
+
+        model = TransformersModel.load(path)
+    else:
+        model = Llama.from_hf(path) if path.is_dir() else Llama.from_gguf(path)
     if model.cfg.rope_scaling is not None:
         raise bad_value("model", str(path), "a checkpoint without its own rope_scaling (extend compares "
                         f"scalings of plain RoPE; this one has {model.cfg.rope_scaling})")
     if model.cfg.position_embedding_type != "rope":
         raise bad_value("model", str(path), "a RoPE model")
+    check_methods(model, cfg)
     return model
 
 

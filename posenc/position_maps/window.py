@@ -1,0 +1,56 @@
+"""A position map under a sliding window: the map's own choice, except that keys at distance >= window are not
+attended. Used by the decoders whose layers slide (Mistral, Gemma's local layers, Qwen's sliding layers) when a
+map is set, so the window and the map hold together in the one attention the map runs; without a map, the
+window is a mask of the decoder's attention (posenc.nn.decoder_attention). Not a method of its own: not in
+POSITION_MAPS, built by the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import Tensor
+
+from posenc.position_maps.base import PositionMap, distance
+
+
+@dataclass(frozen=True, kw_only=True)
+class Windowed(PositionMap):
+    inner: PositionMap
+    window: int
+
+    name: ClassVar[str] = "windowed"
+
+    @property
+    def n_maps(self) -> int:  # type: ignore[override]  (the inner map's)
+        return self.inner.n_maps
+
+    @property
+    def period(self) -> int | None:
+        return self.inner.period
+
+    @property
+    def score_scale(self) -> float:
+        return self.inner.score_scale
+
+    @property
+    def plain_within(self) -> int:
+        return self.inner.plain_within  # the plain model slides too: the window changes nothing between the two
+
+    def query_positions(self, q_pos: Tensor, origin: Tensor) -> tuple[Tensor, ...]:
+        return self.inner.query_positions(q_pos, origin)
+
+    def key_positions(self, k_pos: Tensor, origin: Tensor) -> tuple[Tensor, ...]:
+        return self.inner.key_positions(k_pos, origin)
+
+    def select(self, q_pos: Tensor, k_pos: Tensor, origin: Tensor) -> Tensor:
+        chosen = self.inner.select(q_pos, k_pos, origin)  # (B,C,Tk) int8
+        return torch.where(distance(q_pos, k_pos) < self.window, chosen, torch.full_like(chosen, -1))
+
+    def spec(self) -> dict:
+        return {**self.inner.spec(), "sliding_window": self.window}
+
+
+__all__ = ["Windowed"]
