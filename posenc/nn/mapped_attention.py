@@ -8,8 +8,9 @@ is exactly the softmax over the merged score row. In inference each map runs one
 that return the log-sum-exp: the flash kernel on the CPU (~5x faster than the eager form, measured at
 SmolLM2's shapes), the memory-efficient one on CUDA (no scores in memory, so chunks can be long); the eager
 form (scores in memory, budgeted) serves other devices, dropout, gradients, and is the reference the fused
-ones are tested against. Notation: B, H, Hkv, Tq, Tk, Dh as in attention.py; C the
-rows of one chunk; K the keys one map scores in it; g = H // Hkv query heads per key/value head.
+ones are tested against; which of the two runs is decided in posenc.nn.dispatch (map_plan).
+Notation: B, H, Hkv, Tq, Tk, Dh as in attention.py; C the rows of one chunk; K the keys one map scores in it;
+g = H // Hkv query heads per key/value head.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from posenc.errors import bad_value
-from posenc.position_maps.base import PositionMap
+from posenc.nn import dispatch
+from posenc.position_map import PositionMap
 from posenc.scheme import Scheme
 
 _FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu  # returns (out, logsumexp)
@@ -79,9 +81,9 @@ def mapped_attention(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, position_m
     dtype = q.dtype
     if q.element_size() < 4:  # half precision: scores and sums in float32, one rounding at the end
         q, k, v = q.float(), k.float(), v.float()
-    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    if fused is None:
-        fused = q.device.type in FUSED_DEVICES and dropout == 0.0 and not needs_grad
+    needs_grad = dispatch.needs_grad(q, k, v, scheme)
+    if fused is None:  # the first of the dispatch's plan that serves: map_fused only without dropout
+        fused = dispatch.map_plan(q.device.type, needs_grad)[0] == "map_fused" and dropout == 0.0
     elif fused and (needs_grad or dropout > 0 or q.device.type not in FUSED_DEVICES):
         raise bad_value("fused", fused, "False (or None) with gradients, dropout or a device other than "
                         f"{' or '.join(FUSED_DEVICES)}")
@@ -127,12 +129,7 @@ def _merged_chunk(queries: list[Tensor], keys: list[Tensor], v: Tensor, select: 
         q3 = q_m.reshape(b, hkv, g * c, dh)  # GQA without copying keys: g query heads share a key head
         for a, z, every_row in _segments(hit, lo, hi):
             allowed = None if every_row else hit[:, None, :, a:z].repeat(1, 1, g, 1)  # (B,1,g*C,K)
-            if fused and q3.device.type == "cuda":
-                out, lse = _map_fused_cuda(q3, k_m[:, :, a:z], v[:, :, a:z], allowed)
-            elif fused:
-                out, lse = _map_fused(q3, k_m[:, :, a:z], v[:, :, a:z], allowed)
-            else:
-                out, lse = _map_eager(q3, k_m[:, :, a:z], v[:, :, a:z], allowed, dropout)
+            out, lse = (map_fused if fused else map_eager)(q3, k_m[:, :, a:z], v[:, :, a:z], allowed, dropout)
             outs.append(out)
             lses.append(lse)
     lse = torch.stack(lses)  # (M,B,Hkv,g*C)
@@ -155,7 +152,13 @@ def _segments(hit: Tensor, lo: int, hi: int) -> list[tuple[int, int, bool]]:
     return [(x, y, every) for x, y, every in ((lo, a, False), (a, z, True), (z, hi, False)) if y > x]
 
 
-def _map_fused(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None) -> tuple[Tensor, Tensor]:
+def map_fused(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, dropout: float = 0.0) -> tuple[Tensor, Tensor]:
+    """One map through a fused kernel that returns the log-sum-exp: CUDA's memory-efficient one, else the CPU's
+    flash one (no dropout: the dispatch picks this only without it)."""
+    return (_map_fused_cuda if q.device.type == "cuda" else _map_fused_cpu)(q, k, v, allowed)
+
+
+def _map_fused_cpu(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None) -> tuple[Tensor, Tensor]:
     """One map through the CPU flash kernel: q (B,Hkv,R,Dh), k/v (B,Hkv,K,Dh), allowed (B,1,R,K) or None (every
     key) -> softmax output (B,Hkv,R,Dh) and log-sum-exp (B,Hkv,R), -inf for a row with no key."""
     if allowed is None:
@@ -181,8 +184,8 @@ def _map_fused_cuda(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None) -> 
     return out, lse
 
 
-def _map_eager(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, dropout: float) -> tuple[Tensor, Tensor]:
-    """The same in plain operations (scores held): any device, dropout, the reference for _map_fused."""
+def map_eager(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, dropout: float) -> tuple[Tensor, Tensor]:
+    """The same in plain operations (scores held): any device, dropout, the reference for map_fused."""
     scores = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5  # (B,Hkv,R,K)
     if allowed is not None:
         scores = scores.masked_fill(~allowed, float("-inf"))
