@@ -21,6 +21,8 @@ from typing import Any, ClassVar
 
 from torch import Tensor
 
+from posenc.scheme import Scheme
+
 
 @dataclass(frozen=True, kw_only=True)
 class PositionMap:
@@ -66,4 +68,25 @@ class PositionMap:
         return {"type": self.name, **dataclasses.asdict(self)}
 
 
-__all__ = ["PositionMap"]
+class MappedScheme(Scheme):
+    """A rotary scheme (`inner`) whose positions a PositionMap remaps per (query, key) pair. Attention
+    (posenc.nn.dispatch) evaluates it map by map; rotate() leaves q and k as they are, so the KV cache stores raw
+    keys and each map rotates them at its own positions."""
+
+    shift_invariant = False  # floor division, chunks and sinks read absolute positions
+
+    def __init__(self, inner: Scheme, position_map: PositionMap) -> None:
+        super().__init__(inner.dims, inner.options)
+        self.inner, self.position_map = inner, position_map
+
+    def frame(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+        return self.inner.frame(q_pos, k_pos)
+
+    def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+        return q, k
+
+    def extra_repr(self) -> str:
+        return f"{self.position_map.spec()}"
+
+
+__all__ = ["MappedScheme", "PositionMap"]

@@ -1,8 +1,10 @@
 """Which kernel runs attention: the one place that decides, for SelfAttention and posenc.attention alike.
 
 The key is (form, device, dtype, grad, decode):
-  form    the scheme's bias form, from the Scheme hooks its class overrides (first match):
-            attends     attend(): the scheme runs attention itself (position maps), else its other form
+  form    the scheme's bias form, from its class and the Scheme hooks the class overrides (first match):
+            mapped      a rotary scheme under a position map (posenc.position_map.MappedScheme: Self-Extend,
+                        Dual Chunk Attention, LM-Infinite, attention sinks), evaluated map by map
+            attends     attend(): the scheme runs attention itself, else what its other hooks take
             plain       no bias at all (rotary, absolute, none)
             contextual  contextual_rows (cope)
             distance    bias_by_distance: one row per head (alibi, kerple, sandwich, relative)
@@ -39,15 +41,15 @@ whose class gives no score_mod.
     values weights                                      eager_weights                 eager_weights
     attends                                             scheme_attend > (the tail of the class's other form)
 
-Position maps (nn/mapped_attention.py, each map of a chunk of queries) take the same decision in MAP_RULES:
+The mapped form has a table of its own (MAP_RULES; nn/mapped_attention.py runs each map of a chunk of queries
+through the kernel named, and merges the maps by log-sum-exp):
 
-    device      no grad                 grad
-    ----------  ----------------------  -----------
-    cpu cuda    map_fused > map_eager   map_eager
-    other       map_eager               map_eager
+    form        device      no grad                 grad
+    ----------  ----------  ----------------------  -----------
+    mapped      cpu cuda    map_fused > map_eager   map_eager
+    mapped      other       map_eager               map_eager
 
-A kernel is a function kernel(call: Call) -> Tensor | None (a map kernel: one map's q, k, v, mask, dropout ->
-output, log-sum-exp); KERNELS names each as "module:function", imported on
+A kernel is a function kernel(call: Call) -> Tensor | None; KERNELS names each as "module:function", imported on
 first use (the kernel modules import this one). Adding a kernel = its file + one KERNELS entry + its name in a rule.
 tests/nn/test_dispatch.py prints the table for every registered scheme on cpu and cuda (`pytest -s`).
 """
@@ -63,6 +65,7 @@ import torch
 from torch import Tensor
 
 from posenc.nn import triton as gpu
+from posenc.position_map import MappedScheme
 from posenc.scheme import Scheme, materialises_bias
 
 KERNELS: dict[str, str] = {
@@ -79,11 +82,12 @@ KERNELS: dict[str, str] = {
     "chunked": "posenc.nn.bias_paths:chunked",  # the bias built per block of CHUNK_ROWS queries
     "reference": "posenc.nn.bias_paths:reference",  # the bias materialised (B|1,H,Tq,Tk), then SDPA
     "eager_weights": "posenc.nn.bias_paths:eager_weights",  # the weights materialised, then mix_values
-    "scheme_attend": "posenc.nn.bias_paths:scheme_attend",  # Scheme.attend (position maps)
+    "scheme_attend": "posenc.nn.bias_paths:scheme_attend",  # Scheme.attend: the scheme's own attention
     "map_fused": "posenc.nn.mapped_attention:map_fused",  # per map: the CPU's flash or CUDA's efficient kernel
     "map_eager": "posenc.nn.mapped_attention:map_eager",  # per map: scores in memory (gradients, dropout)
 }
 
+SERVE_ALWAYS = frozenset({"sdpa", "reference", "eager_weights", "map_eager"})  # never decline: each plan ends with one
 HALF_AND_FLOAT = (torch.bfloat16, torch.float16, torch.float32)
 # (form, device, dtypes) -> (kernels for a decode step without gradients, kernels otherwise): the first table.
 FAST_RULES: tuple[tuple[str, str, tuple[torch.dtype, ...], tuple[str, ...], tuple[str, ...]], ...] = (
@@ -103,7 +107,7 @@ TAILS: dict[str, dict[bool, tuple[str, ...]]] = {
 }
 MAP_RULES = {("cpu", False): ("map_fused", "map_eager"), ("cuda", False): ("map_fused", "map_eager")}
 MAP_DEFAULT = ("map_eager",)
-FORMS = ("attends", "plain", "contextual", "distance", "piecewise", "values", "relative", "weights", "bias")
+FORMS = ("mapped", "attends", "plain", "contextual", "distance", "piecewise", "values", "relative", "weights", "bias")
 
 
 class Call(NamedTuple):
@@ -138,6 +142,8 @@ def _overrides(cls: type[Scheme], hook: str) -> bool:
 @functools.cache
 def form_of(cls: type[Scheme], attends: bool = True) -> str:
     """The scheme class's bias form (the first of FORMS that its hooks give); attends=False: ignoring attend()."""
+    if issubclass(cls, MappedScheme):
+        return "mapped"
     if attends and _overrides(cls, "attend"):
         return "attends"
     if not materialises_bias(cls):
@@ -163,6 +169,8 @@ def device_of(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> str:
 def plan(cls: type[Scheme], device: str, dtype: torch.dtype, grad: bool, decode: bool) -> tuple[str, ...]:
     """The kernels tried, in order, for a scheme class and a key: the whole decision."""
     form = form_of(cls)
+    if form == "mapped":
+        return map_plan(device, grad)
     if form == "attends":  # the scheme's own attention, then what its other hooks would take
         return ("scheme_attend", *plan_of_form(form_of(cls, attends=False), device, dtype, grad, decode,
                                                _overrides(cls, "score_mod")))

@@ -23,6 +23,7 @@ from torch import Tensor
 
 from posenc.errors import bad_value
 from posenc.nn import dispatch
+from posenc.nn.dispatch import Call
 from posenc.position_map import PositionMap
 from posenc.scheme import Scheme
 
@@ -113,6 +114,23 @@ def mapped_attention(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, position_m
     return torch.cat(out, dim=2).to(dtype)
 
 
+def map_fused(call: Call) -> Tensor | None:
+    """The dispatch's kernel map_fused: every map through a fused kernel; declines dropout, gradients and devices
+    without one. call.scheme is a posenc.position_map.MappedScheme."""
+    if call.dropout != 0.0 or call.grad or call.q.device.type not in FUSED_DEVICES:
+        return None
+    scheme = call.scheme
+    return mapped_attention(call.q, call.k, call.v, scheme.inner, scheme.position_map, call.q_pos, call.k_pos,
+                            call.causal, fused=True)
+
+
+def map_eager(call: Call) -> Tensor:
+    """The dispatch's kernel map_eager: every map with its scores in memory (gradients, dropout, any device)."""
+    scheme = call.scheme
+    return mapped_attention(call.q, call.k, call.v, scheme.inner, scheme.position_map, call.q_pos, call.k_pos,
+                            call.causal, call.dropout, fused=False)
+
+
 def _merged_chunk(queries: list[Tensor], keys: list[Tensor], v: Tensor, select: Tensor, dropout: float,
                   fused: bool) -> Tensor:
     """queries per map (B,H,C,Dh), keys per map (B,Hkv,Tk,Dh), v (B,Hkv,Tk,Dh), select (B,C,Tk) -> (B,H,C,Dh)."""
@@ -129,7 +147,10 @@ def _merged_chunk(queries: list[Tensor], keys: list[Tensor], v: Tensor, select: 
         q3 = q_m.reshape(b, hkv, g * c, dh)  # GQA without copying keys: g query heads share a key head
         for a, z, every_row in _segments(hit, lo, hi):
             allowed = None if every_row else hit[:, None, :, a:z].repeat(1, 1, g, 1)  # (B,1,g*C,K)
-            out, lse = (map_fused if fused else map_eager)(q3, k_m[:, :, a:z], v[:, :, a:z], allowed, dropout)
+            if fused:
+                out, lse = _map_fused(q3, k_m[:, :, a:z], v[:, :, a:z], allowed)
+            else:
+                out, lse = _map_eager(q3, k_m[:, :, a:z], v[:, :, a:z], allowed, dropout)
             outs.append(out)
             lses.append(lse)
     lse = torch.stack(lses)  # (M,B,Hkv,g*C)
@@ -152,9 +173,9 @@ def _segments(hit: Tensor, lo: int, hi: int) -> list[tuple[int, int, bool]]:
     return [(x, y, every) for x, y, every in ((lo, a, False), (a, z, True), (z, hi, False)) if y > x]
 
 
-def map_fused(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, dropout: float = 0.0) -> tuple[Tensor, Tensor]:
+def _map_fused(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None) -> tuple[Tensor, Tensor]:
     """One map through a fused kernel that returns the log-sum-exp: CUDA's memory-efficient one, else the CPU's
-    flash one (no dropout: the dispatch picks this only without it)."""
+    flash one."""
     return (_map_fused_cuda if q.device.type == "cuda" else _map_fused_cpu)(q, k, v, allowed)
 
 
@@ -184,8 +205,8 @@ def _map_fused_cuda(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None) -> 
     return out, lse
 
 
-def map_eager(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, dropout: float) -> tuple[Tensor, Tensor]:
-    """The same in plain operations (scores held): any device, dropout, the reference for map_fused."""
+def _map_eager(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, dropout: float) -> tuple[Tensor, Tensor]:
+    """The same in plain operations (scores held): any device, dropout, the reference for _map_fused."""
     scores = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5  # (B,Hkv,R,K)
     if allowed is not None:
         scores = scores.masked_fill(~allowed, float("-inf"))
