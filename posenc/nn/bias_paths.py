@@ -23,9 +23,8 @@ import warnings
 import torch
 from torch import Tensor
 
-from posenc.nn import dispatch
 from posenc.nn.attention_core import attend, attend_eager
-from posenc.nn.dispatch import Call
+from posenc.nn.call import Call
 from posenc.scheme import Scheme
 
 CHUNK_ROWS = 256
@@ -148,15 +147,3 @@ def eager_weights(call: Call) -> Tensor:
 def scheme_attend(call: Call) -> Tensor | None:
     """The scheme runs attention itself (Scheme.attend: the position maps), or declines."""
     return call.scheme.attend(call.q, call.k, call.v, call.q_pos, call.k_pos, call.causal, call.dropout)
-
-
-def biased_attention(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, q_pos: Tensor, k_pos: Tensor,
-                     causal: bool, dropout: float = 0.0) -> Tensor:
-    """A scheme that contributes a bias, through the dispatch: rows, else flex, else chunked, else the reference."""
-    return dispatch.attention(q, k, v, scheme, q_pos, k_pos, causal, dropout)
-
-
-def weights_attention(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, q_pos: Tensor, k_pos: Tensor,
-                      causal: bool, dropout: float = 0.0) -> Tensor:
-    """A scheme that reads the weights (Shaw's value term), through the dispatch: rows, else the eager path."""
-    return dispatch.attention(q, k, v, scheme, q_pos, k_pos, causal, dropout)

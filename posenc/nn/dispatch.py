@@ -49,42 +49,42 @@ through the kernel named, and merges the maps by log-sum-exp):
     mapped      cpu cuda    map_fused > map_eager   map_eager
     mapped      other       map_eager               map_eager
 
-A kernel is a function kernel(call: Call) -> Tensor | None; KERNELS names each as "module:function", imported on
-first use (the kernel modules import this one). Adding a kernel = its file + one KERNELS entry + its name in a rule.
+A kernel is a function kernel(call: Call) -> Tensor | None (posenc.nn.call, below this module and the kernels);
+KERNELS names each. Adding a kernel = its file + one KERNELS entry + its name in a rule.
 tests/nn/test_dispatch.py prints the table for every registered scheme on cpu and cuda (`pytest -s`).
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
 from collections.abc import Callable
-from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
+from posenc.nn import bias_paths, mapped_attention, row_paths
 from posenc.nn import triton as gpu
+from posenc.nn.call import Call, needs_grad
 from posenc.position_map import MappedScheme
 from posenc.scheme import Scheme, materialises_bias
 
-KERNELS: dict[str, str] = {
-    "sdpa": "posenc.nn.bias_paths:plain",  # SDPA's own kernels (a CPU decode in half precision: float32)
-    "rows_decode": "posenc.nn.row_paths:rows_decode",  # SDPA with one bias row per head as the mask
-    "native_rows": "posenc.nn.row_paths:native_rows",  # csrc/attention_*.cpp, rows per head
-    "triton_rows": "posenc.nn.row_paths:triton_rows",  # triton/attention.py, rows per head
-    "pieces_decode": "posenc.nn.row_paths:pieces_decode",  # SDPA with FIRE's one bias row as the mask
-    "native_pieces": "posenc.nn.row_paths:native_pieces",  # csrc, FIRE's MLP per block of scores
-    "native_contextual": "posenc.nn.row_paths:native_contextual",  # csrc/cope.cpp
-    "relative_decode": "posenc.nn.row_paths:relative_decode",  # SDPA with one row per query as the mask
-    "native_relative": "posenc.nn.row_paths:native_relative",  # csrc, rows per query (and Shaw's value term)
-    "flex": "posenc.nn.bias_paths:flex",  # flex_attention with the scheme's score_mod
-    "chunked": "posenc.nn.bias_paths:chunked",  # the bias built per block of CHUNK_ROWS queries
-    "reference": "posenc.nn.bias_paths:reference",  # the bias materialised (B|1,H,Tq,Tk), then SDPA
-    "eager_weights": "posenc.nn.bias_paths:eager_weights",  # the weights materialised, then mix_values
-    "scheme_attend": "posenc.nn.bias_paths:scheme_attend",  # Scheme.attend: the scheme's own attention
-    "map_fused": "posenc.nn.mapped_attention:map_fused",  # per map: the CPU's flash or CUDA's efficient kernel
-    "map_eager": "posenc.nn.mapped_attention:map_eager",  # per map: scores in memory (gradients, dropout)
+KERNELS: dict[str, Callable[[Call], Tensor | None]] = {
+    "sdpa": bias_paths.plain,  # SDPA's own kernels (a CPU decode in half precision: float32)
+    "rows_decode": row_paths.rows_decode,  # SDPA with one bias row per head as the mask
+    "native_rows": row_paths.native_rows,  # csrc/attention_*.cpp, rows per head
+    "triton_rows": row_paths.triton_rows,  # triton/attention.py, rows per head
+    "pieces_decode": row_paths.pieces_decode,  # SDPA with FIRE's one bias row as the mask
+    "native_pieces": row_paths.native_pieces,  # csrc, FIRE's MLP per block of scores
+    "native_contextual": row_paths.native_contextual,  # csrc/cope.cpp
+    "relative_decode": row_paths.relative_decode,  # SDPA with one row per query as the mask
+    "native_relative": row_paths.native_relative,  # csrc, rows per query (and Shaw's value term)
+    "flex": bias_paths.flex,  # flex_attention with the scheme's score_mod
+    "chunked": bias_paths.chunked,  # the bias built per block of CHUNK_ROWS queries
+    "reference": bias_paths.reference,  # the bias materialised (B|1,H,Tq,Tk), then SDPA
+    "eager_weights": bias_paths.eager_weights,  # the weights materialised, then mix_values
+    "scheme_attend": bias_paths.scheme_attend,  # Scheme.attend: the scheme's own attention
+    "map_fused": mapped_attention.map_fused,  # per map: the CPU's flash or CUDA's efficient kernel
+    "map_eager": mapped_attention.map_eager,  # per map: scores in memory (gradients, dropout)
 }
 
 SERVE_ALWAYS = frozenset({"sdpa", "reference", "eager_weights", "map_eager"})  # never decline: each plan ends with one
@@ -108,31 +108,6 @@ TAILS: dict[str, dict[bool, tuple[str, ...]]] = {
 MAP_RULES = {("cpu", False): ("map_fused", "map_eager"), ("cuda", False): ("map_fused", "map_eager")}
 MAP_DEFAULT = ("map_eager",)
 FORMS = ("mapped", "attends", "plain", "contextual", "distance", "piecewise", "values", "relative", "weights", "bias")
-
-
-class Call(NamedTuple):
-    """One attention call as every kernel receives it. q (B,H,Tq,Dh), k/v (B,Hkv,Tk,Dh), q_pos (B,Tq), k_pos (B,Tk)."""
-
-    q: Tensor
-    k: Tensor
-    v: Tensor
-    scheme: Scheme
-    q_pos: Tensor
-    k_pos: Tensor
-    causal: bool
-    dropout: float
-    grad: bool
-
-
-def needs_grad(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme | None = None) -> bool:
-    """The one test of whether a backward will want a gradient from this attention call: autograd on, and q, k, v or
-    one of the scheme's parameters requiring a gradient. Kernels without a backward (flex on the CPU, the decode
-    shortcuts, the fused kernels of the position maps) serve only where this is False."""
-    if not torch.is_grad_enabled():
-        return False
-    if q.requires_grad or k.requires_grad or v.requires_grad:
-        return True
-    return scheme is not None and any(p.requires_grad for p in scheme.parameters())
 
 
 def _overrides(cls: type[Scheme], hook: str) -> bool:
@@ -195,11 +170,9 @@ def map_plan(device: str, grad: bool) -> tuple[str, ...]:
     return MAP_RULES.get((device, grad), MAP_DEFAULT)
 
 
-@functools.cache
 def kernel(name: str) -> Callable[[Call], Tensor | None]:
-    """The function KERNELS names, imported on first use."""
-    module, function = KERNELS[name].split(":")
-    return getattr(importlib.import_module(module), function)
+    """The function KERNELS names (looked up at each call, so a test can replace one)."""
+    return KERNELS[name]
 
 
 def _call(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, q_pos: Tensor, k_pos: Tensor, causal: bool,

@@ -8,7 +8,8 @@ is exactly the softmax over the merged score row. In inference each map runs one
 that return the log-sum-exp: the flash kernel on the CPU (~5x faster than the eager form, measured at
 SmolLM2's shapes), the memory-efficient one on CUDA (no scores in memory, so chunks can be long); the eager
 form (scores in memory, budgeted) serves other devices, dropout, gradients, and is the reference the fused
-ones are tested against; which of the two runs is decided in posenc.nn.dispatch (map_plan).
+ones are tested against. posenc.nn.dispatch picks one (map_fused, map_eager); called directly with fused=None,
+the fused form runs wherever it serves.
 Notation: B, H, Hkv, Tq, Tk, Dh as in attention.py; C the rows of one chunk; K the keys one map scores in it;
 g = H // Hkv query heads per key/value head.
 """
@@ -22,8 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from posenc.errors import bad_value
-from posenc.nn import dispatch
-from posenc.nn.dispatch import Call
+from posenc.nn.call import Call, needs_grad
 from posenc.position_map import PositionMap
 from posenc.scheme import Scheme
 
@@ -82,10 +82,10 @@ def mapped_attention(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, position_m
     dtype = q.dtype
     if q.element_size() < 4:  # half precision: scores and sums in float32, one rounding at the end
         q, k, v = q.float(), k.float(), v.float()
-    needs_grad = dispatch.needs_grad(q, k, v, scheme)
-    if fused is None:  # the first of the dispatch's plan that serves: map_fused only without dropout
-        fused = dispatch.map_plan(q.device.type, needs_grad)[0] == "map_fused" and dropout == 0.0
-    elif fused and (needs_grad or dropout > 0 or q.device.type not in FUSED_DEVICES):
+    grad = needs_grad(q, k, v, scheme)
+    if fused is None:
+        fused = _fused_serves(q, dropout, grad)
+    elif fused and not _fused_serves(q, dropout, grad):
         raise bad_value("fused", fused, "False (or None) with gradients, dropout or a device other than "
                         f"{' or '.join(FUSED_DEVICES)}")
     b, h, tq, _ = q.shape
@@ -114,10 +114,15 @@ def mapped_attention(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, position_m
     return torch.cat(out, dim=2).to(dtype)
 
 
+def _fused_serves(q: Tensor, dropout: float, grad: bool) -> bool:
+    """The fused kernels' backward ignores the log-sum-exp that the merge differentiates, and they take no dropout."""
+    return q.device.type in FUSED_DEVICES and dropout == 0.0 and not grad
+
+
 def map_fused(call: Call) -> Tensor | None:
     """The dispatch's kernel map_fused: every map through a fused kernel; declines dropout, gradients and devices
     without one. call.scheme is a posenc.position_map.MappedScheme."""
-    if call.dropout != 0.0 or call.grad or call.q.device.type not in FUSED_DEVICES:
+    if not _fused_serves(call.q, call.dropout, call.grad):
         return None
     scheme = call.scheme
     return mapped_attention(call.q, call.k, call.v, scheme.inner, scheme.position_map, call.q_pos, call.k_pos,

@@ -25,9 +25,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from posenc.nn import dispatch, fused_attention, recomputed
+from posenc.nn import fused_attention, recomputed
 from posenc.nn import triton as gpu
-from posenc.nn.dispatch import Call
+from posenc.nn.call import Call
 from posenc.scheme import PiecewiseBias, Scheme
 
 QUERY_CHUNK = 256  # queries per chunk for rows per query (Transformer-XL's span every key the chunk sees)
@@ -96,13 +96,6 @@ def _distance_rows(scheme: Scheme, low: int, high: int, device: torch.device) ->
     """(1,H,1,S) rows over r = n - m = low..high from the scheme's bias of m - n = -r."""
     by_distance = scheme.bias_by_distance(torch.arange(-high, -low + 1, device=device))  # (H,S), m - n ascending
     return None if by_distance is None else by_distance.flip(-1)[None, :, None, :]
-
-
-def attend(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, q_pos: Tensor, k_pos: Tensor,
-           causal: bool) -> Tensor | None:
-    """q (B,H,Tq,Dh), k/v (B,Hkv,Tk,Dh) -> (B,H,Tq,Dh) with the scheme's bias (and value term) through the fast
-    kernel the dispatch picks, or None where none serves."""
-    return dispatch.fast_attention(q, k, v, scheme, q_pos, k_pos, causal)
 
 
 class _Span(NamedTuple):
@@ -265,5 +258,5 @@ def _rows_as_mask(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, offsets: Offset
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), enable_gqa=k.shape[1] != q.shape[1])
 
 
-__all__ = ["Offsets", "attend", "native_contextual", "native_pieces", "native_relative", "native_rows",
+__all__ = ["Offsets", "native_contextual", "native_pieces", "native_relative", "native_rows",
            "pieces_decode", "position_offsets", "relative_decode", "relative_span", "rows_decode", "triton_rows"]

@@ -15,7 +15,7 @@ from typing import Any
 from torch import Tensor
 
 from posenc.errors import bad_value
-from posenc.nn.mapped_attention import mapped_attention
+from posenc.nn import dispatch
 from posenc.position_map import MappedScheme
 from posenc.position_maps import FIELD, build_position_map
 from posenc.rotary.rope import scaling_from_config
@@ -43,11 +43,11 @@ def check_position_map(spec: Mapping[str, Any] | None, scheme_name: str, scheme_
 
 
 class PositionMapped(MappedScheme):
-    """MappedScheme with its attend() hook: attention runs it through posenc.nn.dispatch (the map kernels)."""
+    """MappedScheme with the attend() hook a caller of the hooks expects: the dispatch's map kernels."""
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, k_pos: Tensor, causal: bool,
                dropout: float = 0.0) -> Tensor:
-        return mapped_attention(q, k, v, self.inner, self.position_map, q_pos, k_pos, causal, dropout)
+        return dispatch.attention(q, k, v, self, q_pos, k_pos, causal, dropout)
 
 
 def wrap(scheme: Scheme, spec: Mapping[str, Any] | None) -> Scheme:
