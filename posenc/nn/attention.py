@@ -32,8 +32,10 @@ class SelfAttention(HeadProjections):
         k = self._heads(self.k_proj(x), self.n_kv_head)  # (B,Hkv,Tq,Dh)
         v = self._heads(self.v_proj(x), self.n_kv_head)
         q, k = scheme.rotate(q, k, q_pos, q_pos)  # new keys sit at the new positions
+        kept = None
         if cache is not None:
             k, v = cache.update(self.layer, k, v)  # (B,Hkv,Tk,Dh)
+            kept = cache.derived(self.layer)
         dropout = self.dropout if self.training else 0.0
-        out = dispatch.attention(q, k, v, scheme, q_pos, k_pos, self.causal, dropout)  # (B,H,Tq,Dh)
+        out = dispatch.attention(q, k, v, scheme, q_pos, k_pos, self.causal, dropout, kept)  # (B,H,Tq,Dh)
         return self.o_proj(out.transpose(1, 2).flatten(2))  # (B,Tq,D)

@@ -16,7 +16,7 @@ from posenc.scheme import Scheme
 
 class Call(NamedTuple):
     """q (B,H,Tq,Dh), k/v (B,Hkv,Tk,Dh) as rotate() left them; q_pos (B,Tq), k_pos (B,Tk) as frame() left them;
-    grad: needs_grad() of this call."""
+    grad: needs_grad() of this call; kept: where a kernel may keep what it derives from the cached keys."""
 
     q: Tensor
     k: Tensor
@@ -27,6 +27,7 @@ class Call(NamedTuple):
     causal: bool
     dropout: float
     grad: bool
+    kept: dict | None = None  # a KV cache's store for this layer (KVCache.derived): values derived from its keys
 
 
 def needs_grad(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme | None = None) -> bool:

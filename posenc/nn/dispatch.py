@@ -176,19 +176,20 @@ def kernel(name: str) -> Callable[[Call], Tensor | None]:
 
 
 def _call(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, q_pos: Tensor, k_pos: Tensor, causal: bool,
-          dropout: float) -> tuple[Call, tuple[str, ...]]:
+          dropout: float, kept: dict | None = None) -> tuple[Call, tuple[str, ...]]:
     cls = type(scheme)
     if form_of(cls) == "plain":  # the one form whose kernels depend on nothing else: no parameter walk per layer
-        return Call(q, k, v, scheme, q_pos, k_pos, causal, dropout, False), TAILS["plain"][False]
+        return Call(q, k, v, scheme, q_pos, k_pos, causal, dropout, False, kept), TAILS["plain"][False]
     grad = needs_grad(q, k, v, scheme)
     chain = plan(cls, device_of(q, k, v, causal), q.dtype, grad, q.shape[-2] == 1)
-    return Call(q, k, v, scheme, q_pos, k_pos, causal, dropout, grad), chain
+    return Call(q, k, v, scheme, q_pos, k_pos, causal, dropout, grad, kept), chain
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, q_pos: Tensor, k_pos: Tensor, causal: bool,
-              dropout: float = 0.0) -> Tensor:
-    """q (B,H,Tq,Dh), k/v (B,Hkv,Tk,Dh) as rotate() left them, positions as frame() left them -> (B,H,Tq,Dh)."""
-    call, chain = _call(q, k, v, scheme, q_pos, k_pos, causal, dropout)
+              dropout: float = 0.0, kept: dict | None = None) -> Tensor:
+    """q (B,H,Tq,Dh), k/v (B,Hkv,Tk,Dh) as rotate() left them, positions as frame() left them -> (B,H,Tq,Dh).
+    kept: the KV cache's store for this layer (KVCache.derived) when k and v come from it."""
+    call, chain = _call(q, k, v, scheme, q_pos, k_pos, causal, dropout, kept)
     for name in chain:
         out = kernel(name)(call)
         if out is not None:

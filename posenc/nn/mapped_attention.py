@@ -17,6 +17,7 @@ g = H // Hkv query heads per key/value head.
 from __future__ import annotations
 
 from itertools import pairwise
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +25,7 @@ from torch import Tensor
 
 from posenc.errors import bad_value
 from posenc.nn.call import Call, needs_grad
+from posenc.nn.kv_cache import _Grown
 from posenc.position_map import PositionMap
 from posenc.scheme import Scheme
 
@@ -67,18 +69,46 @@ def _rotate_queries(scheme: Scheme, q: Tensor, pos: Tensor) -> Tensor:
     return scheme.rotate(q, q[:, :1, :1], pos, pos[:, :1])[0]
 
 
-def _rotate_keys(scheme: Scheme, k: Tensor, pos: Tensor) -> Tensor:
-    return scheme.rotate(k[:, :1, :1], k, pos[:, :1], pos)[1]
+def _rotate_keys(scheme: Scheme, k: Tensor, pos: Tensor, kept: dict | None = None, slot: int = 0) -> Tensor:
+    """k (B,Hkv,Tk,Dh) rotated at pos (B,Tk). With a KV cache's store, the keys rotated by earlier calls are reused:
+    the cache's raw keys only grow, a key's mapped position depends on its own position alone (PositionMap's
+    key_positions), and the rotation of a key on its own; so only keys past the kept ones are rotated, after the
+    kept positions are checked equal to pos's first ones (any mismatch: all rotated again)."""
+    if kept is None:
+        return scheme.rotate(k[:, :1, :1], k, pos[:, :1], pos)[1]
+    entry, tk = kept.get(("rotated keys", slot)), k.shape[2]
+    done = 0 if entry is None else entry.positions.length
+    if entry is not None and not (entry.scheme is scheme and done <= tk and entry.keys.data.dtype == k.dtype
+                                  and entry.keys.data.shape[:2] == k.shape[:2]
+                                  and torch.equal(entry.positions.data[:, :done], pos[:, :done])):
+        entry, done = None, 0
+    if entry is not None and done == tk:
+        return entry.keys.data[:, :, :tk]
+    new = scheme.rotate(k[:, :1, :1], k[:, :, done:], pos[:, :1], pos[:, done:])[1]  # (B,Hkv,Tk-done,Dh)
+    if entry is None:
+        entry = _Rotated(scheme, _Grown(new, time_dim=2), _Grown(pos, time_dim=1))
+        kept[("rotated keys", slot)] = entry
+    entry.positions.append(pos[:, done:])
+    return entry.keys.append(new)
+
+
+class _Rotated(NamedTuple):
+    """One map's keys as rotated so far (B,Hkv,T,Dh) and the positions they were rotated at (B,T)."""
+
+    scheme: Scheme
+    keys: _Grown
+    positions: _Grown
 
 
 def mapped_attention(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, position_map: PositionMap,
                      q_pos: Tensor, k_pos: Tensor, causal: bool = True, dropout: float = 0.0,
-                     budget: int | None = None, fused: bool | None = None) -> Tensor:
+                     budget: int | None = None, fused: bool | None = None, kept: dict | None = None) -> Tensor:
     """q (B,H,Tq,Dh), k/v (B,Hkv,Tk,Dh) unrotated, the queries being the last Tq keys; q_pos (B,Tq), k_pos (B,Tk)
     -> (B,H,Tq,Dh). scheme rotates (its rotate()); position_map says at which positions and which keys.
     fused: a fused kernel per map, the CPU's flash or CUDA's memory-efficient one (None: on those devices, without
     dropout or gradients; their backward ignores the log-sum-exp that the merge differentiates, so training takes
-    the eager form)."""
+    the eager form). kept: a KV cache's store for this layer (KVCache.derived): each map's rotated keys are kept
+    there and a decode step rotates only its new keys (without gradients)."""
     dtype = q.dtype
     if q.element_size() < 4:  # half precision: scores and sums in float32, one rounding at the end
         q, k, v = q.float(), k.float(), v.float()
@@ -93,9 +123,9 @@ def mapped_attention(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, position_m
     origin = k_pos[:, :1]  # (B,1)
     rotated: dict[int, Tensor] = {}  # maps sharing one key-position tensor share its rotation (DCA)
     keys = []
-    for pos in position_map.key_positions(k_pos, origin):
+    for m, pos in enumerate(position_map.key_positions(k_pos, origin)):
         if id(pos) not in rotated:
-            rotated[id(pos)] = _rotate_keys(scheme, k, pos)  # (B,Hkv,Tk,Dh)
+            rotated[id(pos)] = _rotate_keys(scheme, k, pos, None if grad else kept, m)  # (B,Hkv,Tk,Dh)
         keys.append(rotated[id(pos)])
     q_maps = position_map.query_positions(q_pos, origin)  # per map (B,Tq)
     gpu = q.device.type != "cpu"
@@ -126,14 +156,14 @@ def map_fused(call: Call) -> Tensor | None:
         return None
     scheme = call.scheme
     return mapped_attention(call.q, call.k, call.v, scheme.inner, scheme.position_map, call.q_pos, call.k_pos,
-                            call.causal, fused=True)
+                            call.causal, fused=True, kept=call.kept)
 
 
 def map_eager(call: Call) -> Tensor:
     """The dispatch's kernel map_eager: every map with its scores in memory (gradients, dropout, any device)."""
     scheme = call.scheme
     return mapped_attention(call.q, call.k, call.v, scheme.inner, scheme.position_map, call.q_pos, call.k_pos,
-                            call.causal, call.dropout, fused=False)
+                            call.causal, call.dropout, fused=False, kept=call.kept)
 
 
 def _merged_chunk(queries: list[Tensor], keys: list[Tensor], v: Tensor, select: Tensor, dropout: float,
