@@ -78,18 +78,38 @@ def _rotate_keys(scheme: Scheme, k: Tensor, pos: Tensor, kept: dict | None = Non
         return scheme.rotate(k[:, :1, :1], k, pos[:, :1], pos)[1]
     entry, tk = kept.get(("rotated keys", slot)), k.shape[2]
     done = 0 if entry is None else entry.positions.length
-    if entry is not None and not (entry.scheme is scheme and done <= tk and entry.keys.data.dtype == k.dtype
+    dtype = torch.float32 if k.element_size() < 4 else k.dtype  # half precision: rotated in float32
+    if entry is not None and not (entry.scheme is scheme and done <= tk and entry.keys.data.dtype == dtype
                                   and entry.keys.data.shape[:2] == k.shape[:2]
                                   and torch.equal(entry.positions.data[:, :done], pos[:, :done])):
         entry, done = None, 0
     if entry is not None and done == tk:
         return entry.keys.data[:, :, :tk]
-    new = scheme.rotate(k[:, :1, :1], k[:, :, done:], pos[:, :1], pos[:, done:])[1]  # (B,Hkv,Tk-done,Dh)
+    fresh = k[:, :, done:].to(dtype)  # (B,Hkv,Tk-done,Dh)
+    new = scheme.rotate(fresh[:, :1, :1], fresh, pos[:, :1], pos[:, done:])[1]
     if entry is None:
         entry = _Rotated(scheme, _Grown(new, time_dim=2), _Grown(pos, time_dim=1))
         kept[("rotated keys", slot)] = entry
     entry.positions.append(pos[:, done:])
     return entry.keys.append(new)
+
+
+def _values_in_float32(v: Tensor, kept: dict | None) -> Tensor:
+    """v (B,Hkv,Tk,Dh) in float32; with a KV cache's store, only the values past the kept ones are converted (the
+    last kept one is checked against v's)."""
+    if kept is None:
+        return v.float()
+    entry, tv = kept.get("values in float32"), v.shape[2]
+    done = 0 if entry is None else entry.length
+    if entry is not None and not (0 < done <= tv and entry.data.shape[:2] == v.shape[:2]
+                                  and torch.equal(entry.data[:, :, done - 1], v[:, :, done - 1].float())):
+        entry, done = None, 0
+    if entry is not None and done == tv:
+        return entry.data[:, :, :tv]
+    fresh = v[:, :, done:].float()
+    if entry is None:
+        entry = kept["values in float32"] = _Grown(fresh, time_dim=2)
+    return entry.append(fresh)
 
 
 class _Rotated(NamedTuple):
@@ -110,9 +130,11 @@ def mapped_attention(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, position_m
     the eager form). kept: a KV cache's store for this layer (KVCache.derived): each map's rotated keys are kept
     there and a decode step rotates only its new keys (without gradients)."""
     dtype = q.dtype
-    if q.element_size() < 4:  # half precision: scores and sums in float32, one rounding at the end
-        q, k, v = q.float(), k.float(), v.float()
     grad = needs_grad(q, k, v, scheme)
+    kept = None if grad else kept
+    if q.element_size() < 4:  # half precision: scores and sums in float32, one rounding at the end
+        q, v = q.float(), _values_in_float32(v, kept)
+        k = k if kept is not None else k.float()  # kept: _rotate_keys converts the keys it rotates
     if fused is None:
         fused = _fused_serves(q, dropout, grad)
     elif fused and not _fused_serves(q, dropout, grad):
@@ -125,7 +147,7 @@ def mapped_attention(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, position_m
     keys = []
     for m, pos in enumerate(position_map.key_positions(k_pos, origin)):
         if id(pos) not in rotated:
-            rotated[id(pos)] = _rotate_keys(scheme, k, pos, None if grad else kept, m)  # (B,Hkv,Tk,Dh)
+            rotated[id(pos)] = _rotate_keys(scheme, k, pos, kept, m)  # (B,Hkv,Tk,Dh)
         keys.append(rotated[id(pos)])
     q_maps = position_map.query_positions(q_pos, origin)  # per map (B,Tq)
     gpu = q.device.type != "cpu"
