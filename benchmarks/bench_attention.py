@@ -10,6 +10,11 @@ from benchmarks.memory import peak_live_bytes
 from benchmarks.timing import interleaved_seconds, ratio
 from posenc.models import GPTConfig
 from posenc.nn import bias_paths
+
+try:
+    from posenc.nn import dispatch
+except ImportError:  # a baseline run on a tree from before the dispatch
+    dispatch = None
 from posenc.nn.attention_core import attend
 from posenc.registry import build
 
@@ -24,6 +29,8 @@ def _scheme(name: str, heads: int, head_dim: int, t: int):
 
 
 def _posenc_path(scheme, q, k, v, pos):
+    if dispatch is not None:  # what SelfAttention runs after the rotation
+        return dispatch.attention(q, k, v, scheme, pos, pos, True)
     if scheme.needs_weights:  # Shaw: its value term reads the weights
         if hasattr(bias_paths, "weights_attention"):
             return bias_paths.weights_attention(q, k, v, scheme, pos, pos, True)

@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from posenc.models import GPT, GPTConfig
+from posenc.nn import dispatch
 from posenc.nn.attention_core import attend
-from posenc.nn.bias_paths import biased_attention, weights_attention
 from posenc.registry import build
 from posenc.scheme import Dims, materialises_bias
 
@@ -110,10 +110,8 @@ def sdpa_backend(device: torch.device, dtype: torch.dtype):
 
 
 def _ours(q, k, v, scheme, pos):
-    if scheme.needs_weights:
-        return lambda: weights_attention(q, k, v, scheme, pos, pos, True)
-    if materialises_bias(scheme):
-        return lambda: biased_attention(q, k, v, scheme, pos, pos, True)
+    if materialises_bias(scheme):  # what SelfAttention runs after the rotation
+        return lambda: dispatch.attention(q, k, v, scheme, pos, pos, True)
     return lambda: attend(q, k, v, None, True)
 
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from posenc.nn import dispatch
 from posenc.nn.attention_core import attend, attend_eager, causal_mask
-from posenc.nn.bias_paths import biased_attention, weights_attention
 from posenc.nn.kv_cache import KVCache
 from posenc.nn.projections import HeadProjections
-from posenc.scheme import Scheme, materialises_bias
+from posenc.scheme import Scheme
 
 __all__ = ["SelfAttention", "attend", "attend_eager", "causal_mask"]
 
@@ -32,18 +32,10 @@ class SelfAttention(HeadProjections):
         k = self._heads(self.k_proj(x), self.n_kv_head)  # (B,Hkv,Tq,Dh)
         v = self._heads(self.v_proj(x), self.n_kv_head)
         q, k = scheme.rotate(q, k, q_pos, q_pos)  # new keys sit at the new positions
+        kept = None
         if cache is not None:
             k, v = cache.update(self.layer, k, v)  # (B,Hkv,Tk,Dh)
+            kept = cache.derived(self.layer)
         dropout = self.dropout if self.training else 0.0
-        out = scheme.attend(q, k, v, q_pos, k_pos, self.causal, dropout)  # None unless the scheme attends itself
-        if out is None:
-            out = self._attend(q, k, v, scheme, q_pos, k_pos, dropout)
+        out = dispatch.attention(q, k, v, scheme, q_pos, k_pos, self.causal, dropout, kept)  # (B,H,Tq,Dh)
         return self.o_proj(out.transpose(1, 2).flatten(2))  # (B,Tq,D)
-
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, q_pos: Tensor, k_pos: Tensor,
-                dropout: float) -> Tensor:
-        if scheme.needs_weights:  # Shaw's value term reads the weights: rows, or the eager path
-            return weights_attention(q, k, v, scheme, q_pos, k_pos, self.causal, dropout)  # (B,H,Tq,Dh)
-        if materialises_bias(scheme):  # rows, flex score_mod, chunked, or reference: no (H,T,T) when long
-            return biased_attention(q, k, v, scheme, q_pos, k_pos, self.causal, dropout)
-        return attend(q, k, v, None, self.causal, dropout)  # (B,H,Tq,Dh): SDPA's own kernel

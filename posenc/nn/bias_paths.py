@@ -1,5 +1,6 @@
 """Ways to run attention with a positional bias, fastest first; each is tested equal to `attend`
-with the bias materialised (the reference, NeMo's way).
+with the bias materialised (the reference, NeMo's way). Which one runs is decided in posenc.nn.dispatch; the
+kernels here (plain, flex, chunked, reference, eager_weights, scheme_attend) each take a dispatch.Call.
 
 rows:    posenc.nn.row_paths: the bias computed per block inside one native kernel, forward and backward,
          for schemes that give it as rows, pieces or CoPE rows (CPU, float32; positions counting up by one);
@@ -22,8 +23,8 @@ import warnings
 import torch
 from torch import Tensor
 
-from posenc.nn import row_paths
 from posenc.nn.attention_core import attend, attend_eager
+from posenc.nn.call import Call
 from posenc.scheme import Scheme
 
 CHUNK_ROWS = 256
@@ -106,29 +107,43 @@ def flex_fits(q: Tensor, v: Tensor) -> bool:
     return q.device.type in ("cpu", "mps") or min(q.shape[-1], v.shape[-1]) >= FLEX_MIN_HEAD_DIM
 
 
-def needs_grad(q: Tensor, scheme: Scheme) -> bool:
-    return torch.is_grad_enabled() and (q.requires_grad or any(p.requires_grad for p in scheme.parameters()))
+def plain(call: Call) -> Tensor:
+    """SDPA's own kernels, no bias."""
+    return attend(call.q, call.k, call.v, None, call.causal, call.dropout)
 
 
-def biased_attention(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, q_pos: Tensor, k_pos: Tensor,
-                     causal: bool, dropout: float = 0.0) -> Tensor:
-    """Dispatch for a scheme that contributes a bias: rows, else flex, else chunked, else the reference."""
-    if dropout == 0.0 and (out := row_paths.attend(q, k, v, scheme, q_pos, k_pos, causal)) is not None:
-        return out
-    large = q.shape[-2] * k.shape[-2] >= MIN_FAST_SCORES
-    if large and dropout == 0.0 and not needs_grad(q, scheme) and flex_enabled(q.device) and flex_fits(q, v):
-        out = flex_attention_path(q, k, v, scheme, q_pos, k_pos, causal)
-        if out is not None:
-            return out
-    if large and q.shape[-2] > CHUNK_ROWS:
-        return chunked_attention(q, k, v, scheme, q_pos, k_pos, causal, dropout)
-    return attend(q, k, v, scheme.bias(q_pos, k_pos, q, k), causal, dropout)
+def _large(call: Call) -> bool:
+    return call.q.shape[-2] * call.k.shape[-2] >= MIN_FAST_SCORES
 
 
-def weights_attention(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, q_pos: Tensor, k_pos: Tensor,
-                      causal: bool, dropout: float = 0.0) -> Tensor:
-    """For a scheme that reads the weights (Shaw's value term): rows, else the eager path (B,H,Tq,Tk)."""
-    if dropout == 0.0 and (out := row_paths.attend(q, k, v, scheme, q_pos, k_pos, causal)) is not None:
-        return out
-    out, weights = attend_eager(q, k, v, scheme.bias(q_pos, k_pos, q, k), causal, dropout)  # (B,H,Tq,Dh)
-    return out + scheme.mix_values(weights, q_pos, k_pos)
+def flex(call: Call) -> Tensor | None:
+    """flex_attention where it is on (flex_enabled) and fits, for long inputs without dropout."""
+    q, v = call.q, call.v
+    if not _large(call) or call.dropout != 0.0 or not flex_enabled(q.device) or not flex_fits(q, v):
+        return None
+    return flex_attention_path(q, call.k, v, call.scheme, call.q_pos, call.k_pos, call.causal)
+
+
+def chunked(call: Call) -> Tensor | None:
+    """The bias built per block of CHUNK_ROWS queries, for long inputs of more than one block."""
+    if not _large(call) or call.q.shape[-2] <= CHUNK_ROWS:
+        return None
+    return chunked_attention(call.q, call.k, call.v, call.scheme, call.q_pos, call.k_pos, call.causal, call.dropout)
+
+
+def reference(call: Call) -> Tensor:
+    """The bias materialised (B|1,H,Tq,Tk): NeMo's way, and what every other path is tested equal to."""
+    q, k = call.q, call.k
+    return attend(q, k, call.v, call.scheme.bias(call.q_pos, call.k_pos, q, k), call.causal, call.dropout)
+
+
+def eager_weights(call: Call) -> Tensor:
+    """The weights materialised (B,H,Tq,Tk) for mix_values (Shaw's value term)."""
+    q, k, q_pos, k_pos = call.q, call.k, call.q_pos, call.k_pos
+    out, weights = attend_eager(q, k, call.v, call.scheme.bias(q_pos, k_pos, q, k), call.causal, call.dropout)
+    return out + call.scheme.mix_values(weights, q_pos, k_pos)  # (B,H,Tq,Dh)
+
+
+def scheme_attend(call: Call) -> Tensor | None:
+    """The scheme runs attention itself (Scheme.attend: the position maps), or declines."""
+    return call.scheme.attend(call.q, call.k, call.v, call.q_pos, call.k_pos, call.causal, call.dropout)

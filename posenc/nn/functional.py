@@ -7,9 +7,9 @@ import torch
 from torch import Tensor
 
 from posenc.errors import bad_value
+from posenc.nn import dispatch
 from posenc.nn.attention_core import attend
-from posenc.nn.bias_paths import biased_attention, weights_attention
-from posenc.scheme import Scheme, materialises_bias
+from posenc.scheme import Scheme
 
 
 def _positions(pos: Tensor | None, b: int, t: int, first: int, field: str, device: torch.device) -> Tensor:
@@ -54,8 +54,9 @@ def attention(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, q_pos: Tensor | N
 
     q (B,H,Tq,Dh) and k, v (B,Hkv,Tk,Dh), before any rotation (GQA when Hkv < H); scheme from posenc.build.
     q_pos (B,Tq), k_pos (B,Tk): integer positions; by default the keys sit at 0..Tk-1 and the queries are the
-    last Tq keys (a cache before them). Returns (B,H,Tq,Dh). The fastest path that serves: the native kernels on
-    the CPU (float32), the Triton kernels on CUDA (rows per head; RoPE), flex or chunked attention, SDPA.
+    last Tq keys (a cache before them). Returns (B,H,Tq,Dh). The fastest path that serves, as SelfAttention takes it
+    (posenc.nn.dispatch): the native kernels on the CPU (float32), the Triton kernels on CUDA (rows per head;
+    RoPE), flex or chunked attention, SDPA.
     Absolute schemes (learned_absolute, sinusoidal, ...) act on the token embeddings, not here: call
     scheme.embed(x, pos) on the block's input; for them this is plain SDPA.
     """
@@ -67,14 +68,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, q_pos: Tensor | N
     q_pos = _positions(q_pos, b, tq, tk - tq, "q_pos", q.device) if q_pos is not None else k_pos[:, tk - tq:]
     q_pos, k_pos = scheme.frame(q_pos, k_pos)
     q, k = scheme.rotate(q, k, q_pos, k_pos)
-    out = scheme.attend(q, k, v, q_pos, k_pos, causal)  # a scheme that runs attention itself (position maps)
-    if out is not None:
-        return out
-    if scheme.needs_weights:  # Shaw's value term reads the weights
-        return weights_attention(q, k, v, scheme, q_pos, k_pos, causal)
-    if materialises_bias(scheme):
-        return biased_attention(q, k, v, scheme, q_pos, k_pos, causal)
-    return attend(q, k, v, None, causal)  # (B,H,Tq,Dh)
+    return dispatch.attention(q, k, v, scheme, q_pos, k_pos, causal)  # (B,H,Tq,Dh)
 
 
 __all__ = ["attention"]

@@ -41,6 +41,7 @@ class KVCache:
         self.layers: list[tuple[_Grown, _Grown] | None] = [None] * n_layer
         self._positions: _Grown | None = None
         self._tokens: _Grown | None = None  # token history, for schemes that read it (Abacus)
+        self._derived: list[dict] = [{} for _ in range(n_layer)]
 
     @property
     def origin(self) -> Tensor | None:
@@ -62,6 +63,11 @@ class KVCache:
         if self._tokens is None:
             self._tokens = _Grown(input_ids, time_dim=1)
         return self._tokens.append(input_ids)
+
+    def derived(self, layer: int) -> dict:
+        """A store for what attention derives from this layer's keys (a position map's rotated keys): the keys
+        only grow, so what is derived from them can grow with them, one step at a time."""
+        return self._derived[layer]
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Append this layer's new k, v (B,Hkv,Tq,Dh); returns all keys and values (B,Hkv,Tk,Dh)."""

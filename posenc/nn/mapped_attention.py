@@ -8,20 +8,25 @@ is exactly the softmax over the merged score row. In inference each map runs one
 that return the log-sum-exp: the flash kernel on the CPU (~5x faster than the eager form, measured at
 SmolLM2's shapes), the memory-efficient one on CUDA (no scores in memory, so chunks can be long); the eager
 form (scores in memory, budgeted) serves other devices, dropout, gradients, and is the reference the fused
-ones are tested against. Notation: B, H, Hkv, Tq, Tk, Dh as in attention.py; C the
-rows of one chunk; K the keys one map scores in it; g = H // Hkv query heads per key/value head.
+ones are tested against. posenc.nn.dispatch picks one (map_fused, map_eager); called directly with fused=None,
+the fused form runs wherever it serves.
+Notation: B, H, Hkv, Tq, Tk, Dh as in attention.py; C the rows of one chunk; K the keys one map scores in it;
+g = H // Hkv query heads per key/value head.
 """
 
 from __future__ import annotations
 
 from itertools import pairwise
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from posenc.errors import bad_value
-from posenc.position_maps.base import PositionMap
+from posenc.nn.call import Call, needs_grad
+from posenc.nn.kv_cache import _Grown
+from posenc.position_map import PositionMap
 from posenc.scheme import Scheme
 
 _FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu  # returns (out, logsumexp)
@@ -64,27 +69,77 @@ def _rotate_queries(scheme: Scheme, q: Tensor, pos: Tensor) -> Tensor:
     return scheme.rotate(q, q[:, :1, :1], pos, pos[:, :1])[0]
 
 
-def _rotate_keys(scheme: Scheme, k: Tensor, pos: Tensor) -> Tensor:
-    return scheme.rotate(k[:, :1, :1], k, pos[:, :1], pos)[1]
+def _rotate_keys(scheme: Scheme, k: Tensor, pos: Tensor, kept: dict | None = None, slot: int = 0) -> Tensor:
+    """k (B,Hkv,Tk,Dh) rotated at pos (B,Tk). With a KV cache's store, the keys rotated by earlier calls are reused:
+    the cache's raw keys only grow, a key's mapped position depends on its own position alone (PositionMap's
+    key_positions), and the rotation of a key on its own; so only keys past the kept ones are rotated, after the
+    kept positions are checked equal to pos's first ones (any mismatch: all rotated again)."""
+    if kept is None:
+        return scheme.rotate(k[:, :1, :1], k, pos[:, :1], pos)[1]
+    entry, tk = kept.get(("rotated keys", slot)), k.shape[2]
+    done = 0 if entry is None else entry.positions.length
+    dtype = torch.float32 if k.element_size() < 4 else k.dtype  # half precision: rotated in float32
+    if entry is not None and not (entry.scheme is scheme and done <= tk and entry.keys.data.dtype == dtype
+                                  and entry.keys.data.shape[:2] == k.shape[:2]
+                                  and torch.equal(entry.positions.data[:, :done], pos[:, :done])):
+        entry, done = None, 0
+    if entry is not None and done == tk:
+        return entry.keys.data[:, :, :tk]
+    fresh = k[:, :, done:].to(dtype)  # (B,Hkv,Tk-done,Dh)
+    new = scheme.rotate(fresh[:, :1, :1], fresh, pos[:, :1], pos[:, done:])[1]
+    if entry is None:
+        entry = _Rotated(scheme, _Grown(new, time_dim=2), _Grown(pos, time_dim=1))
+        kept[("rotated keys", slot)] = entry
+    entry.positions.append(pos[:, done:])
+    return entry.keys.append(new)
+
+
+def _values_in_float32(v: Tensor, kept: dict | None) -> Tensor:
+    """v (B,Hkv,Tk,Dh) in float32; with a KV cache's store, only the values past the kept ones are converted (the
+    last kept one is checked against v's)."""
+    if kept is None:
+        return v.float()
+    entry, tv = kept.get("values in float32"), v.shape[2]
+    done = 0 if entry is None else entry.length
+    if entry is not None and not (0 < done <= tv and entry.data.shape[:2] == v.shape[:2]
+                                  and torch.equal(entry.data[:, :, done - 1], v[:, :, done - 1].float())):
+        entry, done = None, 0
+    if entry is not None and done == tv:
+        return entry.data[:, :, :tv]
+    fresh = v[:, :, done:].float()
+    if entry is None:
+        entry = kept["values in float32"] = _Grown(fresh, time_dim=2)
+    return entry.append(fresh)
+
+
+class _Rotated(NamedTuple):
+    """One map's keys as rotated so far (B,Hkv,T,Dh) and the positions they were rotated at (B,T)."""
+
+    scheme: Scheme
+    keys: _Grown
+    positions: _Grown
 
 
 def mapped_attention(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, position_map: PositionMap,
                      q_pos: Tensor, k_pos: Tensor, causal: bool = True, dropout: float = 0.0,
-                     budget: int | None = None, fused: bool | None = None) -> Tensor:
+                     budget: int | None = None, fused: bool | None = None, kept: dict | None = None) -> Tensor:
     """q (B,H,Tq,Dh), k/v (B,Hkv,Tk,Dh) unrotated, the queries being the last Tq keys; q_pos (B,Tq), k_pos (B,Tk)
     -> (B,H,Tq,Dh). scheme rotates (its rotate()); position_map says at which positions and which keys.
     fused: a fused kernel per map, the CPU's flash or CUDA's memory-efficient one (None: on those devices, without
     dropout or gradients; their backward ignores the log-sum-exp that the merge differentiates, so training takes
-    the eager form)."""
+    the eager form). kept: a KV cache's store for this layer (KVCache.derived): each map's rotated keys are kept
+    there and a decode step rotates only its new keys (without gradients)."""
     dtype = q.dtype
+    grad = needs_grad(q, k, v, scheme)
+    kept = None if grad else kept
     if q.element_size() < 4:  # half precision: scores and sums in float32, one rounding at the end
-        q, k, v = q.float(), k.float(), v.float()
+        q, v = q.float(), _values_in_float32(v, kept)
+        k = k if kept is not None else k.float()  # kept: _rotate_keys converts the keys it rotates
     if position_map.score_scale != 1.0:  # a map that scales every score (STRING's released code): folded into q
         q = q * position_map.score_scale
-    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if fused is None:
-        fused = q.device.type in FUSED_DEVICES and dropout == 0.0 and not needs_grad
-    elif fused and (needs_grad or dropout > 0 or q.device.type not in FUSED_DEVICES):
+        fused = _fused_serves(q, dropout, grad)
+    elif fused and not _fused_serves(q, dropout, grad):
         raise bad_value("fused", fused, "False (or None) with gradients, dropout or a device other than "
                         f"{' or '.join(FUSED_DEVICES)}")
     b, h, tq, _ = q.shape
@@ -92,9 +147,9 @@ def mapped_attention(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, position_m
     origin = k_pos[:, :1]  # (B,1)
     rotated: dict[int, Tensor] = {}  # maps sharing one key-position tensor share its rotation (DCA)
     keys = []
-    for pos in position_map.key_positions(k_pos, origin):
+    for m, pos in enumerate(position_map.key_positions(k_pos, origin)):
         if id(pos) not in rotated:
-            rotated[id(pos)] = _rotate_keys(scheme, k, pos)  # (B,Hkv,Tk,Dh)
+            rotated[id(pos)] = _rotate_keys(scheme, k, pos, kept, m)  # (B,Hkv,Tk,Dh)
         keys.append(rotated[id(pos)])
     q_maps = position_map.query_positions(q_pos, origin)  # per map (B,Tq)
     gpu = q.device.type != "cpu"
@@ -113,6 +168,28 @@ def mapped_attention(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, position_m
     return torch.cat(out, dim=2).to(dtype)
 
 
+def _fused_serves(q: Tensor, dropout: float, grad: bool) -> bool:
+    """The fused kernels' backward ignores the log-sum-exp that the merge differentiates, and they take no dropout."""
+    return q.device.type in FUSED_DEVICES and dropout == 0.0 and not grad
+
+
+def map_fused(call: Call) -> Tensor | None:
+    """The dispatch's kernel map_fused: every map through a fused kernel; declines dropout, gradients and devices
+    without one. call.scheme is a posenc.position_map.MappedScheme."""
+    if not _fused_serves(call.q, call.dropout, call.grad):
+        return None
+    scheme = call.scheme
+    return mapped_attention(call.q, call.k, call.v, scheme.inner, scheme.position_map, call.q_pos, call.k_pos,
+                            call.causal, fused=True, kept=call.kept)
+
+
+def map_eager(call: Call) -> Tensor:
+    """The dispatch's kernel map_eager: every map with its scores in memory (gradients, dropout, any device)."""
+    scheme = call.scheme
+    return mapped_attention(call.q, call.k, call.v, scheme.inner, scheme.position_map, call.q_pos, call.k_pos,
+                            call.causal, call.dropout, fused=False, kept=call.kept)
+
+
 def _merged_chunk(queries: list[Tensor], keys: list[Tensor], v: Tensor, select: Tensor, dropout: float,
                   fused: bool) -> Tensor:
     """queries per map (B,H,C,Dh), keys per map (B,Hkv,Tk,Dh), v (B,Hkv,Tk,Dh), select (B,C,Tk) -> (B,H,C,Dh)."""
@@ -129,9 +206,7 @@ def _merged_chunk(queries: list[Tensor], keys: list[Tensor], v: Tensor, select: 
         q3 = q_m.reshape(b, hkv, g * c, dh)  # GQA without copying keys: g query heads share a key head
         for a, z, every_row in _segments(hit, lo, hi):
             allowed = None if every_row else hit[:, None, :, a:z].repeat(1, 1, g, 1)  # (B,1,g*C,K)
-            if fused and q3.device.type == "cuda":
-                out, lse = _map_fused_cuda(q3, k_m[:, :, a:z], v[:, :, a:z], allowed)
-            elif fused:
+            if fused:
                 out, lse = _map_fused(q3, k_m[:, :, a:z], v[:, :, a:z], allowed)
             else:
                 out, lse = _map_eager(q3, k_m[:, :, a:z], v[:, :, a:z], allowed, dropout)
@@ -158,6 +233,12 @@ def _segments(hit: Tensor, lo: int, hi: int) -> list[tuple[int, int, bool]]:
 
 
 def _map_fused(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None) -> tuple[Tensor, Tensor]:
+    """One map through a fused kernel that returns the log-sum-exp: CUDA's memory-efficient one, else the CPU's
+    flash one."""
+    return (_map_fused_cuda if q.device.type == "cuda" else _map_fused_cpu)(q, k, v, allowed)
+
+
+def _map_fused_cpu(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None) -> tuple[Tensor, Tensor]:
     """One map through the CPU flash kernel: q (B,Hkv,R,Dh), k/v (B,Hkv,K,Dh), allowed (B,1,R,K) or None (every
     key) -> softmax output (B,Hkv,R,Dh) and log-sum-exp (B,Hkv,R), -inf for a row with no key."""
     if allowed is None:

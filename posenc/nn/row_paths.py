@@ -4,9 +4,11 @@ Scheme.piecewise_bias (FIRE), Scheme.relative_rows (one row per query: Shaw, Tra
 Scheme.contextual_rows (CoPE).
 Notation as in attention.py.
 
+Each kernel here takes a posenc.nn.dispatch.Call and returns the output or None (it does not serve); which of
+them runs for which scheme, device, dtype, gradient and decode step is decided in posenc.nn.dispatch alone.
 On a CUDA device (posenc.nn.triton, when triton imports) rows per head run in a Triton kernel, training
-included; FIRE's pieces, rows per query (Shaw, Transformer-XL) and CoPE have no GPU kernel yet and return None
-there (the caller's flex or chunked path serves them), except FIRE's decode step, which needs one bias row.
+included; FIRE's pieces, rows per query (Shaw, Transformer-XL) and CoPE have no GPU kernel yet (the dispatch's
+flex or chunked path serves them), except FIRE's decode step, which needs one bias row.
 
 Rows are indexed by r = n - m (key minus query). They serve when every row of positions counts up by one
 (n - m = j - i - delta for key j, query i): the usual training, prompt and cached-decoding layout. Any other
@@ -25,6 +27,7 @@ from torch import Tensor
 
 from posenc.nn import fused_attention, recomputed
 from posenc.nn import triton as gpu
+from posenc.nn.call import Call
 from posenc.scheme import PiecewiseBias, Scheme
 
 QUERY_CHUNK = 256  # queries per chunk for rows per query (Transformer-XL's span every key the chunk sees)
@@ -95,44 +98,120 @@ def _distance_rows(scheme: Scheme, low: int, high: int, device: torch.device) ->
     return None if by_distance is None else by_distance.flip(-1)[None, :, None, :]
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, q_pos: Tensor, k_pos: Tensor,
-           causal: bool) -> Tensor | None:
-    """q (B,H,Tq,Dh), k/v (B,Hkv,Tk,Dh) -> (B,H,Tq,Dh) with the scheme's bias (and value term), or None."""
-    on_gpu = gpu.attention_fits(q, k, v, causal)
-    if not on_gpu and not fused_attention.can_run(q, k, v):
+class _Span(NamedTuple):
+    offsets: Offsets
+    low: int
+    high: int
+
+
+def _span(call: Call) -> _Span | None:
+    """Where every kernel here starts: no dropout, positions that count up, and rows no longer than the scores."""
+    if call.dropout != 0.0 or (offsets := position_offsets(call.q_pos, call.k_pos)) is None:
         return None
-    if not on_gpu and causal and (contextual := scheme.contextual_rows(q)) is not None:  # CoPE reads no positions
-        return fused_attention.attend_contextual(q, k, v, contextual)
-    offsets = position_offsets(q_pos, k_pos)
-    if offsets is None:
-        return None
-    tq, tk = q.shape[-2], k.shape[-2]
-    low, high = relative_span(offsets, tq, tk, causal)
+    tq, tk = call.q.shape[-2], call.k.shape[-2]
+    low, high = relative_span(offsets, tq, tk, call.causal)
     if high - low + 1 > 2 * (tq + tk):  # batch rows far apart: rows would be longer than the scores
         return None
-    span = (low, high)
-    rows = _per_forward(scheme, "rows", q_pos, k_pos, span, lambda: _distance_rows(scheme, low, high, q.device))
-    if rows is not None:
-        return _attend(q, k, v, rows, offsets, low, causal, on_gpu)
-    pieces = _per_forward(scheme, "pieces", q_pos, k_pos, span, lambda: scheme.piecewise_bias(q_pos, low, high))
-    if pieces is None:
-        return None if on_gpu else _relative_in_chunks(q, k, v, scheme, offsets, causal)
-    if tq == 1 and not _needs_grad(q, k, scheme):  # a decode step: one bias row for all layers, then SDPA
-        bias = _per_forward(scheme, "pieces_row", q_pos, k_pos, span, lambda: _one_query(pieces, offsets, tk))
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), enable_gqa=k.shape[1] != q.shape[1])
-    if on_gpu:
+    return _Span(offsets, low, high)
+
+
+def _on_gpu(call: Call) -> bool:
+    return gpu.attention_fits(call.q, call.k, call.v, call.causal)
+
+
+def _native(call: Call) -> bool:
+    return fused_attention.can_run(call.q, call.k, call.v)
+
+
+def _rows(call: Call, span: _Span) -> Tensor | None:
+    """(1,H,1,S) rows per head over span.low..span.high, once per forward for all layers."""
+    scheme, device = call.scheme, call.q.device
+    return _per_forward(scheme, "rows", call.q_pos, call.k_pos, (span.low, span.high),
+                        lambda: _distance_rows(scheme, span.low, span.high, device))
+
+
+def _pieces(call: Call, span: _Span) -> PiecewiseBias | None:
+    scheme, q_pos = call.scheme, call.q_pos
+    return _per_forward(scheme, "pieces", q_pos, call.k_pos, (span.low, span.high),
+                        lambda: scheme.piecewise_bias(q_pos, span.low, span.high))
+
+
+def native_rows(call: Call) -> Tensor | None:
+    """Rows per head in the native CPU kernel (csrc/attention_*.cpp), forward and backward."""
+    if not _native(call) or (span := _span(call)) is None or (rows := _rows(call, span)) is None:
         return None
-    return fused_attention.attend_piecewise(q, k, v, pieces.feature, pieces.divisor, pieces.knots, pieces.slopes,
-                                            pieces.intercepts, -offsets.delta - pieces.low, causal)
+    return fused_attention.attend_rows(call.q, call.k, call.v, rows, -span.offsets.delta - span.low, call.causal)[0]
 
 
-def _relative_in_chunks(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, offsets: Offsets,
-                        causal: bool) -> Tensor | None:
+def triton_rows(call: Call) -> Tensor | None:
+    """Rows per head in the Triton kernel (triton/attention.py), forward and backward."""
+    if not _on_gpu(call) or (span := _span(call)) is None or (rows := _rows(call, span)) is None:
+        return None
+    from posenc.nn.triton.attention import attend_rows  # imports triton: only once a GPU tensor shows up
+
+    return attend_rows(call.q, call.k, call.v, rows, -span.offsets.delta - span.low, call.causal)
+
+
+def rows_decode(call: Call) -> Tensor | None:
+    """One query per row, no gradient: SDPA with the bias row as the mask (its single-query kernel is faster)."""
+    if not (_on_gpu(call) or _native(call)) or (span := _span(call)) is None or (rows := _rows(call, span)) is None:
+        return None
+    return _rows_as_mask(call.q, call.k, call.v, rows, span.offsets, span.low)
+
+
+def pieces_decode(call: Call) -> Tensor | None:
+    """FIRE's decode step: one bias row for all layers, then SDPA."""
+    if not (_on_gpu(call) or _native(call)) or (span := _span(call)) is None:
+        return None
+    if (pieces := _pieces(call, span)) is None:
+        return None
+    offsets, tk = span.offsets, call.k.shape[-2]
+    bias = _per_forward(call.scheme, "pieces_row", call.q_pos, call.k_pos, (span.low, span.high),
+                        lambda: _one_query(pieces, offsets, tk))
+    q, k, v = call.q, call.k, call.v
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), enable_gqa=k.shape[1] != q.shape[1])
+
+
+def native_pieces(call: Call) -> Tensor | None:
+    """FIRE's MLP evaluated per block of scores inside the native CPU kernel."""
+    if not _native(call) or (span := _span(call)) is None or (pieces := _pieces(call, span)) is None:
+        return None
+    return fused_attention.attend_piecewise(call.q, call.k, call.v, pieces.feature, pieces.divisor, pieces.knots,
+                                            pieces.slopes, pieces.intercepts, -span.offsets.delta - pieces.low,
+                                            call.causal)
+
+
+def native_contextual(call: Call) -> Tensor | None:
+    """CoPE in the native CPU kernel (causal only; it reads no positions)."""
+    if call.dropout != 0.0 or not call.causal or not _native(call):
+        return None
+    if (contextual := call.scheme.contextual_rows(call.q)) is None:
+        return None
+    return fused_attention.attend_contextual(call.q, call.k, call.v, contextual)
+
+
+def native_relative(call: Call) -> Tensor | None:
+    """Rows per query (Transformer-XL; Shaw with its value term) in the native CPU kernel."""
+    if not _native(call) or (span := _span(call)) is None:
+        return None
+    return _relative_in_chunks(call.q, call.k, call.v, call.scheme, span.offsets, call.causal, call.grad)
+
+
+def relative_decode(call: Call) -> Tensor | None:
+    """One query per row, no gradient, rows per query without a value term: SDPA with the row as the mask."""
+    if not _native(call) or (span := _span(call)) is None:
+        return None
+    return _relative(call.q, call.k, call.v, call.scheme, span.offsets, span.low, span.high, call.causal,
+                     as_mask=True)
+
+
+def _relative_in_chunks(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, offsets: Offsets, causal: bool,
+                        grad: bool) -> Tensor | None:
     """Rows per query (Scheme.relative_rows). They reach back to the first key, so long inference runs chunks
     of queries whose rows span only the keys each sees: memory of a chunk, not of (Tq, Tk). Training keeps one
     call (per chunk, autograd would add up the key and value gradients of every chunk's slice)."""
     tq, tk = q.shape[-2], k.shape[-2]
-    if not causal or tq < 2 * QUERY_CHUNK or _needs_grad(q, k, scheme):
+    if not causal or tq < 2 * QUERY_CHUNK or grad:
         return _relative(q, k, v, scheme, offsets, *relative_span(offsets, tq, tk, causal), causal)
     outs = []
     for start in range(0, tq, QUERY_CHUNK):
@@ -154,36 +233,21 @@ def _one_query(pieces: PiecewiseBias, offsets: Offsets, tk: int) -> Tensor:
     return (pieces.slopes[:, segment] * x + pieces.intercepts[:, segment]).transpose(0, 1).unsqueeze(2)
 
 
-def _needs_grad(q: Tensor, k: Tensor, scheme: Scheme) -> bool:
-    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or
-                                        any(p.requires_grad for p in scheme.parameters()))
-
-
 def _relative(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, offsets: Offsets, low: int, high: int,
-              causal: bool) -> Tensor | None:
+              causal: bool, as_mask: bool = False) -> Tensor | None:
     relative = scheme.relative_rows(q, low, high)  # reads q: per layer
     if relative is None:
         return None
     q_in = q if relative.q_shift is None else q + relative.q_shift.to(q.dtype)[None, :, None, :]
-    if relative.values is None:
-        return _attend(q_in, k, v, relative.rows, offsets, relative.low, causal)
+    if relative.values is None and as_mask:
+        return _rows_as_mask(q_in, k, v, relative.rows, offsets, relative.low)
     out, mass = fused_attention.attend_rows(q_in, k, v, relative.rows, -offsets.delta - relative.low, causal,
-                                            want_mass=True)
-    return out + mass @ relative.values.to(q.dtype)  # (B,H,Tq,S) @ (S,Dh)
+                                            want_mass=relative.values is not None)  # e: index of key j - i
+    return out if mass is None else out + mass @ relative.values.to(q.dtype)  # (B,H,Tq,S) @ (S,Dh)
 
 
-def _attend(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, offsets: Offsets, low: int, causal: bool,
-            on_gpu: bool = False) -> Tensor:
-    """The kernel (native on the CPU, Triton on the GPU); for one query per row without gradients (a decode
-    step), SDPA with the bias as a mask: its single-query kernel is faster, and the bias is one row slice,
-    (B|1,H,1,Tk)."""
-    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or rows.requires_grad)
-    if (q.shape[-2] > 1 or needs_grad) and on_gpu and rows.shape[0] == rows.shape[2] == 1:  # rows per head
-        from posenc.nn.triton.attention import attend_rows  # imports triton: only once a GPU tensor shows up
-
-        return attend_rows(q, k, v, rows, -offsets.delta - low, causal)
-    if q.shape[-2] > 1 or needs_grad:
-        return fused_attention.attend_rows(q, k, v, rows, -offsets.delta - low, causal)[0]  # e: index of key j - i
+def _rows_as_mask(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, offsets: Offsets, low: int) -> Tensor:
+    """One query per row (B,H,1,Dh): SDPA with the bias as a mask, one row slice (B|1,H,1,Tk) of rows (B|1,H,1,S)."""
     tk, length = k.shape[-2], rows.shape[-1]
     first = -offsets.highest - low  # the lowest e
     if offsets.lowest == offsets.highest and first >= 0 and first + tk <= length:
@@ -194,4 +258,5 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, offsets: Offsets, low
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), enable_gqa=k.shape[1] != q.shape[1])
 
 
-__all__ = ["Offsets", "attend", "position_offsets", "relative_span"]
+__all__ = ["Offsets", "native_contextual", "native_pieces", "native_relative", "native_rows",
+           "pieces_decode", "position_offsets", "relative_decode", "relative_span", "rows_decode", "triton_rows"]

@@ -1,26 +1,17 @@
-"""Attention position maps: training-free context extension that changes which positions attention sees.
+"""Helpers every position map method shares: the config field's name, its integer check, and i - j.
 
-A method (Self-Extend, Dual Chunk Attention, LM-Infinite, attention sinks) is a few *maps*, each a pair of
-position functions, P_q^m for queries and P_k^m for keys, fed to the model's own rotation (its RoPE, with
-any static rope_scaling), and a *selector* saying which map scores each (query i, key j) pair, or that
-key j is not attended at all (-1):
-
-    score(i, j) = rot(q_i, P_q^m(i)) . rot(k_j, P_k^m(j)) / sqrt(Dh),   m = select(i, j)
-
-posenc.nn.mapped_attention evaluates it in chunks of queries, merging the maps by log-sum-exp, so no
-(H, T, T) tensor exists. Causality (by index) is applied there, not here. Positions are (B, T) integer
-tensors as the rotary scheme frames them; `origin` (B, 1) is the position of each row's first key.
+The protocol itself (PositionMap: maps, selector, options) lives in posenc/position_map.py, below both posenc.nn
+(which evaluates a map) and this folder (which defines the methods); it is re-exported here.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 from torch import Tensor
 
 from posenc.errors import bad_value
+from posenc.position_map import PositionMap
 
 FIELD = "attention_extension"
 
@@ -31,55 +22,9 @@ def whole(name: str, value: Any, low: int, allowed: str | None = None) -> None:
         raise bad_value(f"{FIELD}.{name}", value, allowed or f"an integer >= {low}")
 
 
-@dataclass(frozen=True, kw_only=True)
-class PositionMap:
-    """Base of the methods. The dataclass fields are the method's options (the keys of the config dict)."""
-
-    name: ClassVar[str]
-    n_maps: ClassVar[int]
-
-    @property
-    def period(self) -> int | None:
-        """Positions at multiples of this start a new block of the selector (DCA's chunks), or None: a hint
-        that lets attention align its query chunks; correctness never depends on it."""
-        return None
-
-    @property
-    def plain_within(self) -> int:
-        """Sequences of at most this many tokens (from the origin) are scored exactly as without the map: every
-        pair either keeps its true distance or is one the map leaves untouched. 0: no such promise. Lets a sweep
-        share a plain forward with a mapped one where they are the same computation."""
-        return 0
-
-    @property
-    def score_scale(self) -> float:
-        """Every score is multiplied by this (1.0 for most maps; STRING's released code scales cos and sin)."""
-        return 1.0
-
-    def resolved(self, max_seq_len: int) -> PositionMap:
-        """Options left None take their defaults from the trained context length (max_seq_len)."""
-        return self
-
-    def replace(self, **changes: Any) -> PositionMap:
-        return dataclasses.replace(self, **changes)
-
-    def query_positions(self, q_pos: Tensor, origin: Tensor) -> tuple[Tensor, ...]:
-        """(B,Tq) -> one (B,Tq) position tensor per map."""
-        raise NotImplementedError
-
-    def key_positions(self, k_pos: Tensor, origin: Tensor) -> tuple[Tensor, ...]:
-        """(B,Tk) -> one (B,Tk) position tensor per map (the same tensor object when maps share it)."""
-        raise NotImplementedError
-
-    def select(self, q_pos: Tensor, k_pos: Tensor, origin: Tensor) -> Tensor:
-        """(B,C), (B,Tk) -> (B,C,Tk) int8: the map scoring each pair, -1 where the key is not attended."""
-        raise NotImplementedError
-
-    def spec(self) -> dict[str, Any]:
-        """The config dict that builds this map again."""
-        return {"type": self.name, **dataclasses.asdict(self)}
-
-
 def distance(q_pos: Tensor, k_pos: Tensor) -> Tensor:
     """(B,C), (B,Tk) -> i - j as (B,C,Tk) int64."""
     return q_pos[:, :, None] - k_pos[:, None, :]
+
+
+__all__ = ["FIELD", "PositionMap", "distance", "whole"]

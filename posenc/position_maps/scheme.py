@@ -1,8 +1,8 @@
 """A rotary scheme with its positions remapped per (query, key) pair by a PositionMap.
 
-The wrapper leaves q and k unrotated in rotate(), so the KV cache stores raw keys (each map rotates them
-at its own positions), and runs attention itself through the `attend` hook. Which schemes it can wrap:
-those whose only positional hook is rotate() with a rotation that depends on the position alone (rope,
+The wrapper (posenc.position_map.MappedScheme) leaves q and k unrotated in rotate(), so the KV cache stores raw keys
+(each map rotates them at its own positions); posenc.nn.dispatch runs its attention map by map. Which schemes it
+can wrap: those whose only positional hook is rotate() with a rotation that depends on the position alone (rope,
 p_rope, xpos), with a static rope_scaling (a dynamic one would pick its frequencies from the remapped
 positions of each call, so queries and keys could disagree).
 """
@@ -15,8 +15,9 @@ from typing import Any
 from torch import Tensor
 
 from posenc.errors import bad_value
-from posenc.nn.mapped_attention import mapped_attention
-from posenc.position_maps import FIELD, PositionMap, build_position_map
+from posenc.nn import dispatch
+from posenc.position_map import MappedScheme
+from posenc.position_maps import FIELD, build_position_map
 from posenc.rotary.rope import scaling_from_config
 from posenc.rotary.scaling import SEQ_LEN_DEPENDENT, rope_type
 from posenc.scheme import Dims, Scheme
@@ -41,25 +42,12 @@ def check_position_map(spec: Mapping[str, Any] | None, scheme_name: str, scheme_
                         "seen); a static scaling (linear, yarn, llama3, ntk) composes")
 
 
-class PositionMapped(Scheme):
-    shift_invariant = False  # floor division, chunks and sinks read absolute positions
-
-    def __init__(self, inner: Scheme, position_map: PositionMap) -> None:
-        super().__init__(inner.dims, inner.options)
-        self.inner, self.position_map = inner, position_map
-
-    def frame(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
-        return self.inner.frame(q_pos, k_pos)
-
-    def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
-        return q, k  # raw keys go to the cache: each map rotates them at its own positions in attend()
+class PositionMapped(MappedScheme):
+    """MappedScheme with the attend() hook a caller of the hooks expects: the dispatch's map kernels."""
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, k_pos: Tensor, causal: bool,
                dropout: float = 0.0) -> Tensor:
-        return mapped_attention(q, k, v, self.inner, self.position_map, q_pos, k_pos, causal, dropout)
-
-    def extra_repr(self) -> str:
-        return f"{self.position_map.spec()}"
+        return dispatch.attention(q, k, v, self, q_pos, k_pos, causal, dropout)
 
 
 def wrap(scheme: Scheme, spec: Mapping[str, Any] | None) -> Scheme:

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 import posenc
 from posenc.contract.models import perturb_scheme_parameters
-from posenc.nn import bias_paths
+from posenc.nn import bias_paths, dispatch, fused_attention
 from posenc.nn.attention_core import attend
 from posenc.registry import SCHEMES
 from posenc.rotary import _fast
@@ -117,10 +117,10 @@ def test_dispatch_uses_flex_or_chunks_for_long_inputs_and_never_builds_the_full_
         return real_bias(self, *args, **kwargs)
 
     monkeypatch.setattr(type(scheme), "bias", recording_bias)
-    monkeypatch.setattr(bias_paths.row_paths, "attend", lambda *args: None)  # no rows: the chunked path
+    monkeypatch.setattr(fused_attention, "can_run", lambda *args: False)  # no rows: the chunked path
     monkeypatch.setitem(bias_paths._flex_state, "failed", True)
     with torch.no_grad():
-        bias_paths.biased_attention(q, k, v, scheme, pos, pos, True)
+        dispatch.attention(q, k, v, scheme, pos, pos, True)
     assert shapes and max(s[1] for s in shapes) <= bias_paths.CHUNK_ROWS
 
 

@@ -11,7 +11,7 @@ import torch
 import posenc
 from posenc.contract.models import perturb_scheme_parameters
 from posenc.models import GPT
-from posenc.nn import native, row_paths
+from posenc.nn import dispatch, native, row_paths
 from posenc.nn.attention_core import attend, attend_eager
 from posenc.registry import SCHEMES
 from posenc.registry import build as registry_build
@@ -68,7 +68,7 @@ def test_rows_equal_reference_with_gradients(name, layout, gqa):
     k, v = (torch.randn(2, 2 if gqa else 4, tk, 16, generator=g, requires_grad=True) for _ in range(2))
     k_pos = torch.stack([torch.arange(tk) + first for first in firsts])
     q_pos = k_pos[:, tk - tq:] + torch.tensor(shifts)[:, None]
-    fast = row_paths.attend(q, k, v, scheme, q_pos, k_pos, True)
+    fast = dispatch.fast_attention(q, k, v, scheme, q_pos, k_pos, True)
     assert fast is not None, "the row path must serve this layout"
     ref = reference(q, k, v, scheme, q_pos, k_pos, True)
     torch.testing.assert_close(fast, ref, rtol=1e-5, atol=1e-5)
@@ -86,7 +86,7 @@ def test_positions_given_once_for_the_whole_batch(name):
     g = torch.Generator().manual_seed(6)
     q, k, v = (torch.randn(3, 4, 40, 16, generator=g, requires_grad=True) for _ in range(3))
     pos = torch.arange(40)[None] + 5
-    fast = row_paths.attend(q, k, v, scheme, pos, pos, True)
+    fast = dispatch.fast_attention(q, k, v, scheme, pos, pos, True)
     assert fast is not None, "the row path must serve this layout"
     ref = reference(q, k, v, scheme, pos, pos, True)
     torch.testing.assert_close(fast, ref, rtol=1e-5, atol=1e-5)
@@ -106,7 +106,7 @@ def test_rows_per_query_in_query_chunks_equal_reference(name, monkeypatch):
     k_pos = torch.arange(45).expand(2, 45) + 7
     q_pos = k_pos[:, 5:]
     with torch.no_grad():
-        fast = row_paths.attend(q, k, v, scheme, q_pos, k_pos, True)
+        fast = dispatch.fast_attention(q, k, v, scheme, q_pos, k_pos, True)
         torch.testing.assert_close(fast, reference(q, k, v, scheme, q_pos, k_pos, True), rtol=1e-5, atol=1e-5)
 
 
@@ -122,7 +122,7 @@ def test_rows_without_gradients_equal_reference(name, layout):
     k_pos = torch.stack([torch.arange(tk) + first for first in firsts])
     q_pos = k_pos[:, tk - tq:] + torch.tensor(shifts)[:, None]
     with torch.no_grad():
-        fast = row_paths.attend(q, k, v, scheme, q_pos, k_pos, True)
+        fast = dispatch.fast_attention(q, k, v, scheme, q_pos, k_pos, True)
         torch.testing.assert_close(fast, reference(q, k, v, scheme, q_pos, k_pos, True), rtol=1e-5, atol=1e-5)
 
 
@@ -132,7 +132,7 @@ def test_rows_equal_reference_in_an_encoder(name):
     g = torch.Generator().manual_seed(2)
     q, k, v = (torch.randn(2, 4, 33, 16, generator=g, requires_grad=True) for _ in range(3))
     pos = torch.arange(33).expand(2, 33)
-    fast = row_paths.attend(q, k, v, scheme, pos, pos, False)
+    fast = dispatch.fast_attention(q, k, v, scheme, pos, pos, False)
     ref = reference(q, k, v, scheme, pos, pos, False)
     torch.testing.assert_close(fast, ref, rtol=1e-5, atol=1e-5)
     inputs = [q, k, v, *(p for p in scheme.parameters() if p.requires_grad)]
@@ -144,9 +144,9 @@ def test_rows_decline_positions_that_do_not_count_up_and_other_dtypes():
     scheme = build("alibi")
     q, k, v = (torch.randn(1, 4, 6, 16) for _ in range(3))
     packed = torch.tensor([[0, 1, 2, 0, 1, 2]])
-    assert row_paths.attend(q, k, v, scheme, packed, packed, True) is None
+    assert dispatch.fast_attention(q, k, v, scheme, packed, packed, True) is None
     pos = torch.arange(6)[None]
-    assert row_paths.attend(q.double(), k.double(), v.double(), scheme, pos, pos, True) is None
+    assert dispatch.fast_attention(q.double(), k.double(), v.double(), scheme, pos, pos, True) is None
 
 
 
@@ -206,7 +206,7 @@ def test_gradients_are_bitwise_reproducible():
     pos = torch.arange(50).expand(4, 50)
     runs = []
     for _ in range(3):
-        out = row_paths.attend(q, k, v, scheme, pos.clone(), pos.clone(), True)
+        out = dispatch.fast_attention(q, k, v, scheme, pos.clone(), pos.clone(), True)
         runs.append(torch.autograd.grad(out.square().sum(), [q, *scheme.parameters()]))
     for run in runs[1:]:
         for a, b in zip(run, runs[0], strict=True):
@@ -227,10 +227,10 @@ def test_repeated_forward_backward_with_one_positions_tensor(name, order):
     params = [q, k, v, *(p for p in scheme.parameters() if p.requires_grad)]
     expected = torch.autograd.grad(reference(q, k, v, scheme, pos, pos, True).square().sum(), params)
     if order == "one_after_another":
-        runs = [torch.autograd.grad(row_paths.attend(q, k, v, scheme, pos, pos, True).square().sum(), params)
+        runs = [torch.autograd.grad(dispatch.fast_attention(q, k, v, scheme, pos, pos, True).square().sum(), params)
                 for _ in range(3)]
     else:
-        losses = [row_paths.attend(q, k, v, scheme, pos, pos, True).square().sum() for _ in range(2)]
+        losses = [dispatch.fast_attention(q, k, v, scheme, pos, pos, True).square().sum() for _ in range(2)]
         runs = [torch.autograd.grad(loss, params) for loss in losses]
     for run in runs:
         for a, b in zip(run, expected, strict=True):
@@ -243,10 +243,10 @@ def test_rows_follow_a_parameter_changed_between_backwards():
     scheme = build("kerple")
     q, k, v = (torch.randn(1, 4, 16, 16) for _ in range(3))
     pos = torch.arange(16)[None]
-    before = row_paths.attend(q, k, v, scheme, pos, pos, True)
+    before = dispatch.fast_attention(q, k, v, scheme, pos, pos, True)
     with torch.no_grad():
         next(scheme.parameters()).mul_(2.0)
-    after = row_paths.attend(q, k, v, scheme, pos, pos, True)
+    after = dispatch.fast_attention(q, k, v, scheme, pos, pos, True)
     torch.testing.assert_close(after, reference(q, k, v, scheme, pos, pos, True))
     assert not torch.allclose(before, after)
     with torch.no_grad():

@@ -16,7 +16,7 @@ import torch
 import posenc
 from posenc.contract.models import perturb_scheme_parameters
 from posenc.models import GPT
-from posenc.nn import row_paths
+from posenc.nn import dispatch
 from posenc.nn import triton as gpu
 from posenc.nn.attention_core import attend
 from posenc.registry import SCHEMES
@@ -153,7 +153,7 @@ def test_every_distance_scheme_trains_through_the_kernel(name, layout, monkeypat
     q, k, v = inputs(2, 4, 2, tq, tk, torch.float32, seed=2)
     k_pos = (torch.arange(tk) + 5).expand(2, tk).to(DEVICE)
     q_pos = k_pos[:, tk - tq:]
-    fast = row_paths.attend(q, k, v, scheme, q_pos, k_pos, causal)
+    fast = dispatch.fast_attention(q, k, v, scheme, q_pos, k_pos, causal)
     assert calls, "the Triton kernel must serve rows per head"
     reference = attend(q, k, v, scheme.bias(q_pos, k_pos, q, k), causal)
     close(fast, reference, torch.float32, "output")
@@ -172,7 +172,7 @@ def test_positions_given_once_for_the_whole_batch():
     scheme = build("alibi", True)
     q, k, v = inputs(3, 4, 4, t, t, torch.float32, seed=5)
     pos = (torch.arange(t) + 5)[None].to(DEVICE)
-    fast = row_paths.attend(q, k, v, scheme, pos, pos, True)
+    fast = dispatch.fast_attention(q, k, v, scheme, pos, pos, True)
     close(fast, attend(q, k, v, scheme.bias(pos, pos, q, k), True), torch.float32, "output")
 
 
@@ -306,7 +306,7 @@ def test_repeated_forward_backward_with_one_positions_tensor(name, monkeypatch):
     assert len(params) > 3, f"{name} must have learnable parameters for this test"
     expected = torch.autograd.grad(attend(q, k, v, scheme.bias(pos, pos, q, k), True).square().sum(), params)
     for _ in range(2):
-        grads = torch.autograd.grad(row_paths.attend(q, k, v, scheme, pos, pos, True).square().sum(), params)
+        grads = torch.autograd.grad(dispatch.fast_attention(q, k, v, scheme, pos, pos, True).square().sum(), params)
         for a, b in zip(grads, expected, strict=True):
             close(a, b, torch.float32, name)
 

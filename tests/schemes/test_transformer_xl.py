@@ -94,7 +94,7 @@ def test_transformer_xl_is_refused_by_the_encoder_with_the_allowed_list():
 def test_fast_path_rows_in_query_chunks_equal_the_bias_with_gradients(monkeypatch):
     """Long inputs multiply only the part of each row attention reads (chunks of queries): outputs and
     gradients equal the reference bias path."""
-    from posenc.nn import native, row_paths, triangular
+    from posenc.nn import dispatch, native, triangular
     from posenc.nn.attention_core import attend
 
     if not native.has_gemm():
@@ -105,7 +105,7 @@ def test_fast_path_rows_in_query_chunks_equal_the_bias_with_gradients(monkeypatc
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(2, 4, 37, 16, generator=g, requires_grad=True) for _ in range(3))
     pos = torch.arange(37).expand(2, 37) + 5
-    fast = row_paths.attend(q, k, v, scheme, pos, pos, True)
+    fast = dispatch.fast_attention(q, k, v, scheme, pos, pos, True)
     ref = attend(q, k, v, scheme.bias(pos, pos, q, k), True)
     torch.testing.assert_close(fast, ref, rtol=1e-5, atol=1e-5)
     inputs = [q, k, v, *scheme.parameters()]

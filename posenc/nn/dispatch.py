@@ -1,0 +1,238 @@
+"""Which kernel runs attention: the one place that decides, for SelfAttention and posenc.attention alike.
+
+The key is (form, device, dtype, grad, decode):
+  form    the scheme's bias form, from its class and the Scheme hooks the class overrides (first match):
+            mapped      a rotary scheme under a position map (posenc.position_map.MappedScheme: Self-Extend,
+                        Dual Chunk Attention, LM-Infinite, attention sinks), evaluated map by map
+            attends     attend(): the scheme runs attention itself, else what its other hooks take
+            plain       no bias at all (rotary, absolute, none)
+            contextual  contextual_rows (cope)
+            distance    bias_by_distance: one row per head (alibi, kerple, sandwich, relative)
+            piecewise   piecewise_bias (fire)
+            values      relative_rows and needs_weights: rows per query and a value term (shaw)
+            relative    relative_rows: rows per query (transformer_xl)
+            weights     needs_weights alone: the eager path
+            bias        bias() alone (a user's own scheme)
+  device  cpu or cuda; a CPU tensor that the Triton attention kernel serves (TRITON_INTERPRET=1) counts as cuda
+  dtype   the dtype of q, k and v
+  grad    needs_grad(): a backward will want a gradient from this call
+  decode  one query per row (Tq == 1), as in cached decoding
+
+The kernels for the key are the fast ones of the first table (empty where no rule matches) followed by the form's
+tail, tried in order: the first that serves runs. A kernel declines (returns None) where its own condition fails:
+rows need positions that count up by one and no dropout, flex a long input, a score_mod and POSENC_FLEX on the
+CPU, chunked more than CHUNK_ROWS queries; the last of every tail always serves. flex is left out for a scheme
+whose class gives no score_mod.
+
+    form        device  dtypes                      decode, no grad    otherwise
+    ----------  ------  --------------------------  -----------------  ---------------
+    distance    cpu     float32                     rows_decode        native_rows
+    distance    cuda    bfloat16 float16 float32    rows_decode        triton_rows
+    piecewise   cpu     float32                     pieces_decode      native_pieces
+    piecewise   cuda    bfloat16 float16 float32    pieces_decode      -
+    contextual  cpu     float32                     native_contextual  native_contextual
+    relative    cpu     float32                     relative_decode    native_relative
+    values      cpu     float32                     native_relative    native_relative
+
+    form                                                no grad                       grad
+    --------------------------------------------------  ----------------------------  -------------------
+    plain                                               sdpa                          sdpa
+    contextual distance piecewise relative bias         flex > chunked > reference    chunked > reference
+    values weights                                      eager_weights                 eager_weights
+    attends                                             scheme_attend > (the tail of the class's other form)
+
+The mapped form has a table of its own (MAP_RULES; nn/mapped_attention.py runs each map of a chunk of queries
+through the kernel named, and merges the maps by log-sum-exp):
+
+    form        device      no grad                 grad
+    ----------  ----------  ----------------------  -----------
+    mapped      cpu cuda    map_fused > map_eager   map_eager
+    mapped      other       map_eager               map_eager
+
+A kernel is a function kernel(call: Call) -> Tensor | None (posenc.nn.call, below this module and the kernels);
+KERNELS names each. Adding a kernel = its file + one KERNELS entry + its name in a rule.
+tests/nn/test_dispatch.py prints the table for every registered scheme on cpu and cuda (`pytest -s`).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from posenc.nn import bias_paths, mapped_attention, row_paths
+from posenc.nn import triton as gpu
+from posenc.nn.call import Call, needs_grad
+from posenc.position_map import MappedScheme
+from posenc.scheme import Scheme, materialises_bias
+
+KERNELS: dict[str, Callable[[Call], Tensor | None]] = {
+    "sdpa": bias_paths.plain,  # SDPA's own kernels (a CPU decode in half precision: float32)
+    "rows_decode": row_paths.rows_decode,  # SDPA with one bias row per head as the mask
+    "native_rows": row_paths.native_rows,  # csrc/attention_*.cpp, rows per head
+    "triton_rows": row_paths.triton_rows,  # triton/attention.py, rows per head
+    "pieces_decode": row_paths.pieces_decode,  # SDPA with FIRE's one bias row as the mask
+    "native_pieces": row_paths.native_pieces,  # csrc, FIRE's MLP per block of scores
+    "native_contextual": row_paths.native_contextual,  # csrc/cope.cpp
+    "relative_decode": row_paths.relative_decode,  # SDPA with one row per query as the mask
+    "native_relative": row_paths.native_relative,  # csrc, rows per query (and Shaw's value term)
+    "flex": bias_paths.flex,  # flex_attention with the scheme's score_mod
+    "chunked": bias_paths.chunked,  # the bias built per block of CHUNK_ROWS queries
+    "reference": bias_paths.reference,  # the bias materialised (B|1,H,Tq,Tk), then SDPA
+    "eager_weights": bias_paths.eager_weights,  # the weights materialised, then mix_values
+    "scheme_attend": bias_paths.scheme_attend,  # Scheme.attend: the scheme's own attention
+    "map_fused": mapped_attention.map_fused,  # per map: the CPU's flash or CUDA's efficient kernel
+    "map_eager": mapped_attention.map_eager,  # per map: scores in memory (gradients, dropout)
+}
+
+SERVE_ALWAYS = frozenset({"sdpa", "reference", "eager_weights", "map_eager"})  # never decline: each plan ends with one
+HALF_AND_FLOAT = (torch.bfloat16, torch.float16, torch.float32)
+# (form, device, dtypes) -> (kernels for a decode step without gradients, kernels otherwise): the first table.
+FAST_RULES: tuple[tuple[str, str, tuple[torch.dtype, ...], tuple[str, ...], tuple[str, ...]], ...] = (
+    ("distance", "cpu", (torch.float32,), ("rows_decode",), ("native_rows",)),
+    ("distance", "cuda", HALF_AND_FLOAT, ("rows_decode",), ("triton_rows",)),
+    ("piecewise", "cpu", (torch.float32,), ("pieces_decode",), ("native_pieces",)),
+    ("piecewise", "cuda", HALF_AND_FLOAT, ("pieces_decode",), ()),
+    ("contextual", "cpu", (torch.float32,), ("native_contextual",), ("native_contextual",)),
+    ("relative", "cpu", (torch.float32,), ("relative_decode",), ("native_relative",)),
+    ("values", "cpu", (torch.float32,), ("native_relative",), ("native_relative",)),
+)
+BIAS_TAIL = {False: ("flex", "chunked", "reference"), True: ("chunked", "reference")}  # by grad
+TAILS: dict[str, dict[bool, tuple[str, ...]]] = {
+    "plain": {False: ("sdpa",), True: ("sdpa",)},
+    **{form: BIAS_TAIL for form in ("contextual", "distance", "piecewise", "relative", "bias")},
+    **{form: {False: ("eager_weights",), True: ("eager_weights",)} for form in ("values", "weights")},
+}
+MAP_RULES = {("cpu", False): ("map_fused", "map_eager"), ("cuda", False): ("map_fused", "map_eager")}
+MAP_DEFAULT = ("map_eager",)
+FORMS = ("mapped", "attends", "plain", "contextual", "distance", "piecewise", "values", "relative", "weights", "bias")
+
+
+def _overrides(cls: type[Scheme], hook: str) -> bool:
+    return getattr(cls, hook) is not getattr(Scheme, hook)
+
+
+@functools.cache
+def form_of(cls: type[Scheme], attends: bool = True) -> str:
+    """The scheme class's bias form (the first of FORMS that its hooks give); attends=False: ignoring attend()."""
+    if issubclass(cls, MappedScheme):
+        return "mapped"
+    if attends and _overrides(cls, "attend"):
+        return "attends"
+    if not materialises_bias(cls):
+        return "plain"
+    for form, hook in (("contextual", "contextual_rows"), ("distance", "bias_by_distance"),
+                       ("piecewise", "piecewise_bias")):
+        if _overrides(cls, hook):
+            return form
+    if _overrides(cls, "relative_rows"):
+        return "values" if cls.needs_weights else "relative"
+    return "weights" if cls.needs_weights else "bias"
+
+
+def device_of(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> str:
+    """cpu, cuda, or another device type; a CPU tensor the Triton kernel serves (its interpreter) counts as cuda."""
+    kind = q.device.type
+    if kind == "cuda" or (kind == "cpu" and gpu.interpreting() and gpu.attention_fits(q, k, v, causal)):
+        return "cuda"
+    return kind
+
+
+@functools.cache
+def plan(cls: type[Scheme], device: str, dtype: torch.dtype, grad: bool, decode: bool) -> tuple[str, ...]:
+    """The kernels tried, in order, for a scheme class and a key: the whole decision."""
+    form = form_of(cls)
+    if form == "mapped":
+        return map_plan(device, grad)
+    if form == "attends":  # the scheme's own attention, then what its other hooks would take
+        return ("scheme_attend", *plan_of_form(form_of(cls, attends=False), device, dtype, grad, decode,
+                                               _overrides(cls, "score_mod")))
+    return plan_of_form(form, device, dtype, grad, decode, _overrides(cls, "score_mod"))
+
+
+def plan_of_form(form: str, device: str, dtype: torch.dtype, grad: bool, decode: bool,
+                 score_mod: bool = True) -> tuple[str, ...]:
+    """The two tables of the docstring: fast kernels (FAST_RULES), then the form's tail (TAILS); flex only for a
+    scheme that gives a score_mod."""
+    fast: tuple[str, ...] = ()
+    for rule_form, rule_device, dtypes, decoding, otherwise in FAST_RULES:
+        if rule_form == form and rule_device == device and dtype in dtypes:
+            fast = decoding if decode and not grad else otherwise
+            break
+    tail = TAILS[form][grad]
+    return fast + (tail if score_mod else tuple(name for name in tail if name != "flex"))
+
+
+def map_plan(device: str, grad: bool) -> tuple[str, ...]:
+    """The kernels, in order, for one map of a position map (nn/mapped_attention.py)."""
+    return MAP_RULES.get((device, grad), MAP_DEFAULT)
+
+
+def kernel(name: str) -> Callable[[Call], Tensor | None]:
+    """The function KERNELS names (looked up at each call, so a test can replace one)."""
+    return KERNELS[name]
+
+
+def _call(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, q_pos: Tensor, k_pos: Tensor, causal: bool,
+          dropout: float, kept: dict | None = None) -> tuple[Call, tuple[str, ...]]:
+    cls = type(scheme)
+    if form_of(cls) == "plain":  # the one form whose kernels depend on nothing else: no parameter walk per layer
+        return Call(q, k, v, scheme, q_pos, k_pos, causal, dropout, False, kept), TAILS["plain"][False]
+    grad = needs_grad(q, k, v, scheme)
+    chain = plan(cls, device_of(q, k, v, causal), q.dtype, grad, q.shape[-2] == 1)
+    return Call(q, k, v, scheme, q_pos, k_pos, causal, dropout, grad, kept), chain
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, q_pos: Tensor, k_pos: Tensor, causal: bool,
+              dropout: float = 0.0, kept: dict | None = None) -> Tensor:
+    """q (B,H,Tq,Dh), k/v (B,Hkv,Tk,Dh) as rotate() left them, positions as frame() left them -> (B,H,Tq,Dh).
+    kept: the KV cache's store for this layer (KVCache.derived) when k and v come from it."""
+    call, chain = _call(q, k, v, scheme, q_pos, k_pos, causal, dropout, kept)
+    for name in chain:
+        out = kernel(name)(call)
+        if out is not None:
+            return out
+    raise RuntimeError(f"no attention kernel served {type(scheme).__name__} (tried {', '.join(chain)}); the last "
+                       "of every plan always serves")
+
+
+def fast_attention(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, q_pos: Tensor, k_pos: Tensor,
+                   causal: bool) -> Tensor | None:
+    """Only the fast kernels of the plan (the first table), without dropout; None where none serves."""
+    call, chain = _call(q, k, v, scheme, q_pos, k_pos, causal, 0.0)
+    for name in chain:
+        if name not in FAST_KERNELS:
+            continue
+        out = kernel(name)(call)
+        if out is not None:
+            return out
+    return None
+
+
+FAST_KERNELS = frozenset(name for rule in FAST_RULES for name in (*rule[3], *rule[4]))
+
+
+def table(classes: dict[str, type[Scheme]], devices: tuple[str, ...] = ("cpu", "cuda"),
+          dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float64)) -> list[tuple]:
+    """(name, form, device, dtype, grad, decode, kernels) for every class, device, dtype, grad and decode."""
+    rows = []
+    for name, cls in classes.items():
+        for device in devices:
+            for dtype in dtypes:
+                for grad in (False, True):
+                    for decode in (False, True):
+                        chain = plan(cls, device, dtype, grad, decode)
+                        rows.append((name, form_of(cls), device, str(dtype).removeprefix("torch."), grad, decode,
+                                     chain))
+    return rows
+
+
+def render(rows: list[tuple]) -> str:
+    lines = [f"{'scheme':<24}{'form':<12}{'device':<8}{'dtype':<10}{'grad':<7}{'decode':<8}kernels"]
+    lines += [f"{n:<24}{f:<12}{d:<8}{t:<10}{g!s:<7}{c!s:<8}{' > '.join(chain)}" for n, f, d, t, g, c, chain in rows]
+    return "\n".join(lines)
+
+
+__all__ = ["KERNELS", "Call", "attention", "fast_attention", "form_of", "map_plan", "needs_grad", "plan", "table"]

@@ -1,0 +1,97 @@
+"""The protocol of an attention position map, below both posenc.nn (which evaluates one) and posenc.position_maps
+(which defines the methods): training-free context extension that changes which positions attention sees.
+
+A method (Self-Extend, Dual Chunk Attention, LM-Infinite, attention sinks) is a few *maps*, each a pair of
+position functions, P_q^m for queries and P_k^m for keys, fed to the model's own rotation (its RoPE, with
+any static rope_scaling), and a *selector* saying which map scores each (query i, key j) pair, or that
+key j is not attended at all (-1):
+
+    score(i, j) = rot(q_i, P_q^m(i)) . rot(k_j, P_k^m(j)) / sqrt(Dh),   m = select(i, j)
+
+posenc.nn.mapped_attention evaluates it in chunks of queries, merging the maps by log-sum-exp, so no
+(H, T, T) tensor exists. Causality (by index) is applied there, not here. Positions are (B, T) integer
+tensors as the rotary scheme frames them; `origin` (B, 1) is the position of each row's first key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from torch import Tensor
+
+from posenc.scheme import Scheme
+
+
+@dataclass(frozen=True, kw_only=True)
+class PositionMap:
+    """Base of the methods. The dataclass fields are the method's options (the keys of the config dict)."""
+
+    name: ClassVar[str]
+    n_maps: ClassVar[int]
+
+    @property
+    def period(self) -> int | None:
+        """Positions at multiples of this start a new block of the selector (DCA's chunks), or None: a hint
+        that lets attention align its query chunks; correctness never depends on it."""
+        return None
+
+    @property
+    def plain_within(self) -> int:
+        """Sequences of at most this many tokens (from the origin) are scored exactly as without the map: every
+        pair either keeps its true distance or is one the map leaves untouched. 0: no such promise. Lets a sweep
+        share a plain forward with a mapped one where they are the same computation."""
+        return 0
+
+    @property
+    def score_scale(self) -> float:
+        """Every score is multiplied by this (1.0 for most maps; STRING's released code scales cos and sin)."""
+        return 1.0
+
+    def resolved(self, max_seq_len: int) -> PositionMap:
+        """Options left None take their defaults from the trained context length (max_seq_len)."""
+        return self
+
+    def replace(self, **changes: Any) -> PositionMap:
+        return dataclasses.replace(self, **changes)
+
+    def query_positions(self, q_pos: Tensor, origin: Tensor) -> tuple[Tensor, ...]:
+        """(B,Tq) -> one (B,Tq) position tensor per map."""
+        raise NotImplementedError
+
+    def key_positions(self, k_pos: Tensor, origin: Tensor) -> tuple[Tensor, ...]:
+        """(B,Tk) -> one (B,Tk) position tensor per map (the same tensor object when maps share it)."""
+        raise NotImplementedError
+
+    def select(self, q_pos: Tensor, k_pos: Tensor, origin: Tensor) -> Tensor:
+        """(B,C), (B,Tk) -> (B,C,Tk) int8: the map scoring each pair, -1 where the key is not attended."""
+        raise NotImplementedError
+
+    def spec(self) -> dict[str, Any]:
+        """The config dict that builds this map again."""
+        return {"type": self.name, **dataclasses.asdict(self)}
+
+
+class MappedScheme(Scheme):
+    """A rotary scheme (`inner`) whose positions a PositionMap remaps per (query, key) pair. Attention
+    (posenc.nn.dispatch) evaluates it map by map; rotate() leaves q and k as they are, so the KV cache stores raw
+    keys and each map rotates them at its own positions."""
+
+    shift_invariant = False  # floor division, chunks and sinks read absolute positions
+
+    def __init__(self, inner: Scheme, position_map: PositionMap) -> None:
+        super().__init__(inner.dims, inner.options)
+        self.inner, self.position_map = inner, position_map
+
+    def frame(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+        return self.inner.frame(q_pos, k_pos)
+
+    def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+        return q, k
+
+    def extra_repr(self) -> str:
+        return f"{self.position_map.spec()}"
+
+
+__all__ = ["MappedScheme", "PositionMap"]

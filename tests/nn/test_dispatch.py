@@ -1,0 +1,177 @@
+"""posenc.nn.dispatch: one table decides which attention kernel runs. The table for every registered scheme and
+position map, on cpu and on an emulated cuda, names kernels that exist; the docstring draws the rules the code
+keeps; SelfAttention and posenc.attention both ask it; one needs_grad, which counts every input."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+import posenc
+from posenc.models import GPT
+from posenc.nn import bias_paths, dispatch, fused_attention
+from posenc.nn import triton as gpu
+from posenc.nn.attention_core import attend
+from posenc.position_maps import POSITION_MAPS, build_position_map
+from posenc.position_maps.scheme import PositionMapped
+from posenc.registry import SCHEMES
+from posenc.scheme import Scheme
+from tests.conftest import tiny_config
+from tests.nn.test_fast_paths import build, qkv
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+MAP_SPECS = {"self_extend": {"group_size": 4, "window": 8}, "dual_chunk": {"chunk_size": 16, "local_window": 4},
+             "lm_infinite": {"n_global": 2, "window": 8}, "attention_sinks": {"n_sink": 2, "window": 8}}
+
+
+def every_scheme() -> dict[str, type]:
+    """The registry's schemes, and rope under each registered position map."""
+    classes = {name: SCHEMES[name] for name in posenc.available()}
+    classes.update({f"rope+{name}": PositionMapped for name in POSITION_MAPS})
+    return classes
+
+
+def test_the_table_for_every_scheme_on_cpu_and_cuda_names_kernels_that_exist():
+    rows = dispatch.table(every_scheme(), ("cpu", "cuda"), DTYPES)
+    print("\n" + dispatch.render(rows))  # pytest -s shows it
+    assert {row[0] for row in rows} == set(every_scheme())
+    for name, _, device, dtype, grad, decode, chain in rows:
+        assert chain, f"{name} on {device} {dtype} grad={grad} decode={decode}: no kernel"
+        for kernel in chain:
+            assert kernel in dispatch.KERNELS, f"{name}: {kernel!r} is no registered kernel"
+            assert callable(dispatch.kernel(kernel)), f"{kernel}: {dispatch.KERNELS[kernel]} does not exist"
+        assert chain[-1] in dispatch.SERVE_ALWAYS, f"{name}: {chain} may end with nothing serving"
+    for device in ("cpu", "cuda", "mps"):
+        for grad in (False, True):
+            assert all(k in dispatch.KERNELS for k in dispatch.map_plan(device, grad))
+    assert set(POSITION_MAPS) == set(MAP_SPECS)
+
+
+class OwnAttention(Scheme):
+    """A user's scheme that runs attention itself where it can (here: never) and adds a bias otherwise."""
+
+    def attend(self, q, k, v, q_pos, k_pos, causal, dropout=0.0):
+        return None
+
+    def bias(self, q_pos, k_pos, q=None, k=None):
+        return torch.zeros(1, self.dims.n_head, q_pos.shape[1], k_pos.shape[1])
+
+
+def test_every_kernel_is_used_by_some_rule_and_drawn_in_the_docstring():
+    classes = {**every_scheme(), "own_attention": OwnAttention}
+    assert dispatch.plan(OwnAttention, "cpu", torch.float32, False, False) == ("scheme_attend", "chunked", "reference")
+    used = {k for row in dispatch.table(classes, ("cpu", "cuda"), DTYPES) for k in row[-1]}
+    used |= {k for device in ("cpu", "cuda") for grad in (False, True) for k in dispatch.map_plan(device, grad)}
+    assert used == set(dispatch.KERNELS)
+    doc = " ".join(dispatch.__doc__.split())
+    for form, device, dtypes, decoding, otherwise in dispatch.FAST_RULES:
+        names = " ".join(str(d).removeprefix("torch.") for d in dtypes)
+        line = f"{form} {device} {names} {' '.join(decoding) or '-'} {' '.join(otherwise) or '-'}"
+        assert line in doc, f"the docstring's table lacks the rule {line!r}"
+    for form, tails in dispatch.TAILS.items():
+        assert re.search(rf"\b{form}\b[^\n]*{' > '.join(tails[False])}", dispatch.__doc__), form
+
+
+@pytest.mark.parametrize("name", posenc.available())
+def test_the_key_read_from_tensors_on_an_emulated_cuda_is_the_cuda_row(name, monkeypatch):
+    """CPU tensors that the Triton kernel would take (its interpreter) count as cuda: the chain dispatch runs is
+    the table's cuda row."""
+    monkeypatch.setattr(gpu, "interpreting", lambda: True)
+    monkeypatch.setattr(gpu, "attention_fits", lambda *args: True)
+    scheme = build(name)
+    q, k, v = qkv(5, 5)
+    pos = torch.arange(5).expand(2, 5)
+    with torch.no_grad():
+        _, chain = dispatch._call(q, k, v, scheme, pos, pos, True, 0.0)
+    expected = dispatch.plan(type(scheme), "cuda", torch.float32, False, False)
+    assert chain == (expected if dispatch.form_of(type(scheme)) != "plain" else ("sdpa",))
+
+
+def test_forms_of_the_builtin_schemes():
+    forms = {name: dispatch.form_of(SCHEMES[name]) for name in posenc.available()}
+    assert {forms[n] for n in ("alibi", "kerple", "sandwich", "relative")} == {"distance"}
+    assert (forms["fire"], forms["shaw"], forms["transformer_xl"], forms["cope"]) == (
+        "piecewise", "values", "relative", "contextual")
+    assert {forms[n] for n in ("rope", "xpos", "p_rope", "none", "sinusoidal", "learned_absolute")} == {"plain"}
+    assert dispatch.form_of(PositionMapped) == "mapped"
+
+
+@pytest.mark.parametrize("scheme_name", ["alibi", "rope"])
+def test_self_attention_and_posenc_attention_both_ask_the_dispatch(scheme_name, monkeypatch):
+    calls = []
+    real = dispatch.attention
+    monkeypatch.setattr(dispatch, "attention", lambda *args: calls.append("call") or real(*args))
+    model = GPT(tiny_config(scheme_name, n_layer=2)).eval()
+    with torch.no_grad():
+        model(torch.randint(0, 61, (1, 6)))
+    assert len(calls) == 2, "one decision per layer"
+    scheme = posenc.build(scheme_name, posenc.Dims(d_model=64, n_head=4, head_dim=16, max_seq_len=64))
+    q = torch.randn(1, 4, 6, 16)
+    posenc.attention(q, q, q, scheme)
+    assert len(calls) == 3
+
+
+@pytest.mark.parametrize("which", ["k", "v"])
+def test_needs_grad_counts_keys_and_values_so_flex_never_serves_a_backward(which, monkeypatch):
+    """With only k (or v) requiring a gradient, flex (no CPU backward) must not be picked: the chunked path runs,
+    and the gradient reaches k (v) as the reference's does. Was: flex asked, k and v not counted."""
+    monkeypatch.setenv("POSENC_FLEX", "1")
+    monkeypatch.setattr(bias_paths, "MIN_FAST_SCORES", 0)  # every input counts as long
+    monkeypatch.setattr(fused_attention, "can_run", lambda *args: False)  # no rows: the generic bias paths
+    asked = []
+    monkeypatch.setattr(bias_paths, "flex_attention_path", lambda *args: asked.append(1))
+    scheme = build("alibi")
+    assert not any(p.requires_grad for p in scheme.parameters())
+    tq = bias_paths.CHUNK_ROWS + 8
+    q, k, v = qkv(tq, tq)
+    inputs = {"k": k, "v": v}
+    inputs[which].requires_grad_()
+    pos = torch.arange(tq).expand(2, tq)
+    assert dispatch.needs_grad(q, k, v, scheme)
+    out = dispatch.attention(q, k, v, scheme, pos, pos, True)
+    assert not asked, "flex was asked to serve a call that needs a gradient"
+    expected = attend(q, k, v, scheme.bias(pos, pos, q, k), True)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
+    (got,) = torch.autograd.grad(out, [inputs[which]], grad)
+    (want,) = torch.autograd.grad(expected, [inputs[which]], grad)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_needs_grad_is_false_without_autograd_and_counts_the_schemes_parameters():
+    scheme = build("kerple")
+    q = torch.randn(1, 4, 2, 16)
+    assert dispatch.needs_grad(q, q, q, scheme) == any(p.requires_grad for p in scheme.parameters())
+    with torch.no_grad():
+        assert not dispatch.needs_grad(q.requires_grad_(), q, q, scheme)
+
+
+@pytest.mark.parametrize("map_name", sorted(MAP_SPECS))
+def test_position_maps_take_the_fused_kernel_only_without_a_gradient(map_name, monkeypatch):
+    from posenc.nn import mapped_attention as engine
+
+    used = []
+
+    def recording(name):
+        real = getattr(engine, name)
+        return lambda *args: used.append(name) or real(*args)
+
+    for name in ("_map_fused", "_map_eager"):
+        monkeypatch.setattr(engine, name, recording(name))
+    scheme = PositionMapped(build("rope"), build_position_map({"type": map_name, **MAP_SPECS[map_name]}, 512))
+    q, k, v = qkv(40, 40)
+    pos = torch.arange(40).expand(2, 40)
+    with torch.no_grad():
+        dispatch.attention(q, k, v, scheme, pos, pos, True)
+        assert set(used) == {"_map_fused"}
+        used.clear()
+        scheme.attend(q, k, v, pos, pos, True)  # the hook asks the same table
+        assert set(used) == {"_map_fused"}
+    for attend_with in (lambda: dispatch.attention(q, k, v, scheme, pos, pos, True),
+                        lambda: scheme.attend(q, k, v, pos, pos, True)):
+        used.clear()
+        k.requires_grad_()
+        attend_with()
+        assert set(used) == {"_map_eager"}
