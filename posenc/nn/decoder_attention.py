@@ -24,11 +24,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posenc.masks import causal_mask
-from posenc.nn.attention_core import attend
-from posenc.nn.bias_paths import biased_attention, weights_attention
+from posenc.nn import dispatch
 from posenc.nn.kv_cache import KVCache
 from posenc.nn.norms import rms_norm
-from posenc.scheme import Scheme, materialises_bias
+from posenc.scheme import Scheme
 
 
 @dataclass(frozen=True)
@@ -80,27 +79,27 @@ class DecoderAttention(nn.Module):
         if self.q_factor != 1.0:
             q = q * self.q_factor
         q, k = scheme.rotate(q, k, q_pos, q_pos)  # new keys sit at the new positions
+        kept = None
         if cache is not None:
             k, v = cache.update(self.layer, k, v)  # (B,Hkv,Tk,Dh)
-        dropout = 0.0  # pretrained decoders: inference and fine-tuning without attention dropout
-        out = scheme.attend(q, k, v, q_pos, k_pos, True, dropout)  # a position map attends itself
-        if out is None:
-            out = self._attend(q, k, v, scheme, q_pos, k_pos)
+            kept = cache.derived(self.layer)
+        out = self._attend(q, k, v, scheme, q_pos, k_pos, kept)
         return self.o_proj(out.transpose(1, 2).flatten(2))  # (B,Tq,D)
 
     def _windowed(self, q_pos: Tensor, k_pos: Tensor) -> bool:
         w = self.shape.window
         return w is not None and int(q_pos.max()) - int(k_pos.min()) >= w
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        if self.shape.softcap is not None or self._windowed(q_pos, k_pos):
-            return masked_attention(q, k, v, scheme.bias(q_pos, k_pos, q, k), self._allowed(q, k, q_pos, k_pos),
-                                    self.shape.softcap)
-        if scheme.needs_weights:
-            return weights_attention(q, k, v, scheme, q_pos, k_pos, True)
-        if materialises_bias(scheme):
-            return biased_attention(q, k, v, scheme, q_pos, k_pos, True)
-        return attend(q, k, v, None, True)  # (B,H,Tq,Dh)
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, q_pos: Tensor, k_pos: Tensor,
+                kept: dict | None) -> Tensor:
+        """(B,H,Tq,Dh). A scheme that attends itself (a position map, whose window lives inside it) goes to the
+        dispatch first, as does every layer without soft-capping or a window it reaches; the rest are masked.
+        Pretrained decoders: inference and fine-tuning without attention dropout."""
+        attends_itself = dispatch.form_of(type(scheme)) in ("mapped", "attends")
+        if attends_itself or not (self.shape.softcap is not None or self._windowed(q_pos, k_pos)):
+            return dispatch.attention(q, k, v, scheme, q_pos, k_pos, True, 0.0, kept)
+        return masked_attention(q, k, v, scheme.bias(q_pos, k_pos, q, k), self._allowed(q, k, q_pos, k_pos),
+                                self.shape.softcap)
 
     def _allowed(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """(B|1,1,Tq,Tk) bool: causal by index (as every posenc path), and within the window by position."""

@@ -23,7 +23,8 @@ from tests.nn.test_fast_paths import build, qkv
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 MAP_SPECS = {"self_extend": {"group_size": 4, "window": 8}, "dual_chunk": {"chunk_size": 16, "local_window": 4},
-             "lm_infinite": {"n_global": 2, "window": 8}, "attention_sinks": {"n_sink": 2, "window": 8}}
+             "lm_infinite": {"n_global": 2, "window": 8}, "attention_sinks": {"n_sink": 2, "window": 8},
+             "string": {"shifted_offset": 12, "local_value": 4}}
 
 
 def every_scheme() -> dict[str, type]:
