@@ -290,6 +290,14 @@ def test_repeats_options_not_selected_and_degenerate_values_are_one_line(name, o
     assert message.startswith(f"{named}=") and "\n" not in message, message
 
 
+def test_eval_refuses_a_stride_its_mode_does_not_read():
+    from posenc.commands.eval import EvalOptions
+
+    with pytest.raises(ConfigError, match=r"^eval\.stride=4 is not allowed: not used here"):
+        loader.load(EvalOptions, None, ["eval.stride=4"])
+    assert loader.load(EvalOptions, None, ["eval.mode=sliding", "eval.stride=4"]).eval.stride == 4
+
+
 def test_every_command_is_covered():
     from posenc.cli import COMMANDS as CLI
 
