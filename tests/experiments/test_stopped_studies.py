@@ -47,6 +47,7 @@ def test_a_stopped_compare_reads_as_incomplete_in_every_table(tmp_path, capsys):
     rows = {r["scheme"]: r for r in results["leaderboard"]}
     assert rows["rope"]["ppl@1x"] == "4.00 (1 of 2 seeds)"  # never one seed's number as the mean over seeds
     assert rows["alibi"]["ppl@1x"] == "6.00 ± 1.41"
+    assert rows["rope"]["rank"] == "not ranked (1 of 2 seeds)"  # ranked on every seed only
     report = (run / "report.md").read_text()
     assert "INTERRUPTED: 3 of 4 models finished" in report
 

@@ -67,7 +67,8 @@ def leaderboard(units: Sequence[dict[str, Any]], schemes: Sequence[str], multipl
     converged, best = converged_schemes(runs)
     longest = max(multipliers)
     spreads = {s: Spread(tuple(_value(u, longest) for u in grouped[s])) for s in schemes}
-    ranks = tied_ranks({s: spreads[s] for s in schemes if s in converged and spreads[s].complete})
+    whole = {s for s in schemes if seeds_asked is None or len(grouped[s]) >= seeds_asked}  # a stopped run: not ranked
+    ranks = tied_ranks({s: spreads[s] for s in schemes if s in converged and spreads[s].complete and s in whole})
     rows = []
     for s in schemes:
         seeds = grouped[s]
@@ -85,7 +86,9 @@ def leaderboard(units: Sequence[dict[str, Any]], schemes: Sequence[str], multipl
         row["bpb@1x"] = bpb.text(3) if bpb.finite else "n/a"  # bits per byte: comparable across tokenizers
         shifts = [u["shift_dloss"] for u in seeds if is_number(u.get("shift_dloss"))]
         row["shift_dloss"] = max(shifts) if shifts else "n/a"
-        row["rank"] = NOT_RUN if not seeds else ranks.get(s, NOT_CONVERGED if s not in converged else "n/a")
+        partial = f"not ranked ({len(seeds)} of {seeds_asked} seeds)"
+        unranked = NOT_CONVERGED if s not in converged else "n/a" if s in whole else partial
+        row["rank"] = NOT_RUN if not seeds else ranks.get(s, unranked)
         row["converged"] = s in converged
         rows.append(row)
     order = {s: i for i, s in enumerate(schemes)}
