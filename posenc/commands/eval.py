@@ -18,6 +18,11 @@ class EvalOptions:
 
     eval: EvalConfig = field(default_factory=EvalConfig)
 
+    def unused(self) -> dict[str, str]:
+        from posenc.experiments.config.unused import eval_options
+
+        return eval_options(self.eval)  # eval.stride without eval.mode=sliding: refused by the loader
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from posenc.experiments.config.loader import describe

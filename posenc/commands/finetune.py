@@ -12,10 +12,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from posenc.errors import bad_value
 from posenc.experiments.config import loader as config_loader
-from posenc.experiments.finetune.config import FinetuneConfig, load_finetune_config, resolved
-from posenc.experiments.runs import manifest
+from posenc.experiments.finetune.config import FinetuneConfig, requested_config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,11 +29,4 @@ def main(args: argparse.Namespace) -> int:
     from posenc.experiments.finetune.run import run
 
     run_dir = Path(args.run_dir) if args.run_dir else None
-    stored = manifest.read(run_dir) if run_dir is not None and run_dir.is_dir() else None
-    if stored is not None and not args.overrides and args.config is None:  # a bare resume: its own settings
-        if stored.get("command") != "finetune":
-            raise bad_value("run_dir", str(run_dir), "a posenc finetune run folder")
-        cfg = resolved(config_loader.build(FinetuneConfig, stored["config"]))
-    else:
-        cfg = load_finetune_config(args.config, args.overrides)  # every bad option fails here
-    return run(cfg, run_dir)
+    return run(requested_config(run_dir, args.config, args.overrides), run_dir)  # every bad option fails first

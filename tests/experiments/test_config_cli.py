@@ -16,10 +16,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_overrides_are_typed_and_layered_over_yaml(tmp_path):
     preset = tmp_path / "p.yaml"
-    preset.write_text("model:\n  position_embedding_type: alibi\ntrainer:\n  max_steps: 7\n")
+    preset.write_text("model:\n  position_embedding_type: xpos\ntrainer:\n  max_steps: 7\n")
     cfg = load_config(preset, ["trainer.max_steps=9", "model.rope_scaling={rope_type: linear, factor: 2.0}",
                                "eval.length_multipliers=[1,3]"])
-    assert cfg.model.position_embedding_type == "alibi"
+    assert cfg.model.position_embedding_type == "xpos"
     assert cfg.trainer.max_steps == 9
     assert cfg.model.rope_scaling == {"rope_type": "linear", "factor": 2.0}
     assert cfg.eval.length_multipliers == (1, 3)
@@ -33,7 +33,8 @@ def test_every_shipped_preset_parses(preset):
     from posenc.experiments.finetune.config import FinetuneConfig
     from posenc.experiments.tasks.config import TasksConfig
 
-    schemas = {"compare": CompareConfig, "tasks": TasksConfig, "finetune": FinetuneConfig, "ladder": LadderConfig}
+    schemas = {"compare": CompareConfig, "tasks": TasksConfig, "finetune": FinetuneConfig, "ladder": LadderConfig,
+               "paper": CompareConfig}  # paper.yaml: `posenc compare --config configs/paper.yaml`
     schema = schemas.get(preset.stem.split("_")[0], RunConfig)
     assert isinstance(config_loader.load(schema, preset), schema)
 

@@ -30,7 +30,8 @@ def test_methods_name_maps_scalings_and_compositions():
     cfg = config(methods=["none", "yarn", "self_extend", "dca", "dca+linear", "lm_infinite", "attention_sinks"])
     assert cfg.extend.methods == ("none", "yarn", "self_extend", "dual_chunk", "dual_chunk+linear", "lm_infinite",
                                   "attention_sinks")
-    assert config(methods=["dca", "dual_chunk"]).extend.methods == ("dual_chunk",)  # one row, not two
+    with pytest.raises(ValueError, match=r"extend\.methods=.*'dca' and 'dual_chunk' are both dual_chunk"):
+        config(methods=["dca", "dual_chunk"])  # one method twice: refused, not silently one row
 
 
 def test_the_old_spelling_scalings_still_works():

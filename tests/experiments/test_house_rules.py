@@ -84,3 +84,12 @@ def test_git_ignores_no_source_file_of_the_package():
     if listed.returncode != 0:
         pytest.skip("not a git checkout")
     assert [f for f in listed.stdout.splitlines() if f.endswith((".py", ".yaml", ".cpp", ".h"))] == []
+
+
+@pytest.mark.parametrize("command", ["compare", "ladder", "tasks", "finetune"])
+def test_a_study_command_only_parses_and_hands_over(command):
+    """The run-folder lifecycle (folder, lock, run rule, report on interruption) lives in the study's run():
+    runs/lifecycle.py, the same for every study; the command file parses and hands the config over."""
+    source = (PACKAGE / "commands" / f"{command}.py").read_text()
+    assert "posenc.experiments.runs" not in source and "report_writer" not in source
+    assert len(source.splitlines()) <= 50

@@ -120,14 +120,14 @@ def test_a_stopped_ladder_is_reported_as_incomplete_never_as_a_mean_over_seeds()
 
 
 def test_an_interrupted_ladder_writes_the_report_of_what_finished_marked_incomplete(tmp_path, capsys, monkeypatch):
-    from posenc.commands import ladder as command
     from posenc.errors import Interrupted
+    from posenc.experiments.compare import ladder as study
 
     def stopped(cfg, run_dir, on_unit):
         on_unit([{"size": "1x8", "scheme": "none", "seed": 0, "status": "ok", "params": 1, "ppl": {1: 5.0, 2: 6.0}}])
         raise Interrupted("stopped by Ctrl-C", signum=2)
 
-    monkeypatch.setattr(command, "ladder", stopped)
+    monkeypatch.setattr(study, "ladder", stopped)
     tiny = [o for o in TINY if not o.startswith(("model.n_layer", "model.d_model"))]
     run = tmp_path / "run"
     code, _, _ = cli(capsys, "ladder", *tiny, "compare.seeds=[0]", "compare.schemes=[none,rope]",

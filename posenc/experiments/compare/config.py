@@ -9,6 +9,8 @@ from typing import ClassVar
 
 from posenc.data.tasks import TASKS, SplitTask, get_task
 from posenc.errors import bad_value
+from posenc.experiments.config import loader as config_loader
+from posenc.experiments.config import unused
 from posenc.experiments.config.fields import boolean, int_list, name_list
 from posenc.experiments.config.sections import TaskOptim
 from posenc.experiments.config.training_run import RunConfig
@@ -85,9 +87,24 @@ class CompareConfig(RunConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        for scheme in self.compare.schemes:  # every unit's model, not only the one model.* was checked with
+            try:
+                self.model.replace(position_embedding_type=scheme)
+            except ValueError as err:
+                raise bad_value("compare.schemes", list(self.compare.schemes), f"schemes the model.* options "
+                                f"fit ({scheme}: {err})") from None
         if 1 not in self.eval.length_multipliers:  # without it every scheme read "not converged"
             raise bad_value("eval.length_multipliers", list(self.eval.length_multipliers),
                             "a list holding 1: convergence and every Nx/1x ratio are judged at the training length")
+
+    def unused(self) -> dict[str, str]:
+        """Options no unit reads: other schemes' options, and the task's while task.name is null."""
+        out = {**unused.scheme_options(self.compare.schemes, f"compare.schemes is {list(self.compare.schemes)}"),
+               **unused.eval_options(self.eval)}
+        if not self.task.name:
+            out.update({f"task.{key}": "task.name is null (no task runs)" for key in config_loader.plain(self.task)
+                        if key != "name"})
+        return out
 
     def run_config(self, scheme: str, seed: int | None = None) -> RunConfig:
         """The `posenc train` config of one unit's language model."""

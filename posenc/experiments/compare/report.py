@@ -53,15 +53,22 @@ def _label(seeds: list[dict[str, Any]], multiplier: int) -> str | None:
     return None
 
 
-def leaderboard(units: Sequence[dict[str, Any]], schemes: Sequence[str], multipliers: Sequence[int]
-                ) -> tuple[list[dict[str, Any]], set[str], float]:
-    """One row per scheme: mean ± std per length, ratios, rank at the longest length; and the converged set."""
+def over_seeds(text: str, done: int, asked: int | None) -> str:
+    """A cell over fewer seeds than asked says so: never one seed's number passed off as the mean over seeds."""
+    return text if asked is None or done >= asked or not done else f"{text} ({done} of {asked} seeds)"
+
+
+def leaderboard(units: Sequence[dict[str, Any]], schemes: Sequence[str], multipliers: Sequence[int],
+                seeds_asked: int | None = None) -> tuple[list[dict[str, Any]], set[str], float]:
+    """One row per scheme: mean ± std per length, ratios, rank at the longest length; and the converged set.
+    With `seeds_asked`, a scheme with fewer finished seeds (a stopped run) says how many its numbers are over."""
     grouped = per_scheme(units, schemes)
     runs = runs_for_claims(grouped, multipliers)
     converged, best = converged_schemes(runs)
     longest = max(multipliers)
     spreads = {s: Spread(tuple(_value(u, longest) for u in grouped[s])) for s in schemes}
-    ranks = tied_ranks({s: spreads[s] for s in schemes if s in converged and spreads[s].complete})
+    whole = {s for s in schemes if seeds_asked is None or len(grouped[s]) >= seeds_asked}  # a stopped run: not ranked
+    ranks = tied_ranks({s: spreads[s] for s in schemes if s in converged and spreads[s].complete and s in whole})
     rows = []
     for s in schemes:
         seeds = grouped[s]
@@ -70,16 +77,18 @@ def leaderboard(units: Sequence[dict[str, Any]], schemes: Sequence[str], multipl
         for m in multipliers:
             spread = Spread(tuple(_value(u, m) for u in seeds))
             label = _label(seeds, m) or ("n/a" if not spread.finite else None)
-            row[f"ppl@{m}x"] = label or spread.text()
+            row[f"ppl@{m}x"] = label or over_seeds(spread.text(), len(seeds), seeds_asked)
             row[f"ppl@{m}x mean"], row[f"ppl@{m}x std"] = (label, label) if label else (spread.mean, spread.std)
             if m > 1:
                 ratio = ratios([_value(u, m) for u in seeds], [_value(u, 1) for u in seeds])
-                row[f"{m}x/1x"] = ratio.text() if ratio.finite else "n/a"
+                row[f"{m}x/1x"] = over_seeds(ratio.text(), len(seeds), seeds_asked) if ratio.finite else "n/a"
         bpb = Spread(tuple(float(u["bpb"][1]) for u in seeds if is_number(u.get("bpb", {}).get(1))))
         row["bpb@1x"] = bpb.text(3) if bpb.finite else "n/a"  # bits per byte: comparable across tokenizers
         shifts = [u["shift_dloss"] for u in seeds if is_number(u.get("shift_dloss"))]
         row["shift_dloss"] = max(shifts) if shifts else "n/a"
-        row["rank"] = NOT_RUN if not seeds else ranks.get(s, NOT_CONVERGED if s not in converged else "n/a")
+        partial = f"not ranked ({len(seeds)} of {seeds_asked} seeds)"
+        unranked = NOT_CONVERGED if s not in converged else "n/a" if s in whole else partial
+        row["rank"] = NOT_RUN if not seeds else ranks.get(s, unranked)
         row["converged"] = s in converged
         rows.append(row)
     order = {s: i for i, s in enumerate(schemes)}
@@ -88,15 +97,18 @@ def leaderboard(units: Sequence[dict[str, Any]], schemes: Sequence[str], multipl
     return sorted(rows, key=rank_key), converged, best
 
 
-def task_rows(units: Sequence[dict[str, Any]], schemes: Sequence[str], task: Any) -> list[dict[str, Any]]:
-    """Exact-match accuracy in distribution, at 2x and at 4x the task's training sizes: mean ± std."""
+def task_rows(units: Sequence[dict[str, Any]], schemes: Sequence[str], task: Any,
+              seeds_asked: int | None = None) -> list[dict[str, Any]]:
+    """Exact-match accuracy in distribution, at 2x and at 4x the task's training sizes: mean ± std ('not run'
+    for a scheme with no finished seed, 'diverged' where every finished seed's task model diverged)."""
     n, rows = task.train_len, []
     for s, seeds in per_scheme(units, schemes).items():
         row = {"scheme": s}
         for label, (low, high) in (("in", (1, n)), ("2x", (n + 1, 2 * n)), ("4x", (2 * n + 1, 4 * n))):
             per_seed = [sum(a for size, a in u["task_accuracy"].items() if low <= int(size) <= high) / (high - low + 1)
                         for u in seeds if "task_accuracy" in u]
-            row[f"{task.name}@{label}"] = Spread(tuple(per_seed)).text() if per_seed else DIVERGED
+            text = over_seeds(Spread(tuple(per_seed)).text(), len(per_seed), seeds_asked) if per_seed else DIVERGED
+            row[f"{task.name}@{label}"] = text if seeds else NOT_RUN
         rows.append(row)
     return rows
 
@@ -131,7 +143,7 @@ def report(units: Sequence[dict[str, Any]], cfg: Any, wall_seconds: float) -> Re
     L, e, c = cfg.data.seq_len, cfg.eval, cfg.compare
     unit = "byte" if cfg.data.tokenizer == "bytes" else "token"  # a byte-level token is a byte
     multipliers = list(e.length_multipliers)
-    rows, converged, best = leaderboard(units, c.schemes, multipliers)
+    rows, converged, best = leaderboard(units, c.schemes, multipliers, len(c.seeds))
     grouped = per_scheme(units, c.schemes)
     # An interrupted run: a claim is judged only on schemes with every seed ("on every seed" means every seed
     # asked for), the others are not in its evidence.
@@ -159,7 +171,7 @@ def report(units: Sequence[dict[str, Any]], cfg: Any, wall_seconds: float) -> Re
              f"(shift-invariant schemes must show none). '{BEYOND_TABLE}': positions past a learned table; "
              f"'{DIVERGED}': the training loss stopped being finite (no results for that seed). Speed is not "
              f"measured here (a shared machine distorts it): `posenc bench` measures it side by side.")
-    if len(units) < len(c.schemes) * len(c.seeds):
+    if len({(u["scheme"], u["seed"]) for u in units}) < len(c.schemes) * len(c.seeds):
         short = [f"{s} {len(grouped[s])} of {len(c.seeds)}" for s in c.schemes if len(grouped[s]) < len(c.seeds)]
         intro += (f" INTERRUPTED: {len(units)} of {len(c.schemes) * len(c.seeds)} models finished (seeds finished: "
                   f"{'; '.join(short)}); '{NOT_RUN}' marks a scheme with none, and a claim is judged only on "
@@ -177,9 +189,12 @@ def report(units: Sequence[dict[str, Any]], cfg: Any, wall_seconds: float) -> Re
         tables.insert(1, Table("task", f"{t.name}: a {t.n_layer}-layer d_model-{t.d_model} model per scheme and "
                                        f"seed, {t.max_steps} steps at sizes 1..{t.train_len}; exact match",
                                ["scheme", *[f"{t.name}@{b}" for b in ("in", "2x", "4x")]],
-                               task_rows(units, c.schemes, t)))
+                               task_rows(units, c.schemes, t, len(c.seeds))))
+    held = {(u["scheme"], u["seed"]) for u in units}
+    not_run = [f"{s} seed {seed}" for s in c.schemes for seed in c.seeds if (s, seed) not in held]
     results = {"units": list(units), "leaderboard": rows, "claims": claims, "converged": sorted(converged),
-               "best_ppl@1x": best if math.isfinite(best) else DIVERGED}
+               "best_ppl@1x": best if math.isfinite(best) else DIVERGED, "complete": not not_run,
+               "not_run": not_run}
     plots = _plots(units, c.schemes, multipliers, L, unit)
     return Report("posenc: train short, test long", intro, tables, plots, results)
 
@@ -191,4 +206,4 @@ def rerender(run_dir: Path, stored: dict[str, Any]) -> Path:
     """`posenc report`: the report again from the saved units and run.json (its settings and wall time)."""
     cfg = config_loader.build(CompareConfig, stored["config"])
     wall = float(stored.get("wall_seconds") or 0.0)
-    return report_writer.write(run_dir, report(load_units(run_dir), cfg, wall))[-1]
+    return report_writer.write(run_dir, report(load_units(run_dir, cfg.compare), cfg, wall))[-1]

@@ -11,9 +11,11 @@ from typing import Any
 
 from posenc.atomic_files import write_json
 from posenc.errors import bad_value
+from posenc.experiments.evaluation.perplexity import BEYOND_TABLE, NOT_FINITE
 
 DIVERGED = "diverged"  # a training loss that stopped being finite: the unit has no results
 RESULTS = "results.json"
+LABELS = (BEYOND_TABLE, NOT_FINITE)  # what a cell holds instead of a number (evaluation.perplexity and .shift)
 INT_KEYED = ("ppl", "bpb", "shift_loss_change", "task_accuracy")  # length multiplier (ppl, bpb), offset, problem size
 
 
@@ -22,9 +24,10 @@ def save_units(run_dir: Path, units: list[dict[str, Any]]) -> Path:
     return write_json(Path(run_dir) / RESULTS, {"units": units})
 
 
-def load_units(run_dir: Path) -> list[dict[str, Any]]:
+def load_units(run_dir: Path, asked: Any = None) -> list[dict[str, Any]]:
     """The saved units, checked as a whole (a hand-edited file included): one line naming the file and
-    what is wrong, never a traceback from deep in the report."""
+    what is wrong, never a traceback from deep in the report. With `asked` (the run's compare section), each
+    unit is one the run asked for, and none is there twice (a duplicate would count as a seed)."""
     path = Path(run_dir) / RESULTS
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -33,7 +36,18 @@ def load_units(run_dir: Path) -> list[dict[str, Any]]:
     units = data.get("units") if isinstance(data, dict) else None
     if not isinstance(units, list):
         raise bad_value("results", str(path), "a JSON object whose 'units' is a list (of scheme x seed results)")
-    return [_checked_unit(path, i, unit) for i, unit in enumerate(units)]
+    checked = [_checked_unit(path, i, unit) for i, unit in enumerate(units)]
+    seen: set[tuple] = set()
+    for i, unit in enumerate(checked):
+        key = (unit.get("size"), unit["scheme"], unit["seed"])  # a ladder's units carry their size
+        if key in seen:
+            raise bad_value(f"results units[{i}]", f"{unit['scheme']} seed {unit['seed']}",
+                            f"each (scheme, seed) once ({path})")
+        seen.add(key)
+        if asked is not None and (unit["scheme"] not in asked.schemes or unit["seed"] not in asked.seeds):
+            raise bad_value(f"results units[{i}]", f"{unit['scheme']} seed {unit['seed']}", f"a unit of this run: "
+                            f"compare.schemes {list(asked.schemes)} x seeds {list(asked.seeds)} ({path})")
+    return checked
 
 
 def _checked_unit(path: Path, index: int, unit: Any) -> dict[str, Any]:
@@ -53,7 +67,13 @@ def _checked_unit(path: Path, index: int, unit: Any) -> dict[str, Any]:
         if not isinstance(table, dict) or not all(isinstance(k, str) and k.lstrip("-").isdigit() for k in table) \
                 or not all(v is None or isinstance(v, (int, float, str)) for v in table.values()):
             raise bad(f"{key} as an object from integers to numbers or labels")
+        labels = [v for v in table.values() if isinstance(v, str) and v not in LABELS]
+        if labels:
+            raise bad(f"{key} values that are numbers or one of {', '.join(LABELS)} (not {labels[0]!r})")
         tables[key] = {int(k): (math.nan if v is None else v) for k, v in table.items()}
+    for key in ("final_train_loss", "shift_dloss", "seconds", "params"):
+        if key in unit and not (unit[key] is None or isinstance(unit[key], (int, float)) or unit[key] in LABELS):
+            raise bad(f"{key} as a number")
     if unit["status"] == "ok" and "ppl" not in unit:
         raise bad("a finished unit with its ppl table")
     return {**unit, **tables}

@@ -15,13 +15,16 @@ from tqdm import tqdm
 from posenc.data.tokenizer import encode_corpus, load_tokenizer
 from posenc.data.tokens import load_corpus
 from posenc.errors import RunFailed
-from posenc.experiments.compare.config import CompareConfig
-from posenc.experiments.compare.results import DIVERGED
+from posenc.experiments import report_writer
+from posenc.experiments.compare.config import RULE, CompareConfig
+from posenc.experiments.compare.results import DIVERGED, RESULTS, failed, load_units, save_units
 from posenc.experiments.config.sections import run_device
 from posenc.experiments.evaluation.perplexity import scores_by_length, training_fit
 from posenc.experiments.evaluation.shift import loss_change, shift_test
 from posenc.experiments.evaluation.task_accuracy import accuracy_by_length
 from posenc.experiments.report_writer import is_number
+from posenc.experiments.runs.lifecycle import run_folder
+from posenc.experiments.runs.rule import Run
 from posenc.experiments.training import preflight
 from posenc.experiments.training.language_model import train
 from posenc.experiments.training.parallel import default_workers, run_units
@@ -102,4 +105,30 @@ def compare(cfg: CompareConfig, run_dir: Path, on_unit=None) -> list[dict[str, A
     return units
 
 
-__all__ = ["compare", "preflight_all", "run_unit"]
+def run(cfg: CompareConfig, run_dir: Path | None) -> int:
+    """`posenc compare`: the units in a run folder (a new one, or `run_dir` to continue), then the report; a
+    stopped run leaves the report of the units that finished, marked incomplete."""
+    from posenc.experiments.compare.report import report
+
+    corpus = preflight_all(cfg)  # every scheme's model sized against memory and the text before any training
+    stopped = lambda opened: _report_saved(opened, cfg, report)
+    # run.json's wall time is written before each unit's results, so the time of every saved unit survives a kill.
+    with run_folder(run_dir, cfg.out_dir, RULE, cfg.to_dict(), corpus, on_stop=stopped) as opened:
+        units = compare(cfg, opened.path, on_unit=lambda done: (opened.tick(force=True),
+                                                                save_units(opened.path, done)))
+        files = report_writer.write(opened.path, report(units, cfg, opened.wall_seconds))
+    print(f"run folder: {opened.path}\nreport:     {files[-1]}")
+    if failed(units):
+        raise RunFailed(f"{', '.join(failed(units))} diverged (reported as '{DIVERGED}', with no numbers); "
+                        f"the other models' results are in {opened.path}")
+    return 0
+
+
+def _report_saved(opened: Run, cfg: Any, report: Any) -> None:
+    """The report of the units saved so far (a stopped run), marked incomplete; nothing when none finished."""
+    if (opened.path / RESULTS).is_file():
+        report_writer.write(opened.path, report(load_units(opened.path, cfg.compare), cfg, opened.wall_seconds),
+                            echo=False)
+
+
+__all__ = ["compare", "preflight_all", "run", "run_unit"]

@@ -15,13 +15,21 @@ def int_list(name: str, value: Any, low: int, high: int | None = None, why: str 
     if not ok:
         span = f">= {low}" if high is None else f"in [{low}, {high:,}]{f' ({why})' if why else ''}"
         raise bad_value(name, value, f"a non-empty list of integers {span}, e.g. [{low}, {max(low, 1) * 2}]")
-    return tuple(value)
+    return distinct(name, tuple(value))
 
 
 def name_list(name: str, value: Any) -> tuple[str, ...]:
     if not isinstance(value, (list, tuple)) or not value or not all(isinstance(v, str) and v for v in value):
         raise bad_value(name, value, "a non-empty list of names, e.g. [rope, alibi]")
-    return tuple(value)
+    return distinct(name, tuple(value))
+
+
+def distinct(name: str, values: tuple) -> tuple:
+    """A list of units or lengths names each once: a repeat would run (or count) the same thing twice."""
+    repeated = [v for i, v in enumerate(values) if v in values[:i]]
+    if repeated:
+        raise bad_value(name, list(values), f"distinct values ({repeated[0]!r} is listed twice)")
+    return values
 
 
 def boolean(name: str, value: Any) -> None:

@@ -100,6 +100,7 @@ def load(schema: type[S], path: str | Path | None = None, overrides: list[str] |
     layers = ([_yaml(path)] if path is not None else []) + [_override(schema, item) for item in overrides]
     layers = [_renamed(schema, layer, notice=True) for layer in layers]
     sections = {f.name for f in dataclasses.fields(schema) if is_section(getattr(default, f.name))}
+    given = _given(layers, sections)
     for layer in layers:
         for key, value in layer.items():
             if key in sections:
@@ -109,7 +110,33 @@ def load(schema: type[S], path: str | Path | None = None, overrides: list[str] |
                 merged[key] = {**merged[key], **value}
             else:
                 merged[key] = value
-    return build(schema, merged)
+    config = build(schema, merged)
+    check_used(config, given)
+    return config
+
+
+def _given(layers: list[dict[str, Any]], sections: set[str]) -> dict[str, Any]:
+    """Every dotted key the YAML file or an override sets, with its value (the last one given)."""
+    out: dict[str, Any] = {}
+    for layer in layers:
+        for key, value in layer.items():
+            if key in sections and isinstance(value, dict):
+                out.update({f"{key}.{option}": v for option, v in value.items()})
+            else:
+                out[key] = value
+    return out
+
+
+def check_used(config: Any, given: dict[str, Any]) -> None:
+    """Refuse a key set by the user that this config never reads (its `unused()`: dotted key, or `section.`
+    for a whole section -> why), so no value is recorded in run.json and silently ignored."""
+    unused = getattr(config, "unused", None)
+    if unused is None:
+        return
+    for key, why in unused().items():
+        for name, value in given.items():
+            if name == key or (key.endswith(".") and name.startswith(key)):
+                raise bad_value(name, value, f"not used here: {why}")
 
 
 def build(schema: type[S], data: dict[str, Any]) -> S:

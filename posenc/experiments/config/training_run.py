@@ -11,6 +11,7 @@ from typing import Any
 from posenc.data.tokenizer import load_tokenizer
 from posenc.errors import bad_value
 from posenc.experiments.config import loader as config_loader
+from posenc.experiments.config import unused
 from posenc.experiments.config.fields import path_text
 from posenc.experiments.config.sections import DataConfig, EvalConfig, TrainerConfig
 from posenc.models.config import GPTConfig
@@ -37,6 +38,12 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return config_loader.as_dict(self)
+
+    def unused(self) -> dict[str, str]:
+        """Options this run never reads (config.loader refuses them when given)."""
+        name = self.model.position_embedding_type
+        return {**unused.scheme_options([name], f"model.position_embedding_type is {name}"),
+                **unused.eval_options(self.eval)}
 
 
 

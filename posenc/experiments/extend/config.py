@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 from posenc.data.corpus import SOURCES
 from posenc.errors import bad_value, unknown_name
 from posenc.experiments.config import loader as config_loader
+from posenc.experiments.config.fields import distinct
 from posenc.experiments.config.sections import DEVICE_NAME
 from posenc.experiments.extend.long_context import DTYPES
 from posenc.experiments.extend.methods import ALIASES, EXTENSIONS, build_method, canonical, check_method_options
@@ -36,6 +37,7 @@ def _positive_ints(name: str, values: Any, least: int) -> None:
     if (not isinstance(values, tuple) or not values
             or any(not isinstance(n, int) or isinstance(n, bool) or n < least for n in values)):
         raise bad_value(name, values, f"one or more integers >= {least}")
+    distinct(name, values)
 
 
 def _integer(name: str, value: Any, least: int | None = None) -> None:
@@ -62,10 +64,22 @@ class SweepOptions:
                 raise unknown_name("extend.metric", self.metric, [*METRICS, "e.g. passkey,ruler"])
         if not isinstance(self.methods, tuple) or not self.methods:
             raise bad_value("extend.methods", self.methods, f"one or more of {', '.join([*PRESETS, *EXTENSIONS])}")
-        object.__setattr__(self, "methods", tuple(dict.fromkeys(canonical(name) for name in self.methods)))
+        names = tuple(canonical(name) for name in self.methods)
+        for i, name in enumerate(names):  # `dca` and `dual_chunk` are one method: a repeat would run it twice
+            if name in names[:i]:
+                first = self.methods[names.index(name)]
+                twice = (f"{name!r} is listed twice" if first == self.methods[i]
+                         else f"{first!r} and {self.methods[i]!r} are both {name}")
+                raise bad_value("extend.methods", list(self.methods), f"distinct methods ({twice})")
+        object.__setattr__(self, "methods", names)
         check_method_options(self.method_options)
         options = {ALIASES.get(k, k): dict(v) for k, v in self.method_options.items()}
         object.__setattr__(self, "method_options", options)
+        maps = {name.split("+")[0] for name in self.methods}
+        for name in options:  # options of a map no row uses would be recorded and never read
+            if name not in maps:
+                raise bad_value(f"extend.method_options.{name}", options[name], f"options of a map in extend.methods "
+                                f"({', '.join(self.methods)}): add {name} to extend.methods, or drop its options")
         for name in self.methods:  # a bad map option is one line now, not after the model loads
             build_method(name, Target(2.0, 8192, 64, 10000.0), options)
         number = isinstance(self.factor, (int, float)) and not isinstance(self.factor, bool)
@@ -167,6 +181,7 @@ class PasskeyOptions:
             isinstance(d, (int, float)) and not isinstance(d, bool) and 0.0 <= d <= 1.0 for d in self.depths)
         if not self.depths or not fractions:
             raise bad_value("passkey.depths", self.depths, "one or more fractions in [0, 1]")
+        distinct("passkey.depths", self.depths)
 
 
 # Keys of the flat config of earlier versions -> their dotted names now (config.loader reads both).
@@ -223,6 +238,20 @@ class ExtendConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return config_loader.as_dict(self)
+
+    def unused(self) -> dict[str, str]:
+        """Options of a measurement extend.metric does not take (passkey.lengths also serves ruler)."""
+        measures, out = self.measures, {}
+        why = lambda what: f"extend.metric={self.extend.metric} does not measure {what}"
+        if "ruler" not in measures:
+            out["ruler."] = why("ruler")
+        if "passkey" not in measures:
+            out.update({f"passkey.{key}": why("passkey") for key in ("depths", "trials", "trial_tokens", "seed")})
+            if "ruler" not in measures:
+                out["passkey.lengths"] = why("passkey or ruler")
+        if "ppl" not in measures:
+            out["perplexity.windows"] = why("ppl")
+        return out
 
 
 def presets() -> list[str]:

@@ -27,7 +27,10 @@ ALIASES = {"dca": "dual_chunk"}  # the name the ChunkLlama paper and vLLM use
 
 
 def self_extend_options(t: Target) -> dict[str, Any]:
-    window = max(1, t.trained // 4)
+    window = t.trained // 4
+    if window < 2:  # a window of 1 keeps only the query's own position exact: not Self-Extend's neighbour window
+        raise bad_value("extend.method_options", {"self_extend": {}}, f"self_extend's window given (its default, "
+                        f"a quarter of the trained context {t.trained}, is {window}: no neighbour window)")
     target_length = max(t.trained, round(t.factor * t.trained))
     group = 1
     while (target_length - 1) // group + window - window // group > t.trained - 1:
@@ -97,3 +100,15 @@ def check_method_options(options: Any) -> None:
     for name in options:
         if ALIASES.get(name, name) not in EXTENSIONS:
             raise unknown_name("extend.method_options", name, EXTENSIONS)
+        for option, why in DEGENERATE.items():
+            map_name, _, key = option.partition(".")
+            if ALIASES.get(name, name) == map_name and options[name].get(key) == 1:
+                raise bad_value(f"extend.method_options.{name}.{key}", 1, f"at least 2 ({why})")
+
+
+# Map options whose value 1 leaves the map with nothing to do, or nothing to attend to.
+DEGENERATE = {"self_extend.group_size": "a group of 1 keeps every position: the row would be `none`",
+              "self_extend.window": "a window of 1 keeps only the query's own position exact",
+              "dual_chunk.chunk_size": "a chunk of 1 token leaves no intra-chunk positions",
+              "lm_infinite.window": "a local branch of 1 key attends only to itself",
+              "attention_sinks.window": "a window of 1 key attends only to itself"}

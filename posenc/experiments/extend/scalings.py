@@ -22,43 +22,12 @@ sees.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from posenc.rotary.scaling import SEQ_LEN_DEPENDENT, rope_type, yarn_ramp
+from posenc.experiments.rope_presets import PRESETS, Target, longrope_long_factors
+from posenc.rotary.scaling import SEQ_LEN_DEPENDENT, rope_type
 
-
-@dataclass(frozen=True)
-class Target:
-    """What a preset needs to know: the extension factor and the model's RoPE."""
-
-    factor: float
-    trained: int  # trained context: HF's (original_)max_position_embeddings
-    rot_dim: int
-    base: float
-
-
-def longrope_long_factors(t: Target) -> list[float]:
-    """Per-pair rescale factors (R/2,). LongRoPE finds them by an evolutionary search over
-    perplexity at the target length, seeded with PI, NTK and YaRN; no searched factors exist for
-    SmolLM2, so we use the YaRN seed: 1 for pairs that turn many times over the trained context,
-    `factor` for the slowest pairs, YaRN's ramp between (its eq. 18-19)."""
-    ramp = yarn_ramp(t.rot_dim, t.base, t.trained, beta_fast=32.0, beta_slow=1.0, truncate=True)
-    return (1.0 / (ramp / t.factor + (1.0 - ramp))).tolist()
-
-
-PRESETS: dict[str, Callable[[Target], dict[str, Any] | None]] = {
-    "none": lambda t: None,
-    "linear": lambda t: {"rope_type": "linear", "factor": t.factor},
-    "ntk": lambda t: {"rope_type": "ntk", "factor": t.factor},
-    "dynamic": lambda t: {"rope_type": "dynamic", "factor": t.factor},
-    "yarn": lambda t: {"rope_type": "yarn", "factor": t.factor, "original_max_position_embeddings": t.trained},
-    "llama3": lambda t: {"rope_type": "llama3", "factor": t.factor, "low_freq_factor": 1.0,
-                         "high_freq_factor": 4.0, "original_max_position_embeddings": t.trained},
-    # short factors 1: inside the trained context LongRoPE is RoPE (times its attention factor).
-    "longrope": lambda t: {"rope_type": "longrope", "factor": t.factor, "original_max_position_embeddings": t.trained,
-                           "short_factor": [1.0] * (t.rot_dim // 2), "long_factor": longrope_long_factors(t)},
-}
+__all__ = ["HOLDERS", "PRESETS", "Target", "held", "longrope_long_factors"]  # the presets live in rope_presets
 
 
 def _hold_dynamic(scaling: Mapping[str, Any], length: int, trained: int) -> dict[str, Any]:

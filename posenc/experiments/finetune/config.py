@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 from posenc.errors import bad_value, unknown_name
 from posenc.experiments.config import loader as config_loader
+from posenc.experiments.config import unused
 from posenc.experiments.config.fields import boolean, int_list, name_list, path_text, set_field
 from posenc.experiments.config.sections import DEVICE_NAME, DataConfig, OptimConfig
 from posenc.experiments.finetune.methods import METHODS
@@ -164,6 +166,16 @@ class FinetuneConfig:
             raise bad_value("passkey.length_multipliers", list(self.passkey.length_multipliers),
                             "a list holding 1: the base must retrieve at its trained length")
 
+    def unused(self) -> dict[str, str]:
+        """Options no unit reads: other schemes' options; with finetune.base, the model trained here."""
+        name = self.model.position_embedding_type
+        out = unused.scheme_options([name], f"model.position_embedding_type is {name}")
+        if self.finetune.base is not None:
+            why = f"finetune.base={self.finetune.base} is the model (none is trained here)"
+            out.update({"pretrain.": why, **{f"model.{key}": why for key in config_loader.plain(self.model)
+                                             if key != "position_embedding_type"}})
+        return out
+
     @property
     def target_multiplier(self) -> int:
         f = self.finetune.factor
@@ -197,6 +209,19 @@ def resolved(cfg: FinetuneConfig) -> FinetuneConfig:
 
 def load_finetune_config(path: str | None, overrides: list[str] | tuple[str, ...] = ()) -> FinetuneConfig:
     return resolved(config_loader.load(FinetuneConfig, path, overrides))
+
+
+def requested_config(run_dir: Path | None, path: str | None, overrides: list[str] | tuple[str, ...]) -> FinetuneConfig:
+    """What `posenc finetune` was asked to run: a bare `--run-dir` of an existing run continues it with its own
+    settings (run.json); anything given with it is loaded as for a new run, and the run rule names a change."""
+    from posenc.experiments.runs import manifest
+
+    stored = manifest.read(run_dir) if run_dir is not None and run_dir.is_dir() else None
+    if stored is None or overrides or path is not None:
+        return load_finetune_config(path, overrides)
+    if stored.get("command") != "finetune":
+        raise bad_value("run_dir", str(run_dir), "a posenc finetune run folder")
+    return resolved(config_loader.build(FinetuneConfig, stored["config"]))
 
 
 # What a continued run may change: how it runs, never what it measures.

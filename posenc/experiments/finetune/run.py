@@ -9,7 +9,6 @@ is rewritten after every unit, so a kill loses at most the steps since a unit's 
 
 from __future__ import annotations
 
-import contextlib
 import random
 from pathlib import Path
 from typing import Any
@@ -28,9 +27,8 @@ from posenc.experiments.finetune.pretrain import base_finished, train_base
 from posenc.experiments.finetune.report import MARKDOWN, finetune_report
 from posenc.experiments.finetune.retrieval import Retrieval
 from posenc.experiments.finetune.tune import finetune_unit, unit_dir
-from posenc.experiments.runs import manifest
-from posenc.experiments.runs.files import new_run_dir, removed_if_unused
-from posenc.experiments.runs.rule import Run, open_run
+from posenc.experiments.runs.lifecycle import run_folder
+from posenc.experiments.runs.rule import Run
 from posenc.experiments.training import preflight
 from posenc.experiments.training.parallel import default_workers, run_units
 
@@ -64,10 +62,8 @@ def _check_passkey_lengths(cfg: FinetuneConfig, retrieval: Retrieval) -> None:
 
 def run(cfg: FinetuneConfig, run_dir: Path | None) -> int:
     corpus = preflight_all(cfg)
-    created = run_dir is None or not run_dir.exists()
-    run_dir = run_dir or new_run_dir(cfg.out_dir, "finetune")
-    with removed_if_unused(run_dir, manifest.holds_results) if created else contextlib.nullcontext(), \
-            open_run(run_dir, RULE, cfg.to_dict(), corpus) as opened:
+    with run_folder(run_dir, cfg.out_dir, RULE, cfg.to_dict(), corpus) as opened:
+        run_dir = opened.path
         _check_kept(cfg, run_dir)
         bases = _bases(cfg, run_dir, opened)
         units = _finetune(cfg, run_dir, opened, bases)

@@ -9,8 +9,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from posenc.data.tasks import TASKS, get_task
+from posenc.data.tasks import TASKS, SplitTask, get_task
 from posenc.experiments.config import loader as config_loader
+from posenc.experiments.config import unused
 from posenc.experiments.config.fields import boolean, int_list, name_list, path_text
 from posenc.experiments.config.sections import TaskOptim
 from posenc.experiments.runs.rule import RunRule
@@ -72,6 +73,15 @@ class TasksConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return config_loader.as_dict(self)
+
+    def unused(self) -> dict[str, str]:
+        """Options no entry reads: other schemes' options; test_max_len when every task is a split task."""
+        b = self.leaderboard
+        out = unused.scheme_options({label.split("+")[0] for label in b.schemes},
+                                    f"leaderboard.schemes is {list(b.schemes)}")
+        if all(isinstance(get_task(name), SplitTask) for name in b.tasks):
+            out["leaderboard.test_max_len"] = f"split tasks test at their own sizes ({', '.join(b.tasks)})"
+        return out
 
 
 def resolved(cfg: TasksConfig) -> TasksConfig:

@@ -3,20 +3,21 @@ mean and spread over seeds, per size the mean and min..max band; and the Report 
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
 from posenc.data.tasks import SplitTask, get_task
-from posenc.errors import bad_value
 from posenc.experiments import report_writer
 from posenc.experiments.report_writer import Plot, Report, Table
 from posenc.experiments.tasks.claims import RULE as CLAIM_RULE
 from posenc.experiments.tasks.claims import judge_all
+from posenc.experiments.tasks.results import not_run, read_rows
+from posenc.experiments.tasks.run import diverged, measured
 
 FIELDS = ["scheme", "task", "seed", "split", "length", "accuracy"]  # split: only a split task's rows
+NOT_RUN = "not run"  # a unit a stopped run never reached: neither a result nor a divergence
 
 
 def bucket(length: int, train_len: int) -> str:
@@ -47,14 +48,20 @@ def summarize(rows: Sequence[dict], train_len: int) -> list[dict]:
             for (s, t, b), v in per_bucket.items()]
 
 
-def grid(summary: Sequence[dict]) -> tuple[list[str], list[dict]]:
-    """(columns, rows): one row per task x scheme, `mean ± std` per length bucket, schemes side by side."""
+def grid(summary: Sequence[dict], seeds_asked: int | None = None) -> tuple[list[str], list[dict]]:
+    """(columns, rows): one row per task x scheme, `mean ± std` per length bucket, schemes side by side; a cell
+    over fewer seeds than asked (a stopped run) says how many."""
     names = list(dict.fromkeys(row["bucket"] for row in summary))  # in first-seen (length) order
-    cells = {(r["task"], r["scheme"], r["bucket"]): f"{r['mean']:.2f} ± {r['spread']:.2f}" for r in summary}
+    cells = {(r["task"], r["scheme"], r["bucket"]): _over_seeds(f"{r['mean']:.2f} ± {r['spread']:.2f}", r["seeds"],
+                                                                seeds_asked) for r in summary}
     schemes = dict.fromkeys(r["scheme"] for r in summary)
     rows = [{"task": task, "scheme": scheme, **{b: cells.get((task, scheme, b), "-") for b in names}}
             for task in dict.fromkeys(r["task"] for r in summary) for scheme in schemes]
     return ["task", "scheme", *names], rows
+
+
+def _over_seeds(text: str, done: int, asked: int | None) -> str:
+    return text if asked is None or done >= asked else f"{text} ({done} of {asked} seeds)"
 
 
 def curves(rows: Sequence[dict], task: str) -> dict[str, tuple[list[int], list[float], list[float], list[float]]]:
@@ -85,13 +92,23 @@ def diverged_units(diverged: Sequence[dict]) -> str:
     return "; ".join(f"{d['scheme']} on {d['task']}, seed {d['seed']}" for d in diverged)
 
 
-def grid_table(summary: Sequence[dict], name: str, title: str, tasks: Sequence[str], lost: Sequence[dict]) -> Table:
+def grid_table(summary: Sequence[dict], name: str, title: str, tasks: Sequence[str], lost: Sequence[dict],
+               config: dict) -> Table:
     """The grid of `tasks` (length tasks by bucket, split tasks by split); a scheme x task with no seed left reads
-    `diverged`."""
-    columns, table = grid([r for r in summary if r["task"] in tasks])
-    for d in lost:
-        if d["task"] in tasks and not any(r["task"] == d["task"] and r["scheme"] == d["scheme"] for r in table):
-            table.append({"task": d["task"], "scheme": d["scheme"], **{c: "diverged" for c in columns[2:]}})
+    `diverged`, one that a stopped run never reached `not run`."""
+    b = config["leaderboard"]
+    columns, found = grid([r for r in summary if r["task"] in tasks], len(b["seeds"]))
+    cells = {(r["task"], r["scheme"]): r for r in found}
+    table = []
+    for task in tasks:
+        for scheme in b["schemes"]:
+            diverged = any(d["task"] == task and d["scheme"] == scheme for d in lost)
+            empty = "diverged" if diverged else NOT_RUN
+            row = cells.get((task, scheme), {"task": task, "scheme": scheme})
+            table.append({**row, **{c: row.get(c, empty) for c in columns[2:]}})
+    if len(columns) == 2:  # no measured row at all
+        columns = [*columns, "accuracy"]
+        table = [{**row, "accuracy": row.get("accuracy", NOT_RUN)} for row in table]
     return Table(name, title, columns, table, group="task")
 
 
@@ -106,11 +123,17 @@ def leaderboard_report(rows: Sequence[dict], summary: Sequence[dict], config: di
              "Exact match of the greedy answer; mean ± std over seeds of each seed's bucket mean.")
     if lost:
         intro += f" Diverged, so not in the means: {diverged_units(lost)}."
+    missing = not_run([*rows, *lost], config)
+    if missing:
+        total = len(b["schemes"]) * len(b["tasks"]) * len(b["seeds"])
+        intro += (f" INTERRUPTED: {total - len(missing)} of {total} runs finished; '{NOT_RUN}': "
+                  f"{diverged_units([u.__dict__ for u in missing])}. Numbers over fewer seeds say so; "
+                  "`posenc tasks --run-dir DIR` with the same settings completes the run.")
     split_tasks = [t for t in b["tasks"] if isinstance(get_task(t), SplitTask)]
     if split_tasks:
         intro += (" Split tasks train at one size and are tested at it on every distribution: "
                   + "; ".join(get_task(t).describe() for t in split_tasks) + ".")
-    tables = [grid_table(summary, name, title, tasks, lost) for name, title, tasks in (
+    tables = [grid_table(summary, name, title, tasks, lost, config) for name, title, tasks in (
         ("leaderboard", "exact-match accuracy by problem size: mean ± std over seeds",
          [t for t in b["tasks"] if t not in split_tasks]),
         ("splits", "split tasks (Golovneva et al. 2024), exact match at one size per distribution: mean ± std over "
@@ -123,26 +146,30 @@ def leaderboard_report(rows: Sequence[dict], summary: Sequence[dict], config: di
     tables.append(Table("results", "every test size", FIELDS, list(rows), shown=False))
     return Report("Length generalisation on algorithmic tasks", intro, tables,
                   [accuracy_plot(rows, task, b["train_len"]) for task in b["tasks"] if task not in split_tasks],
-                  results | {"claims": claims})
+                  results | {"claims": claims, "complete": not missing,
+                             "not_run": [f"{u.scheme} on {u.task}, seed {u.seed}" for u in missing]})
+
+
+def results_of(rows: Sequence[dict], config: dict) -> dict:
+    """results.json's content for these rows (measured and diverged): the report adds its summary, claims and
+    whether the run is complete."""
+    b = config["leaderboard"]
+    lengths = list(range(1, (b["test_max_len"] or 4 * b["train_len"]) + 1))
+    return {"config": config, "test_lengths": lengths, "rows": measured(rows), "diverged": diverged(rows)}
+
+
+def full_report(rows: Sequence[dict], config: dict) -> Report:
+    """The report of every row a run holds, in the order the options name its units."""
+    b = config["leaderboard"]
+    order = lambda r: (b["schemes"].index(r["scheme"]), b["tasks"].index(r["task"]), b["seeds"].index(r["seed"]),
+                       r.get("length", 0))
+    rows = sorted(rows, key=order)
+    summary = summarize(measured(rows), b["train_len"])
+    return leaderboard_report(measured(rows), summary, config, results_of(rows, config) | {"summary": summary})
 
 
 def rerender(run_dir: Path, stored: dict) -> Path:
-    """`posenc report`: the leaderboard again from results.json (its rows, and its summary when complete)."""
-    path = Path(run_dir) / "results.json"
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as err:
-        raise bad_value("results", str(path), f"a readable results.json of `posenc tasks` ({err})") from None
-    rows = data.get("rows") if isinstance(data, dict) else None
-    if not isinstance(rows, list) or not all(isinstance(r, dict) and isinstance(r.get("scheme"), str)
-                                             and isinstance(r.get("task"), str) and isinstance(r.get("seed"), int)
-                                             and isinstance(r.get("length"), int)
-                                             and isinstance(r.get("accuracy"), (int, float)) for r in rows):
-        raise bad_value("results", str(path), "a JSON object whose 'rows' are {scheme, task, seed, length, "
-                                              "accuracy} records")
-    if not isinstance(data.get("test_lengths"), list) or not data["test_lengths"]:
-        raise bad_value("results", str(path), "a JSON object with its test_lengths")
-    summary = summarize(rows, stored["config"]["leaderboard"]["train_len"])  # from the rows: never a stale copy
-    data.setdefault("diverged", [])
-    return report_writer.write(run_dir, leaderboard_report(data["rows"], summary, stored["config"], data),
-                               markdown="leaderboard.md")[-1]
+    """`posenc report`: the leaderboard again from results.json, checked whole first (its rows; the summary, the
+    claims and whether it is complete are worked out again, never read)."""
+    rows = read_rows(Path(run_dir), stored["config"])
+    return report_writer.write(run_dir, full_report(rows, stored["config"]), markdown="leaderboard.md")[-1]

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from tqdm.auto import tqdm
 
@@ -87,6 +89,39 @@ def run_unit(cfg: GPTConfig, unit: Unit, budget: Budget) -> list[dict]:
         rows += [{"scheme": unit.scheme, "task": unit.task, "seed": unit.seed, "length": n, "accuracy": acc,
                   **({"split": split} if split is not None else {})} for n, acc in accuracy.items()]
     return rows
+
+
+def run(cfg: Any, run_dir: Path | None) -> int:
+    """`posenc tasks`: every (entry, task, seed) unit in a run folder (a new one, or `run_dir` to continue: its
+    saved rows checked whole first, finished units kept), then the report; results.json is rewritten after each
+    unit, and a stopped run leaves the report of the units that finished, marked incomplete."""
+    from posenc.atomic_files import write_json
+    from posenc.experiments import report_writer
+    from posenc.experiments.runs.lifecycle import run_folder
+    from posenc.experiments.tasks.config import RULE
+    from posenc.experiments.tasks.report import diverged_units, full_report, results_of
+    from posenc.experiments.tasks.results import read_rows, units_in
+    from posenc.experiments.training.parallel import default_workers
+
+    b, config, rows = cfg.leaderboard, cfg.to_dict(), []
+    stopped = lambda opened: report_writer.write(opened.path, full_report(rows, config), markdown="leaderboard.md",
+                                                 echo=False)
+    with run_folder(run_dir, cfg.out_dir, RULE, config, on_stop=stopped) as opened:
+        rows += read_rows(opened.path, config) if opened.resumed else []  # measured rows and diverged units
+
+        def save_partial(_unit: Unit, new: list[dict]) -> None:  # a crash loses at most the runs in progress
+            rows.extend(new)
+            opened.tick(force=True)  # first: a saved unit's time is always in run.json
+            write_json(opened.path / "results.json", results_of(rows, config) | {"complete": False})
+
+        run_leaderboard(b.schemes, b.tasks, b.train_len, b.test_lengths, b.seeds, cfg.trainer, base=cfg.model,
+                        n_samples=b.samples, skip=units_in(rows), on_unit=save_partial, progress=b.progress,
+                        jobs=default_workers() if b.jobs is None else b.jobs)
+        report_writer.write(opened.path, full_report(rows, config), markdown="leaderboard.md")
+    if diverged(rows):
+        print(f"diverged (a result: kept on resume, named in the report): {diverged_units(diverged(rows))}")
+    print(f"run folder: {opened.path} (leaderboard.md, report.html, results.json, results.csv, accuracy_<task>.png)")
+    return 0
 
 
 def _run(job: tuple[GPTConfig, Unit, Budget]) -> list[dict]:
