@@ -112,7 +112,7 @@ EXPLICIT = {
     "model.attention_extension": [{"type": "self_extend", "group_size": 4, "window": 8}],
     "leaderboard.tasks": [["copy", "sort"]], "leaderboard.schemes": [["none", "rope"]],
     "compare.schemes": [["rope", "alibi"], ["none", "rope", "alibi"]], "model.n_kv_head": [2],
-    "model.randomized_positions": [True], "ruler.tasks": [["niah_single"], None],
+    "model.randomized_positions": [True], "ruler.tasks": [["niah_single"], None], "model.backend": ["transformers"],
 }
 
 
