@@ -14,12 +14,12 @@ from tests.nn.sm90_support import check_attention, needs_compiler
 pytestmark = needs_compiler
 
 
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [128])
 def test_fp16_attention_kernels_compile_fit_and_do_not_spill(head_dim):
     check_attention("fp16", head_dim, True)
 
 
-@pytest.mark.parametrize("head_dim", [64, 96, 128])
+@pytest.mark.parametrize("head_dim", [64, 96])
 def test_fp32_attention_kernels_compile_fit_and_do_not_spill(head_dim):
     """float32 runs as TF32 (where torch allows TF32), with its own tiles: they fit and do not spill either."""
     check_attention("fp32", head_dim, True)

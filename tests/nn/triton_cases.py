@@ -258,8 +258,11 @@ GPU_CASES = {  # name: (B, H, Hkv, Tq, Tk, causal): ragged against every tile of
 }
 
 
-@pytest.mark.parametrize("head_dim", [64, 80, 96, 128])
-@pytest.mark.parametrize("case", GPU_CASES)
+GPU_HEAD_DIMS = [(case, dim) for case in GPU_CASES for dim in (64, 128)] + [("causal_gqa_4to1", 80),
+                                                                              ("causal_gqa_4to1", 96)]
+
+
+@pytest.mark.parametrize(("case", "head_dim"), GPU_HEAD_DIMS)
 def test_gpu_tiles_equal_the_float64_reference_with_gradients(case, head_dim, monkeypatch):
     gpu_tiles(monkeypatch)
     b, h, hkv, tq, tk, causal = GPU_CASES[case]
@@ -311,7 +314,7 @@ def test_repeated_forward_backward_with_one_positions_tensor(name, monkeypatch):
             close(a, b, torch.float32, name)
 
 
-@pytest.mark.parametrize("name", ["kerple", "alibi"])
+@pytest.mark.parametrize("name", ["kerple"])
 def test_model_under_bf16_autocast_equals_float32(name, monkeypatch):
     """A tiny GPT under bf16 autocast takes the kernel (bf16 q, k, v) at the GPU's tiles; its logits and
     gradients stay within bf16's tolerance of the float32 model without the kernels."""
