@@ -8,13 +8,12 @@ goes to the sink as soon as it is measured. Ratios are to causal SDPA with its b
 from __future__ import annotations
 
 import functools
-import statistics
-import time
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
+from benchmarks.timing import median_seconds
 from posenc.models import GPT, GPTConfig
 from posenc.nn import dispatch
 from posenc.nn.attention_core import attend
@@ -33,13 +32,7 @@ def seconds(fn: Callable[[], object], device: torch.device, repeats: int) -> flo
         from triton.testing import do_bench
 
         return do_bench(fn, warmup=25, rep=100, return_mode="median") / 1e3
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return median_seconds(fn, repeats, warmup=1)
 
 
 def timed(fn: Callable[[], object], device: torch.device, repeats: int) -> float | str:

@@ -10,11 +10,10 @@ from typing import Any
 
 from tqdm import tqdm
 
-from posenc.errors import RunFailed
 from posenc.experiments import report_writer
 from posenc.experiments.compare.ladder_config import RULE, LadderConfig
-from posenc.experiments.compare.results import DIVERGED, RESULTS, failed, load_units, save_units
-from posenc.experiments.compare.run import preflight_all, run_unit
+from posenc.experiments.compare.results import RESULTS, load_units, save_units
+from posenc.experiments.compare.run import finished, preflight_all, run_unit
 from posenc.experiments.runs.lifecycle import run_folder
 from posenc.experiments.runs.rule import Run
 from posenc.experiments.training.parallel import default_workers, run_units
@@ -73,11 +72,7 @@ def run(cfg: LadderConfig, run_dir: Path | None) -> int:
     with run_folder(run_dir, cfg.out_dir, RULE, cfg.to_dict(), corpus, on_stop=stopped) as opened:
         units = ladder(cfg, opened.path, on_unit=lambda done: (opened.tick(force=True), save_units(opened.path, done)))
         files = report_writer.write(opened.path, report(units, cfg, opened.wall_seconds))
-    print(f"run folder: {opened.path}\nreport:     {files[-1]}")
-    if failed(units):
-        raise RunFailed(f"{', '.join(failed(units))} diverged (reported as '{DIVERGED}', with no numbers); "
-                        f"the other models' results are in {opened.path}")
-    return 0
+    return finished(units, opened.path, files)
 
 
 __all__ = ["jobs", "ladder", "preflight_ladder", "run", "run_rung_unit"]

@@ -117,10 +117,15 @@ def run(cfg: CompareConfig, run_dir: Path | None) -> int:
         units = compare(cfg, opened.path, on_unit=lambda done: (opened.tick(force=True),
                                                                 save_units(opened.path, done)))
         files = report_writer.write(opened.path, report(units, cfg, opened.wall_seconds))
-    print(f"run folder: {opened.path}\nreport:     {files[-1]}")
+    return finished(units, opened.path, files)
+
+
+def finished(units: list, path: Path, files: list) -> int:
+    """Print where the run and its report are; a diverged model fails the command (compare and ladder alike)."""
+    print(f"run folder: {path}\nreport:     {files[-1]}")
     if failed(units):
         raise RunFailed(f"{', '.join(failed(units))} diverged (reported as '{DIVERGED}', with no numbers); "
-                        f"the other models' results are in {opened.path}")
+                        f"the other models' results are in {path}")
     return 0
 
 
