@@ -44,9 +44,10 @@ class PositionMap:
         share a plain forward with a mapped one where they are the same computation."""
         return 0
 
-    @property
-    def score_scale(self) -> float:
-        """Every score is multiplied by this (1.0 for most maps; STRING's released code scales cos and sin)."""
+    def score_scale(self, q_pos: Tensor, origin: Tensor, n_keys: int) -> float | Tensor:
+        """Every score of a query is multiplied by this: a number for all of them, or (B,Tq) one per query. q_pos
+        (B,Tq); n_keys: the keys of the call, the KV cache's included (T). 1.0 for most maps; STRING's released
+        code scales cos and sin, DCA's by a function of T, Self-Extend's optional log scale each query."""
         return 1.0
 
     def resolved(self, max_seq_len: int) -> PositionMap:

@@ -135,8 +135,11 @@ def mapped_attention(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, position_m
     if q.element_size() < 4:  # half precision: scores and sums in float32, one rounding at the end
         q, v = q.float(), _values_in_float32(v, kept)
         k = k if kept is not None else k.float()  # kept: _rotate_keys converts the keys it rotates
-    if position_map.score_scale != 1.0:  # a map that scales every score (STRING's released code): folded into q
-        q = q * position_map.score_scale
+    scale = position_map.score_scale(q_pos, k_pos[:, :1], k.shape[2])  # a number or (B,Tq): folded into q
+    if isinstance(scale, Tensor):
+        q = q * scale[:, None, :, None].to(q.dtype)
+    elif scale != 1.0:
+        q = q * scale
     if fused is None:
         fused = _fused_serves(q, dropout, grad)
     elif fused and not _fused_serves(q, dropout, grad):

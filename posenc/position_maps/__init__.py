@@ -41,7 +41,8 @@ def build_position_map(spec: Mapping[str, Any] | None, max_seq_len: int) -> Posi
     try:
         built = cls(**{k: v for k, v in spec.items() if k != "type"})
     except TypeError:  # a required option left out
-        missing = sorted(n for n in names if n not in spec)
+        missing = sorted(f.name for f in dataclasses.fields(cls) if f.name not in spec
+                         and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
         raise bad_value(FIELD, dict(spec), f"{kind} needs {', '.join(missing)}") from None
     return built.resolved(max_seq_len)
 

@@ -67,8 +67,7 @@ class String(PositionMap):
     def plain_within(self) -> int:
         return self.shifted_offset if self.attention_factor == 1.0 else 0  # the factor scales every score
 
-    @property
-    def score_scale(self) -> float:
+    def score_scale(self, q_pos: Tensor, origin: Tensor, n_keys: int) -> float:
         return self.attention_factor**2  # cos and sin both carry it: q . k by its square
 
     def query_positions(self, q_pos: Tensor, origin: Tensor) -> tuple[Tensor, ...]:

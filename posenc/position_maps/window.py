@@ -31,9 +31,8 @@ class Windowed(PositionMap):
     def period(self) -> int | None:
         return self.inner.period
 
-    @property
-    def score_scale(self) -> float:
-        return self.inner.score_scale
+    def score_scale(self, q_pos: Tensor, origin: Tensor, n_keys: int) -> float | Tensor:
+        return self.inner.score_scale(q_pos, origin, n_keys)
 
     @property
     def plain_within(self) -> int:

@@ -10,6 +10,8 @@ k/v (Hkv,T,Dh), one batch row at a time; tables rounded to float32 as posenc's a
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -34,6 +36,16 @@ class Rope:
         return x * cos + rotated_half * sin
 
 
+class Scaled:
+    """A Rope whose cos and sin tables are multiplied by one factor (ChunkLlama's mscale)."""
+
+    def __init__(self, rope: Rope, factor: float) -> None:
+        self.rope, self.factor = rope, factor
+
+    def __call__(self, x: Tensor, pos: Tensor) -> Tensor:
+        return self.rope(x, pos) * self.factor  # x cos m + rotate_half(x) sin m
+
+
 def _repeat(x: Tensor, heads: int) -> Tensor:
     return x.repeat_interleave(heads // x.shape[0], dim=0)
 
@@ -43,12 +55,15 @@ def _softmax_out(scores: Tensor, v: Tensor) -> Tensor:
 
 
 def self_extend(q: Tensor, k: Tensor, v: Tensor, rope: Rope, group_size: int, window: int,
-                integer_shift: bool = False) -> Tensor:
+                integer_shift: bool = False, scale_base: int = -1) -> Tensor:
     """LongLM self_extend_forward (prefill, q_len == kv_seq_len). Its prefill shifts grouped queries by
-    W - W / G, its decoding path by W - W // G (integer_shift): equal when G divides W."""
+    W - W / G, its decoding path by W - W // G (integer_shift): equal when G divides W. scale_base > 0: the
+    queries are first multiplied by ((position_ids + 1).log() / log(scale_base)).clip(1)."""
     t, dh = q.shape[1], q.shape[-1]
     k, v = _repeat(k, q.shape[0]), _repeat(v, q.shape[0])
     pos = torch.arange(t, dtype=torch.float64)
+    if scale_base > 0:
+        q = q * ((pos + 1).log() / math.log(scale_base)).clip(1)[:, None]
     shift = 0 if pos.max() < window else window
     group_q = torch.div(pos, group_size, rounding_mode="floor") + shift
     group_q = group_q - (shift // group_size if integer_shift else shift / group_size)
@@ -71,14 +86,25 @@ def _attn_lse(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> tuple[Tensor, Te
     return torch.softmax(scores, dim=-1) @ v, torch.logsumexp(scores, dim=-1)
 
 
-def dual_chunk(q: Tensor, k: Tensor, v: Tensor, rope: Rope, chunk_size: int, local_window: int) -> Tensor:
-    """ChunkLlama forward (prefill, no cache): chunks of chunk_len queries, three attention calls merged."""
+def get_mscale(scale: float) -> float:
+    """chunkllama_attn_replace.py (since 2024-03-19): the factor on every cos and sin table."""
+    return 1.0 if scale <= 1 else 0.05 * math.log(scale) + 1.0
+
+
+def dual_chunk(q: Tensor, k: Tensor, v: Tensor, rope: Rope, chunk_size: int, local_window: int,
+               max_position_embeddings: int | None = None) -> Tensor:
+    """ChunkLlama forward (prefill, no cache): chunks of chunk_len queries, three attention calls merged. With
+    max_position_embeddings, the current release: its rotary tables rebuilt for seq_len = kv_seq_len (here t, the
+    prompt) carry get_mscale(t / max_position_embeddings) on cos and sin, the queries' and the keys'."""
     t = q.shape[1]
     k, v = _repeat(k, q.shape[0]), _repeat(v, q.shape[0])
     chunk_len = chunk_size - local_window
     q_t = torch.arange(chunk_len, dtype=torch.float64)
     qc_t = (q_t + chunk_len).clamp(max=chunk_size)
     pos = torch.arange(t)
+    if max_position_embeddings is not None:
+        mscale = get_mscale(t / max_position_embeddings)
+        rope = Scaled(rope, mscale)
     keys = rope(k, (pos % chunk_len).to(torch.float64))
     local = pos % chunk_len
     outputs = [_attn_lse(rope(q[:, :chunk_len], q_t[local[:chunk_len]]), keys[:, :chunk_len], v[:, :chunk_len],

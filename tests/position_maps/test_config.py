@@ -57,7 +57,11 @@ def test_refused_before_reading_the_weights(tmp_path):
 
 def test_defaults_follow_the_trained_length():
     assert build_position_map({"type": "dual_chunk"}, 8192).spec() == {
-        "type": "dual_chunk", "chunk_size": 6144, "local_window": 512}  # ChunkLlama: 3/4 and 1/16
+        "type": "dual_chunk", "chunk_size": 6144, "local_window": 1024, "scale": True,
+        "trained_length": 8192}  # ChunkLlama's release since 2024-04: 3/4 and 1/8, its attention scale past 8192
+    assert build_position_map({"type": "dual_chunk", "scale": False, "local_window": 512}, 8192).spec() == {
+        "type": "dual_chunk", "chunk_size": 6144, "local_window": 512, "scale": False,
+        "trained_length": None}  # the earlier defaults, one option away
     assert build_position_map({"type": "lm_infinite"}, 8192).spec() == {
         "type": "lm_infinite", "n_global": 10, "window": 8192, "max_distance": 8192}
     assert build_position_map({"type": "attention_sinks"}, 8192).spec() == {

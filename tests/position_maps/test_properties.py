@@ -14,13 +14,13 @@ from tests.position_maps.tiny import tiny_llama, token_ids
 T = 30
 SMALL = [  # windows well inside T: every map of every method is used
     {"type": "self_extend", "group_size": 3, "window": 5},
-    {"type": "dual_chunk", "chunk_size": 8, "local_window": 2},
+    {"type": "dual_chunk", "chunk_size": 8, "local_window": 2, "scale": False},  # the scale: test_attention_scale.py
     {"type": "lm_infinite", "n_global": 2, "window": 6},
     {"type": "attention_sinks", "n_sink": 3, "window": 5},
 ]
 COVERING = [  # windows (chunks) that hold the whole sequence
     {"type": "self_extend", "group_size": 4, "window": T},
-    {"type": "dual_chunk", "chunk_size": T + 3, "local_window": 2},
+    {"type": "dual_chunk", "chunk_size": T + 3, "local_window": 2, "scale": False},
     {"type": "lm_infinite", "n_global": 0, "window": T},
     {"type": "attention_sinks", "n_sink": 0, "window": T},
 ]

@@ -20,10 +20,16 @@ CASES = [
      lambda rope: lambda q, k, v: reference.self_extend(q, k, v, rope, 3, 6)),
     ({"type": "self_extend", "group_size": 3, "window": 7}, None,  # G does not divide W: LongLM's decode shift
      lambda rope: lambda q, k, v: reference.self_extend(q, k, v, rope, 3, 7, integer_shift=True)),
-    ({"type": "dual_chunk"}, None,  # defaults: chunk_size 12, local_window 1 -> chunks of 11
-     lambda rope: lambda q, k, v: reference.dual_chunk(q, k, v, rope, TRAINED * 3 // 4, TRAINED // 16)),
+    ({"type": "dual_chunk"}, None,  # defaults: chunk_size 12, local_window 2 -> chunks of 10; scale at T/16
+     lambda rope: lambda q, k, v: reference.dual_chunk(q, k, v, rope, TRAINED * 3 // 4, TRAINED // 8, TRAINED)),
     ({"type": "dual_chunk", "chunk_size": 10, "local_window": 3}, {"rope_type": "linear", "factor": 2.0},
-     lambda rope: lambda q, k, v: reference.dual_chunk(q, k, v, rope, 10, 3)),
+     lambda rope: lambda q, k, v: reference.dual_chunk(q, k, v, rope, 10, 3, TRAINED)),
+    ({"type": "dual_chunk", "chunk_size": 12, "local_window": 1, "scale": False}, None,  # the earlier defaults
+     lambda rope: lambda q, k, v: reference.dual_chunk(q, k, v, rope, 12, 1)),
+    ({"type": "dual_chunk", "chunk_size": 10, "local_window": 3, "trained_length": 32}, None,  # L given: T/32
+     lambda rope: lambda q, k, v: reference.dual_chunk(q, k, v, rope, 10, 3, 32)),
+    ({"type": "self_extend", "group_size": 4, "window": 8, "scale_base": 12}, None,  # LongLM's log scale
+     lambda rope: lambda q, k, v: reference.self_extend(q, k, v, rope, 4, 8, scale_base=12)),
     ({"type": "lm_infinite", "n_global": 3}, None,  # window = max_distance = 16
      lambda rope: lambda q, k, v: reference.lm_infinite(q, k, v, rope, 3, TRAINED, TRAINED)),
     ({"type": "lm_infinite", "n_global": 2, "window": 10, "max_distance": 7}, None,
