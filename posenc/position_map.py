@@ -44,6 +44,12 @@ class PositionMap:
         share a plain forward with a mapped one where they are the same computation."""
         return 0
 
+    @property
+    def length_scaled(self) -> bool:
+        """score_scale reads n_keys (DCA's release): the first rows of a longer call are not a shorter call's, so a
+        sweep must not serve a shorter length from a longer forward."""
+        return False
+
     def score_scale(self, q_pos: Tensor, origin: Tensor, n_keys: int) -> float | Tensor:
         """Every score of a query is multiplied by this: a number for all of them, or (B,Tq) one per query. q_pos
         (B,Tq); n_keys: the keys of the call, the KV cache's included (T). 1.0 for most maps; STRING's released

@@ -28,10 +28,9 @@ whole prefix is scaled by one m(T)), so a prefill in pieces differs from one pre
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar
-
-import math
 
 import torch
 from torch import Tensor
@@ -73,6 +72,10 @@ class DualChunk(PositionMap):
         window = self.local_window if self.local_window is not None else min(max_seq_len // 8, chunk - 1)
         trained = (self.trained_length or max_seq_len) if self.scale else None
         return DualChunk(chunk_size=chunk, local_window=window, scale=self.scale, trained_length=trained)
+
+    @property
+    def length_scaled(self) -> bool:
+        return self.scale
 
     def score_scale(self, q_pos: Tensor, origin: Tensor, n_keys: int) -> float:
         """m(T)^2 with T = n_keys, the keys of the call (cache included), when the scale is on."""

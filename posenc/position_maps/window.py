@@ -31,6 +31,10 @@ class Windowed(PositionMap):
     def period(self) -> int | None:
         return self.inner.period
 
+    @property
+    def length_scaled(self) -> bool:
+        return self.inner.length_scaled
+
     def score_scale(self, q_pos: Tensor, origin: Tensor, n_keys: int) -> float | Tensor:
         return self.inner.score_scale(q_pos, origin, n_keys)
 

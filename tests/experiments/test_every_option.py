@@ -113,6 +113,7 @@ EXPLICIT = {
     "leaderboard.tasks": [["copy", "sort"]], "leaderboard.schemes": [["none", "rope"]],
     "compare.schemes": [["rope", "alibi"], ["none", "rope", "alibi"]], "model.n_kv_head": [2],
     "model.randomized_positions": [True], "ruler.tasks": [["niah_single"], None], "model.backend": ["transformers"],
+    "tune.grid": [{"self_extend": {"group_size": [2, 4]}}], "tune.ruler_tasks": [["niah_multikey"], []],
 }
 
 
@@ -124,6 +125,9 @@ NEEDS = {  # key -> alternatives, each a list of overrides
     "model.randomized_positions": [["compare.schemes=[rope]"], LADDER_OF_ROPES],
     "model.attention_extension": [["compare.schemes=[rope]"], ["leaderboard.schemes=[rope]"], LADDER_OF_ROPES],
     "extend.method_options": [["extend.methods=[none,self_extend]"]],
+    "tune.grid": [["extend.methods=[none,self_extend]"]],
+    **{f"tune.{key}": [["extend.methods=[none,self_extend]", "tune.grid={self_extend: {group_size: [2, 4]}}"]]
+       for key in ("length", "passkeys", "ruler_tasks", "seed")},
 }
 # Options a command fixes, so that only its default is legal there (each refused in one line naming it).
 ONLY = {("finetune", "data.tokenizer"): "trains its bases on bytes", ("ladder", "task.name"): "language models only",
@@ -279,6 +283,14 @@ REFUSED = [
      "extend.method_options.self_extend.group_size"),
     ("extend", ["extend.methods=[dual_chunk]", "extend.method_options={dca: {chunk_size: 1}}"],
      "extend.method_options.dca.chunk_size"),
+    ("extend", ["tune.passkeys=5"], "tune.passkeys"),  # no grid: nothing is tuned
+    ("extend", ["extend.methods=[none]", "tune.grid={self_extend: {group_size: [2, 4]}}"], "tune.grid.self_extend"),
+    ("extend", ["extend.methods=[self_extend]", "tune.grid={self_extend: {window: [1, 8]}}"],
+     "tune.grid.self_extend.window"),
+    ("extend", ["extend.methods=[self_extend]", "tune.grid={self_extend: {window: [8, 8]}}"],
+     "tune.grid.self_extend.window"),
+    ("extend", ["extend.methods=[self_extend]", "tune.grid={self_extend: {window: [8]}}", "tune.seed=0"],
+     "tune.seed"),
 ]
 
 

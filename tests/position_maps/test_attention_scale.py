@@ -62,7 +62,7 @@ def test_self_extend_log_scale_decodes_as_it_prefills():
     model = tiny_llama(attention_extension={"type": "self_extend", "group_size": 3, "window": 5, "scale_base": 8})
     ids = token_ids(2, T)
     cache = model.new_cache()
-    steps = [model(ids[:, :5], cache=cache)] + [model(ids[:, t:t + 1], cache=cache) for t in range(5, T)]
+    steps = [model(ids[:, :5], cache=cache)] + [model(ids[:, t : t + 1], cache=cache) for t in range(5, T)]
     assert (torch.cat(steps, dim=1) - model(ids)).abs().max().item() < 1e-10
     unscaled = tiny_llama(attention_extension={"type": "self_extend", "group_size": 3, "window": 5})(ids)
     within = 8  # positions 0..7 take ln(p + 1) / ln 8 <= 1: unscaled
@@ -70,12 +70,15 @@ def test_self_extend_log_scale_decodes_as_it_prefills():
     assert (model(ids)[:, within:] - unscaled[:, within:]).abs().max().item() > 1e-4
 
 
-@pytest.mark.parametrize(("spec", "message"), [
-    ({"type": "dual_chunk", "scale": "yes"}, "attention_extension.scale='yes'"),
-    ({"type": "dual_chunk", "scale": False, "trained_length": 64}, "attention_extension.trained_length=64"),
-    ({"type": "dual_chunk", "trained_length": 0}, "attention_extension.trained_length=0"),
-    ({"type": "self_extend", "group_size": 2, "window": 4, "scale_base": 1}, "attention_extension.scale_base=1"),
-])
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"type": "dual_chunk", "scale": "yes"}, "attention_extension.scale='yes'"),
+        ({"type": "dual_chunk", "scale": False, "trained_length": 64}, "attention_extension.trained_length=64"),
+        ({"type": "dual_chunk", "trained_length": 0}, "attention_extension.trained_length=0"),
+        ({"type": "self_extend", "group_size": 2, "window": 4, "scale_base": 1}, "attention_extension.scale_base=1"),
+    ],
+)
 def test_bad_scale_options_are_one_line(spec, message):
     with pytest.raises(ValueError) as err:
         build_position_map(spec, TRAINED)

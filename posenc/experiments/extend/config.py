@@ -7,6 +7,7 @@ The flat keys of earlier versions (`lengths=...`, `task=...`) are aliases of the
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -17,7 +18,14 @@ from posenc.experiments.config import loader as config_loader
 from posenc.experiments.config.fields import distinct
 from posenc.experiments.config.sections import DEVICE_NAME
 from posenc.experiments.extend.long_context import DTYPES
-from posenc.experiments.extend.methods import ALIASES, EXTENSIONS, build_method, canonical, check_method_options
+from posenc.experiments.extend.methods import (
+    ALIASES,
+    DEGENERATE,
+    EXTENSIONS,
+    build_method,
+    canonical,
+    check_method_options,
+)
 from posenc.experiments.extend.scalings import PRESETS, Target
 from posenc.experiments.runs.rule import RunRule
 
@@ -122,6 +130,49 @@ class RulerOptions:
         return self.tasks if self.tasks is not None else tuple(TASKS)
 
 
+MOST_POINTS = 36  # grid points per map: each costs every tuning prompt at the target length
+
+
+@dataclass(frozen=True, kw_only=True)
+class TuneOptions:
+    """The option sweep (extend/tuning.py): each map's grid scored on prompts of its own, the best used."""
+
+    grid: dict[str, Any] = field(default_factory=dict)  # {map: {option: [values]}}; empty: the options as derived
+    length: int | None = None  # prompt length of the choice; null: the run's longest length
+    passkeys: int = 3  # passkey prompts per grid point, depths spread over (0, 1)
+    ruler_tasks: tuple[str, ...] = ("niah_single",)  # one RULER-style prompt of each per grid point
+    seed: int = 1  # the choice's prompts: a stream other than passkey.seed's and ruler.seed's
+
+    def __post_init__(self) -> None:
+        _as_tuple(self, "ruler_tasks")
+        grid = self.grid
+        if not isinstance(grid, dict) or any(not isinstance(g, dict) or not g for g in grid.values()):
+            raise bad_value("tune.grid", grid, "a mapping {map: {option: [values]}}, e.g. {self_extend: "
+                                               "{group_size: [4, 8], window: [512, 1024]}}")
+        for name, options in grid.items():
+            for option, values in options.items():
+                if not isinstance(values, list) or not values:
+                    raise bad_value(f"tune.grid.{name}.{option}", values, "a list of one or more values")
+                distinct(f"tune.grid.{name}.{option}", tuple(values))
+            points = math.prod(len(v) for v in options.values())
+            if points > MOST_POINTS:
+                raise bad_value(f"tune.grid.{name}", options, f"at most {MOST_POINTS} combinations (this is {points}; "
+                                                              "each one runs every tuning prompt)")
+        object.__setattr__(self, "grid", {ALIASES.get(k, k): dict(v) for k, v in grid.items()})
+        if self.length is not None:
+            _integer("tune.length", self.length, 2)
+        _integer("tune.passkeys", self.passkeys, 0)
+        _integer("tune.seed", self.seed)
+        from posenc.experiments.extend.ruler import TASKS
+
+        if not isinstance(self.ruler_tasks, tuple) or any(t not in TASKS for t in self.ruler_tasks):
+            raise unknown_name("tune.ruler_tasks", self.ruler_tasks, TASKS)
+        distinct("tune.ruler_tasks", self.ruler_tasks)
+        if self.passkeys + len(self.ruler_tasks) == 0:
+            raise bad_value("tune.passkeys", self.passkeys, "at least 1 when tune.ruler_tasks is empty (a choice "
+                                                            "needs prompts)")
+
+
 BACKENDS = ("posenc", "transformers")
 
 
@@ -200,9 +251,35 @@ class ExtendConfig:
     perplexity: PerplexityOptions = field(default_factory=PerplexityOptions)
     passkey: PasskeyOptions = field(default_factory=PasskeyOptions)
     ruler: RulerOptions = field(default_factory=RulerOptions)
+    tune: TuneOptions = field(default_factory=TuneOptions)
     out_dir: str = "runs"  # parent of new run folders
 
     aliases: ClassVar[dict[str, str]] = FLAT_KEYS
+
+    def __post_init__(self) -> None:
+        """tune.grid against the rows: a map the run compares, options not also fixed, every point a valid map."""
+        grid, given = self.tune.grid, self.extend.method_options
+        maps = {name.split("+")[0] for name in self.extend.methods}
+        for name, options in grid.items():
+            if name not in maps:
+                raise bad_value(f"tune.grid.{name}", options, f"options of a map in extend.methods "
+                                                              f"({', '.join(self.extend.methods)})")
+            for option in options:
+                if option in given.get(name, {}):
+                    raise bad_value(f"tune.grid.{name}.{option}", options[option], f"not also in "
+                                    f"extend.method_options.{name} (the sweep chooses it)")
+            from posenc.experiments.extend.tuning import grid_points
+
+            for option, why in DEGENERATE.items():
+                if option.partition(".")[0] == name and 1 in options.get(option.partition(".")[2], []):
+                    raise bad_value(f"tune.grid.{option}", options[option.partition(".")[2]], f"values >= 2 ({why})")
+            for point in grid_points(options):  # a bad value is one line now, not after the model loads
+                row = next(m for m in self.extend.methods if m.split("+")[0] == name)
+                build_method(row, Target(2.0, 8192, 64, 10000.0), {**given, name: {**given.get(name, {}), **point}})
+        for other in ("passkey", "ruler"):
+            if grid and self.tune.seed == getattr(self, other).seed:
+                raise bad_value("tune.seed", self.tune.seed, f"a seed other than {other}.seed={self.tune.seed} (the "
+                                                             "choice's prompts must not be the tables' prompts)")
 
     def scaling_factor(self, trained: int) -> float:
         factor = self.extend.factor
@@ -251,6 +328,9 @@ class ExtendConfig:
                 out["passkey.lengths"] = why("passkey or ruler")
         if "ppl" not in measures:
             out["perplexity.windows"] = why("ppl")
+        if not self.tune.grid:
+            out.update({f"tune.{key}": "tune.grid is empty: no option sweep" for key in
+                        ("length", "passkeys", "ruler_tasks", "seed")})
         return out
 
 

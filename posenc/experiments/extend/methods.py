@@ -56,6 +56,7 @@ class Method:
     rope_scaling: dict[str, Any] | None
     extension: dict[str, Any] | None
     plain_within: int  # lengths up to this are computed exactly as without the extension
+    length_scaled: bool = False  # the map's scores scale with the sequence's length (DCA's release): no prefix sharing
 
     def extension_at(self, length: int) -> dict[str, Any] | None:
         """The map, or None where the map would change nothing for a `length`-token sequence."""
@@ -90,7 +91,7 @@ def build_method(name: str, t: Target, options: Mapping[str, Mapping[str, Any]] 
         return Method(name, PRESETS[extension](t), None, 0)
     spec = {"type": extension, **EXTENSIONS[extension](t), **dict((options or {}).get(extension, {}))}
     built = build_position_map(spec, t.trained)  # validated: a bad option is one line naming it
-    return Method(name, PRESETS[scaling](t) if plus else None, built.spec(), built.plain_within)
+    return Method(name, PRESETS[scaling](t) if plus else None, built.spec(), built.plain_within, built.length_scaled)
 
 
 def check_method_options(options: Any) -> None:

@@ -50,10 +50,13 @@ def plain_model(model: Llama) -> Llama:
 
 
 def computation_key(model: Llama, method: Method, length: int) -> tuple:
-    """What the method computes for a `length`-token sequence: equal keys, equal logits."""
+    """What the method computes for a `length`-token sequence: equal keys, equal logits (and a longer forward's
+    prefix serves a shorter length of the same key; not under a map whose scores scale with the length)."""
     extension = method.extension_at(length)
-    return frequency_key(model, method.rope_scaling, length), None if extension is None else repr(sorted(
-        extension.items()))
+    mapped = None if extension is None else repr(sorted(extension.items()))
+    if extension is not None and method.length_scaled:
+        mapped = (mapped, length)
+    return frequency_key(model, method.rope_scaling, length), mapped
 
 
 def frequency_key(model: Llama, scaling: dict[str, Any] | None, length: int) -> tuple:

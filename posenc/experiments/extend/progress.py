@@ -38,6 +38,7 @@ class RunState:
         self.ruler: dict[str, dict[str, Any]] = {}  # ruler_cell_id -> record
         self.forwards: list[dict[str, Any]] = []  # time and peak memory of every forward
         self.machine: dict[str, Any] = {}  # model, trained length, device, torch: what `posenc report` needs again
+        self.tuning: dict[str, dict[str, Any]] = {}  # map -> {length, points, chosen} (extend/tuning.py)
 
     @classmethod
     def load(cls, run_dir: Path, on_save: Callable[[], None] | None = None) -> RunState:
@@ -50,6 +51,7 @@ class RunState:
                         and isinstance(saved.get("passkey"), dict) and isinstance(saved.get("forwards"), list)
                         and isinstance(saved.setdefault("ruler", {}), dict)  # none before extend ran RULER
                         and isinstance(saved.setdefault("machine", {}), dict)  # none before it was recorded
+                        and isinstance(saved.setdefault("tuning", {}), dict)  # none before extend tuned options
                         and all(isinstance(row, dict) for row in [*saved["ppl"].values(), *saved["passkey"].values(),
                                                                   *saved["ruler"].values()])):
                     raise ValueError("an object with ppl {method: row}, passkey {cell: record} and forwards [...]")
@@ -60,13 +62,15 @@ class RunState:
                                                        "it to start the run's work again") from None
             state.passkey = {cell: _named_method(record) for cell, record in saved["passkey"].items()}
             state.ruler, state.forwards, state.machine = saved["ruler"], saved["forwards"], saved["machine"]
+            state.tuning = saved["tuning"]
         return state
 
     def save(self) -> None:
         if self.on_save is not None:  # first: a saved step's time is always recorded
             self.on_save()
         write_json(self.run_dir / STATE_FILE, {"ppl": self.ppl, "passkey": self.passkey, "ruler": self.ruler,
-                                               "forwards": self.forwards, "machine": self.machine})
+                                               "forwards": self.forwards, "machine": self.machine,
+                                               "tuning": self.tuning})
 
     def ppl_done(self, row: dict[str, Any]) -> None:
         self.ppl[row["method"]] = row

@@ -133,7 +133,8 @@ def run_meta(state: RunState, cfg: ExtendConfig, corpus: dict[str, str], wall_se
             "longest_forward_peak_rss_gib": longest.get("peak_rss_gib"), "torch": m["torch"],
             "threads": m["threads"], "cpu": m["cpu"], "device": m["device"],
             "longest_forward_peak_gpu_gib": longest.get("peak_gpu_gib"), "complete": complete,
-            "wall_s": wall_seconds}  # every session of a resumed run
+            "wall_s": wall_seconds,  # every session of a resumed run
+            "tuning": state.tuning}  # tune.grid: each point's score on the choice's own prompts, the chosen options
 
 
 def rerender(run_dir: Path, stored: dict[str, Any]) -> Path:
@@ -155,6 +156,14 @@ def rerender(run_dir: Path, stored: dict[str, Any]) -> Path:
     return write_results(state, cfg, meta)[-1]
 
 
+def tuning_table(tuning: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
+    """One row per grid point: map, options, score (0-1) on the choice's prompts, and which was chosen."""
+    rows = [{"map": name, "options": json.dumps(p["options"]), "score": f"{p['score']:.2f}", "prompts": p["prompts"],
+             "chosen": "yes" if p["options"] == record.get("chosen") else ""}
+            for name, record in tuning.items() for p in record["points"]]
+    return rows, ["map", "options", "score", "prompts", "chosen"]
+
+
 def write_results(state: RunState, cfg: ExtendConfig, meta: dict[str, Any]) -> list[Path]:
     """Print the tables; write results.json, CSVs, tables.md, plots and report.html."""
     run_dir, records = state.run_dir, list(state.passkey.values())
@@ -162,6 +171,8 @@ def write_results(state: RunState, cfg: ExtendConfig, meta: dict[str, Any]) -> l
     advice = recommendation(state, cfg, meta["context_length"])
     if advice:
         tables["which method at which multiple (rule below)"] = recommendation_table(advice)
+    if state.tuning:
+        tables["options chosen by tune.grid, on prompts of their own"] = tuning_table(state.tuning)
     for title, (rows, cols) in tables.items():
         report_writer.print_table(rows, cols, f"{title}; trained context {meta['context_length']} tokens")
     ppl_rows = [{"method": name, "length": n, "attention_scaling": r["attention_scaling"], **stat}

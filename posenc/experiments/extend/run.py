@@ -24,6 +24,7 @@ from posenc.experiments.extend.perplexity import planned_forwards, planned_token
 from posenc.experiments.extend.progress import STATE_FILE, RunState
 from posenc.experiments.extend.report import longest_forward, run_meta, write_results
 from posenc.experiments.extend.ruler_sweep import planned_ruler_prompts, run_ruler
+from posenc.experiments.extend.tuning import planned_tuning_prompts, run_tuning, tune_length
 from posenc.experiments.runs import manifest
 from posenc.experiments.runs.files import new_run_dir, removed_if_unused
 from posenc.experiments.runs.rule import Run, open_run
@@ -46,12 +47,23 @@ def _check_ruler_lengths(cfg: ExtendConfig, builder: Any) -> None:
                                                           "tokens of this tokenizer)")
 
 
+def _check_tune_length(cfg: ExtendConfig, builder: PromptBuilder, ruler_builder: Any) -> None:
+    if not cfg.tune.grid:
+        return
+    length = tune_length(cfg)
+    least = max([builder.min_length() if cfg.tune.passkeys else 0,
+                 *(ruler_builder.min_length(task) for task in cfg.tune.ruler_tasks)])
+    if length < least:
+        raise bad_value("tune.length", length, f"at least {least} tokens (the tuning prompts' instructions, needles "
+                                               "and questions alone take that many tokens of this tokenizer)")
+
+
 def estimate_minutes(cfg: ExtendConfig, model: Llama) -> float:
     """Rough wall minutes on 2 idle cores for the planned forwards (bfloat16; float32 takes roughly 2-3x)."""
     lengths = planned_forwards(model, cfg) + planned_prompts(cfg, model)
     seconds = sum(estimated_cpu_seconds(n, cfg.model.prefill_chunk, mapped) for n, mapped in lengths)
     seconds += sum(estimated_cpu_seconds(n, cfg.model.prefill_chunk, mapped, decoded)
-                   for n, mapped, decoded in planned_ruler_prompts(cfg, model))
+                   for n, mapped, decoded in [*planned_ruler_prompts(cfg, model), *planned_tuning_prompts(cfg)])
     return seconds / 2 / 60
 
 
@@ -132,16 +144,25 @@ def _sweep(cfg: ExtendConfig, opened: Run, corpus: Any) -> int:
              else f"on {device_name(device)} (the time estimate is for CPUs only)")
     print(f"run folder: {run_dir}\nplan: {where} for the whole run ({cfg.model.dtype}, prefill chunk "
           f"{cfg.model.prefill_chunk}){done}; progress is saved after every step")
+    if cfg.tune.grid and cfg.tune.ruler_tasks and ruler_builder is None:
+        from posenc.experiments.extend.ruler import RulerBuilder
+
+        tune_ruler = RulerBuilder(encode, cfg.ruler.model_template)
+    else:
+        tune_ruler = ruler_builder
+    _check_tune_length(cfg, builder, tune_ruler)
     ruler_tokens = sum(n for n, _, _ in planned_ruler_prompts(cfg, model))
     total = planned_tokens(model, cfg) + planned_passkey_tokens(cfg, model) + ruler_tokens
+    total += sum(n for n, _, _ in planned_tuning_prompts(cfg))
     try:
         with inference(cfg.model.dtype, device), tqdm(total=total, unit="tok", dynamic_ncols=True) as bar:
+            tuned = run_tuning(cfg, model, builder, tune_ruler, state, bar)  # cfg itself without tune.grid
             if windows is not None:
-                run_perplexity(cfg, model, windows, state, bar)
+                run_perplexity(tuned, model, windows, state, bar)
             if cfg.key_lengths:
-                run_passkey(cfg, model, builder, state, bar)
+                run_passkey(tuned, model, builder, state, bar)
             if ruler_builder is not None:
-                run_ruler(cfg, model, ruler_builder, state, bar)
+                run_ruler(tuned, model, ruler_builder, state, bar)
     except KeyboardInterrupt:  # Interrupted (SIGTERM, or Ctrl-C under the CLI) or a bare Ctrl-C from Python: the
         if state.forwards:  # tables of what finished, then the usual exit
             print("stopped: writing the tables of what finished (--resume completes them)", file=sys.stderr)
