@@ -6,7 +6,8 @@ Options come the way they do for every command (posenc.experiments.config.loader
 (configs/extend/NAME.yaml), then a YAML file (`--config`), then dotted overrides
 (`perplexity.lengths=[2048,8192] passkey.trials=3`); the `--flag` spellings below are shorthands for
 the same keys (comma lists), applied before the overrides. The flat keys of earlier versions
-(`lengths=...`) still work, with a note naming the key now."""
+(`lengths=...`) still work, with a note naming the key now. `tune.grid={self_extend: {group_size: [4, 6]}}` chooses
+a map's options on prompts of their own before the tables are measured (experiments/extend/tuning.py)."""
 
 from __future__ import annotations
 

@@ -8,8 +8,11 @@ Options a map derives from the factor (`target_length` = factor x trained contex
   smallest group size G whose largest grouped distance, (target - 1) // G + W - W // G, stays inside the
   trained context (LongLM's rule for choosing G: no position past the pretraining length).
 - Dual Chunk Attention, LM-Infinite, attention sinks: their defaults from the trained context
-  (position_maps), which hold for any length.
-`extend.method_options` ({method: {option: value}}) replaces any of them.
+  (position_maps), which hold for any length. DCA's are ChunkLlama's current release: chunk 3/4 and local window
+  1/8 of the trained context, and its attention scale past it (`scale: false` and `local_window` given: the
+  paper's DCA and the earlier 1/16 window).
+`extend.method_options` ({method: {option: value}}) replaces any of them; `tune.grid` chooses some of them on
+prompts of their own (tuning.py).
 """
 
 from __future__ import annotations
