@@ -149,3 +149,21 @@ def test_dca_with_its_scale_serves_no_length_from_a_longer_forward():
     )
     assert planned_tokens(model, scaled) == 96 + 128
     assert planned_tokens(model, unscaled) == 128
+
+
+def test_every_map_option_can_be_swept_dca_spelled_either_way():
+    cfg = config_loader.build(
+        ExtendConfig,
+        {
+            "extend": {"methods": ["dca", "lm_infinite", "attention_sinks"]},
+            "tune": {
+                "grid": {
+                    "dca": {"scale": [True, False], "local_window": [512, 1024]},
+                    "lm_infinite": {"window": [4096, 8192]},
+                    "attention_sinks": {"n_sink": [4, 16]},
+                }
+            },
+        },
+    )
+    assert list(cfg.tune.grid) == ["dual_chunk", "lm_infinite", "attention_sinks"]
+    assert len(tuning.planned_tuning_prompts(cfg)) == (4 + 2 + 2) * (3 + 1)  # points x (passkeys + RULER tasks)
