@@ -116,6 +116,7 @@ def run_tuning(
         return cfg
     length = tune_length(cfg)
     prompts = tuning_prompts(cfg, builder, ruler_builder)
+    say = getattr(progress, "write", print)  # a tqdm bar prints above itself
     for name, grid in cfg.tune.grid.items():
         record = state.tuning.setdefault(name, {"length": length, "points": []})
         for point in grid_points(grid)[len(record["points"]) :]:
@@ -129,7 +130,7 @@ def run_tuning(
             best = max(record["points"], key=lambda p: p["score"])  # max keeps the first of equal scores
             record["chosen"] = best["options"]
             state.save()
-        print(
+        say(
             f"tune {name}: {record['chosen']} (score {max(p['score'] for p in record['points']):.2f} on "
             f"{len(prompts)} prompts of {length} tokens; {len(record['points'])} points)"
         )
