@@ -1,0 +1,134 @@
+"""Attention with rows per query (Scheme.relative_table: Shaw, Transformer-XL) on the GPU, forward and backward,
+through the Triton kernels in relative_kernels.py; no (B, H, Tq, Tk) tensor and no (B, H, Tq, S) rows exist.
+
+    logit(b, h, i, j) = qc_i . k_j / sqrt(Dh) + scale * qr_i . table[h, clamp(j - i + e[b], 0, S - 1)]
+    out_i            += sum_j p_ij values[clamp(j - i + e[b], 0, S - 1)]                    (values given)
+
+qc = q + q_shift, qr = q + row_shift (posenc.scheme.RelativeTable). Gradients reach q, k, v, the table and the
+values, hence (through autograd, outside the kernels) the shifts and whatever the scheme built the table from
+(Shaw's P_K and P_V; Transformer-XL's u, v and W_R). The tables' gradients add up with float32 atomics: unlike the
+row kernel (attention.py) they do not repeat bit for bit between runs.
+
+Tiles: the row kernel's launch() and TILES where their shapes fit (a tile reads two chunks of BN distances,
+so BM <= BN); RELATIVE_TILES for the forward and dQ, chosen by the static table (benchmarks/gpu_static.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from torch import Tensor
+
+from posenc.nn.fused_attention import per_batch_row
+from posenc.nn.triton import attention
+from posenc.nn.triton import relative_kernels as kernels
+from posenc.nn.triton.attention import Tiles, _bhd, _check_sizes, _dense_last, _options, padded_head_dim
+from posenc.nn.triton.attention_kernels import LOG2E
+from posenc.scheme import RelativeTable
+
+# (kernel, padded head dim) -> Tiles on a GPU for bf16/fp16 (float32 runs as TF32 with half the BN). Each tile holds
+# q, qr and the two distance chunks: the forward and dQ of the row kernel (BM 128) would need BN >= 128.
+_BY_HEAD_DIM = {
+    "relative_forward": {16: Tiles(64, 64, 4, 2), 32: Tiles(64, 64, 4, 2), 64: Tiles(64, 64, 4, 2),
+                         128: Tiles(64, 64, 8, 2), 256: Tiles(32, 32, 8, 1)},
+    "relative_dkdv": {16: Tiles(32, 64, 4, 2), 32: Tiles(32, 64, 4, 2), 64: Tiles(32, 64, 4, 2),
+                      128: Tiles(32, 64, 8, 2), 256: Tiles(16, 32, 8, 1)},
+    "relative_dq": {16: Tiles(32, 64, 4, 2), 32: Tiles(32, 64, 4, 2), 64: Tiles(32, 64, 4, 2),
+                    128: Tiles(32, 64, 8, 2), 256: Tiles(16, 32, 8, 1)},
+}
+_FP32 = {kernel: {dim: Tiles(min(t.bm, 32), 32, t.warps, 1) for dim, t in by_dim.items() if dim <= 128}
+         for kernel, by_dim in _BY_HEAD_DIM.items()}
+RELATIVE_TILES = {(kernel, dim, dtype): t
+                  for dtype, table in ((torch.bfloat16, _BY_HEAD_DIM), (torch.float16, _BY_HEAD_DIM),
+                                       (torch.float32, _FP32))
+                  for kernel, by_dim in table.items() for dim, t in by_dim.items()}
+attention.TILES.update(RELATIVE_TILES)  # one table for tiles(): the static check forces the GPU's through it
+
+
+def _tiles(kernel: str, q: Tensor) -> Tiles:
+    return attention.tiles(kernel, q.shape[-1], q.device, q.dtype)
+
+
+class _RelativeAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, qc: Tensor, qr: Tensor, k: Tensor, v: Tensor, table: Tensor, values: Tensor | None, e: Tensor,
+                causal: bool, scale: float) -> Tensor:
+        qc, qr, k, v = _dense_last(qc), _dense_last(qr), _dense_last(k), _dense_last(v)
+        table = table.contiguous()
+        _check_sizes(qc, k, v)
+        b, h, tq, d = qc.shape
+        t = _tiles("relative_forward", qc)
+        has_values = values is not None
+        vt = values.contiguous() if has_values else table[0]
+        out = torch.empty_like(qc, memory_format=torch.contiguous_format)  # (B,H,Tq,Dh)
+        lse = torch.empty(b, h, tq, device=qc.device, dtype=torch.float32)  # base 2
+        attention.launch(kernels._forward, (triton.cdiv(tq, t.bm), h, b),
+                         qc, qr, k, v, table, vt, out, lse, e, *_bhd(qc), *_bhd(qr), *_bhd(k), *_bhd(v),
+                         *_bhd(out), *_table_strides(table, vt), h, h // k.shape[1], tq, k.shape[2],
+                         table.shape[1], d**-0.5 * LOG2E, scale * LOG2E, D=d, CAUSAL=causal, HAS_VALUES=has_values,
+                         BM=t.bm, BN=t.bn, BD=padded_head_dim(d), **_options(t, qc.dtype, qc.device))
+        ctx.save_for_backward(qc, qr, k, v, table, vt, out, lse, e)
+        ctx.causal, ctx.scale, ctx.has_values = causal, scale, has_values
+        return out
+
+    @staticmethod
+    def backward(ctx, dout: Tensor):
+        qc, qr, k, v, table, vt, out, lse, e = ctx.saved_tensors
+        dout = _dense_last(dout)
+        b, h, tq, d = qc.shape
+        hkv, tk, length = k.shape[1], k.shape[2], table.shape[1]
+        group = h // hkv
+        delta = (dout.float() * out.float()).sum(-1)  # (B,H,Tq): rowsum(dO * O)
+        scales = (d**-0.5 * LOG2E, ctx.scale * LOG2E, d**-0.5)
+        shape = dict(D=d, CAUSAL=ctx.causal, HAS_VALUES=ctx.has_values, BD=padded_head_dim(d))
+        strides = (*_bhd(qc), *_bhd(qr), *_bhd(k), *_bhd(v), *_bhd(dout), *_table_strides(table, vt))
+        kv_dtype = k.dtype if group == 1 else torch.float32
+        dk_heads = torch.empty(b, h, tk, d, device=qc.device, dtype=kv_dtype)
+        dv_heads = torch.empty(b, h, tk, d, device=qc.device, dtype=kv_dtype)
+        t = _tiles("relative_dkdv", qc)
+        attention.launch(kernels._dkdv, (triton.cdiv(tk, t.bn), h, b), qc, qr, k, v, dout, lse, delta, dk_heads,
+                         dv_heads, table, vt, e, *strides, h, group, tq, tk, length, *scales, BM=t.bm, BN=t.bn,
+                         **shape, **_options(t, qc.dtype, qc.device))
+        dk, dv = dk_heads, dv_heads
+        if group > 1:
+            dk = dk_heads.view(b, hkv, group, tk, d).sum(2).to(k.dtype)
+            dv = dv_heads.view(b, hkv, group, tk, d).sum(2).to(v.dtype)
+        t = _tiles("relative_dq", qc)
+        dtable = torch.zeros(h, length, d, device=qc.device, dtype=torch.float32)  # per query head, then summed
+        dvalues = torch.zeros(h if ctx.has_values else 1, length, d, device=qc.device, dtype=torch.float32)
+        dqc = torch.empty(b, h, tq, d, device=qc.device, dtype=qc.dtype)
+        dqr = torch.empty(b, h, tq, d, device=qc.device, dtype=torch.float32)
+        attention.launch(kernels._dq, (triton.cdiv(tq, t.bm), h, b), qc, qr, k, v, dout, lse, delta, dqc, dqr,
+                         table, vt, dtable, dvalues, e, *strides, h, group, tq, tk, length,
+                         *scales, BM=t.bm, BN=t.bn, **shape, **_options(t, qc.dtype, qc.device))
+        dtable = dtable * ctx.scale  # (H,S,Dh)
+        if table.shape[0] == 1:  # one table for every head (Shaw)
+            dtable = dtable.sum(0, keepdim=True)
+        dvalues = dvalues.sum(0) if ctx.has_values else None  # (S,Dh)
+        dqr = (dqr * ctx.scale).to(qr.dtype)
+        return (dqc, dqr, dk, dv, dtable.to(table.dtype), None if dvalues is None else dvalues.to(vt.dtype), None,
+                None, None)
+
+
+def _table_strides(table: Tensor, vt: Tensor) -> tuple[int, int, int]:
+    """(head stride of the table, 0 where every head shares it; row stride; the values' row stride)."""
+    return (table.stride(0) if table.shape[0] > 1 else 0), table.stride(1), vt.stride(-2)
+
+
+def attend_relative(q: Tensor, k: Tensor, v: Tensor, relative: RelativeTable, e: Tensor, causal: bool) -> Tensor:
+    """q (B,H,Tq,Dh), k/v (B,Hkv,Tk,Dh), e (B|1,) int64: the table's index of key j - i (row i reads
+    table[clamp(j - i + e)]) -> (B,H,Tq,Dh). Gradients reach q, k, v and every tensor of `relative`."""
+    h, dh = q.shape[1], q.shape[-1]
+    table = relative.table
+    if table.dim() != 3 or table.shape[0] not in (1, h) or table.shape[-1] != dh or table.shape[1] < 1:
+        raise ValueError(f"relative table {tuple(table.shape)}: expected (H|1, S, Dh) with H={h}, Dh={dh}, S >= 1")
+    if relative.values is not None and relative.values.shape != table.shape[1:]:
+        raise ValueError(f"relative values {tuple(relative.values.shape)}: expected (S, Dh) = {tuple(table.shape[1:])}")
+    qc = q if relative.q_shift is None else q + relative.q_shift.to(q.dtype)[None, :, None, :]
+    qr = q if relative.row_shift is None else q + relative.row_shift.to(q.dtype)[None, :, None, :]
+    values = None if relative.values is None else relative.values.to(q.dtype)
+    return _RelativeAttention.apply(qc, qr, k, v, table.to(q.dtype), values, per_batch_row(e.to(q.device), q),
+                                    causal, float(relative.scale))
+
+
+__all__ = ["RELATIVE_TILES", "attend_relative"]
