@@ -32,7 +32,7 @@ whose class gives no score_mod.
     piecewise   cuda    bfloat16 float16 float32    pieces_decode      -
     contextual  cpu     float32                     native_contextual  native_contextual
     relative    cpu     float32                     relative_decode    native_relative
-    relative    cuda    bfloat16 float16 float32    triton_relative    triton_relative
+    relative    cuda    bfloat16 float16 float32    relative_decode triton_relative triton_relative
     values      cpu     float32                     native_relative    native_relative
     values      cuda    bfloat16 float16 float32    triton_relative    triton_relative
 
@@ -101,7 +101,7 @@ FAST_RULES: tuple[tuple[str, str, tuple[torch.dtype, ...], tuple[str, ...], tupl
     ("contextual", "cpu", (torch.float32,), ("native_contextual",), ("native_contextual",)),
     ("relative", "cpu", (torch.float32,), ("relative_decode",), ("native_relative",)),
     ("values", "cpu", (torch.float32,), ("native_relative",), ("native_relative",)),
-    ("relative", "cuda", HALF_AND_FLOAT, ("triton_relative",), ("triton_relative",)),
+    ("relative", "cuda", HALF_AND_FLOAT, ("relative_decode", "triton_relative"), ("triton_relative",)),
     ("values", "cuda", HALF_AND_FLOAT, ("triton_relative",), ("triton_relative",)),
 )
 BIAS_TAIL = {False: ("flex", "chunked", "reference"), True: ("chunked", "reference")}  # by grad

@@ -211,7 +211,7 @@ def native_relative(call: Call) -> Tensor | None:
 
 def relative_decode(call: Call) -> Tensor | None:
     """One query per row, no gradient, rows per query without a value term: SDPA with the row as the mask."""
-    if not _native(call) or (span := _span(call)) is None:
+    if not (_on_gpu(call) or _native(call)) or (span := _span(call)) is None:
         return None
     return _relative(call.q, call.k, call.v, call.scheme, span.offsets, span.low, span.high, call.causal,
                      as_mask=True)

@@ -39,6 +39,20 @@ class Tiles(NamedTuple):
     stages: int
 
 
+# Rows per query (relative.py, relative_kernels.py; BM <= BN): each tile also holds qr, two chunks of qr . R and
+# the gathers that read them per pair, so the tiles are smaller than the row kernel's. Sweeps at bf16, causal,
+# Shaw / Transformer-XL (registers / spilled bytes):
+#   Dh 64: forward 64x64 8 warps 255/352 and 255/112; 32x64 8 warps 255/80 and 238/0; 32x32 4 warps 255/0, 228/0
+#          dq 32x64 8 warps 255/56 and 255/32; 32x32 4 warps 255/96 and 255/0; 16x32 4 warps 251/0 and 236/0
+#          dkdv 32x64 8 warps 255/32 and 249/0; 16x64 4 warps 255/32; 32x32 4 warps 246/0 and 224/0
+RELATIVE_BY_HEAD_DIM = {
+    "relative_forward": {16: Tiles(32, 32, 4, 2), 32: Tiles(32, 32, 4, 2), 64: Tiles(32, 32, 4, 2),
+                         128: Tiles(32, 32, 8, 2), 256: Tiles(16, 16, 8, 1)},
+    "relative_dkdv": {16: Tiles(32, 32, 4, 2), 32: Tiles(32, 32, 4, 2), 64: Tiles(32, 32, 4, 2),
+                      128: Tiles(16, 32, 8, 2), 256: Tiles(16, 16, 8, 1)},
+    "relative_dq": {16: Tiles(16, 32, 4, 2), 32: Tiles(16, 32, 4, 2), 64: Tiles(16, 32, 4, 2),
+                    128: Tiles(16, 32, 8, 2), 256: Tiles(16, 16, 8, 1)},
+}
 # (kernel, padded head dim) -> Tiles on a GPU, chosen by the static table (benchmarks/gpu_static.py, BENCHMARKS-gpu.md):
 # the largest tiles that spill no register in bf16/fp16 and fit the H100's 227 KB of shared memory per block, the
 # shapes of Triton's fused-attention tutorial (dK/dV over a few queries x 128 keys, dQ over 128 queries x 32).
@@ -59,6 +73,7 @@ _BY_HEAD_DIM = {
            128: Tiles(128, 32, 8, 2), 256: Tiles(32, 32, 8, 2)},
     "dq_rows": {16: Tiles(32, 32, 4, 2), 32: Tiles(32, 32, 4, 2), 64: Tiles(32, 32, 8, 2),
                 128: Tiles(32, 32, 8, 2), 256: Tiles(16, 32, 8, 2)},
+    **RELATIVE_BY_HEAD_DIM,
 }
 # float32 runs as TF32 (4-byte operands: half the tile of a 16-bit type for the same shared memory), and only up to
 # Dh 128: at 256 every tile spilled 100-2800 B. Sweeps with TF32 (registers / spilled bytes): forward 128x32 8 warps
@@ -70,6 +85,8 @@ _FP32_BY_HEAD_DIM = {
     "dkdv": {16: Tiles(32, 64, 8, 2), 32: Tiles(32, 64, 8, 2), 64: Tiles(32, 64, 8, 2), 128: Tiles(32, 32, 8, 2)},
     "dq": dict.fromkeys((16, 32, 64, 128), Tiles(64, 32, 8, 2)),
     "dq_rows": dict.fromkeys((16, 32, 64, 128), Tiles(32, 32, 4, 2)),
+    **{kernel: {dim: Tiles(16, 32, t.warps, 1) for dim, t in by_dim.items() if dim <= 128}
+       for kernel, by_dim in RELATIVE_BY_HEAD_DIM.items()},
 }
 FP32_MAX_HEAD_DIM = 128
 TILES = {(kernel, dim, dtype): t

@@ -9,8 +9,8 @@ values, hence (through autograd, outside the kernels) the shifts and whatever th
 (Shaw's P_K and P_V; Transformer-XL's u, v and W_R). The tables' gradients add up with float32 atomics: unlike the
 row kernel (attention.py) they do not repeat bit for bit between runs.
 
-Tiles: the row kernel's launch() and TILES where their shapes fit (a tile reads two chunks of BN distances,
-so BM <= BN); RELATIVE_TILES for the forward and dQ, chosen by the static table (benchmarks/gpu_static.py).
+Launches go through the row kernel's launch(), with tiles from its table (attention.TILES, the relative_* kernels:
+a tile reads two chunks of BN distances, so BM <= BN), chosen by the static table (benchmarks/gpu_static.py).
 """
 
 from __future__ import annotations
@@ -25,24 +25,6 @@ from posenc.nn.triton import relative_kernels as kernels
 from posenc.nn.triton.attention import Tiles, _bhd, _check_sizes, _dense_last, _options, padded_head_dim
 from posenc.nn.triton.attention_kernels import LOG2E
 from posenc.scheme import RelativeTable
-
-# (kernel, padded head dim) -> Tiles on a GPU for bf16/fp16 (float32 runs as TF32 with half the BN). Each tile holds
-# q, qr and the two distance chunks: the forward and dQ of the row kernel (BM 128) would need BN >= 128.
-_BY_HEAD_DIM = {
-    "relative_forward": {16: Tiles(64, 64, 4, 2), 32: Tiles(64, 64, 4, 2), 64: Tiles(64, 64, 4, 2),
-                         128: Tiles(64, 64, 8, 2), 256: Tiles(32, 32, 8, 1)},
-    "relative_dkdv": {16: Tiles(32, 64, 4, 2), 32: Tiles(32, 64, 4, 2), 64: Tiles(32, 64, 4, 2),
-                      128: Tiles(32, 64, 8, 2), 256: Tiles(16, 32, 8, 1)},
-    "relative_dq": {16: Tiles(32, 64, 4, 2), 32: Tiles(32, 64, 4, 2), 64: Tiles(32, 64, 4, 2),
-                    128: Tiles(32, 64, 8, 2), 256: Tiles(16, 32, 8, 1)},
-}
-_FP32 = {kernel: {dim: Tiles(min(t.bm, 32), 32, t.warps, 1) for dim, t in by_dim.items() if dim <= 128}
-         for kernel, by_dim in _BY_HEAD_DIM.items()}
-RELATIVE_TILES = {(kernel, dim, dtype): t
-                  for dtype, table in ((torch.bfloat16, _BY_HEAD_DIM), (torch.float16, _BY_HEAD_DIM),
-                                       (torch.float32, _FP32))
-                  for kernel, by_dim in table.items() for dim, t in by_dim.items()}
-attention.TILES.update(RELATIVE_TILES)  # one table for tiles(): the static check forces the GPU's through it
 
 
 def _tiles(kernel: str, q: Tensor) -> Tiles:
@@ -131,4 +113,4 @@ def attend_relative(q: Tensor, k: Tensor, v: Tensor, relative: RelativeTable, e:
                                     causal, float(relative.scale))
 
 
-__all__ = ["RELATIVE_TILES", "attend_relative"]
+__all__ = ["attend_relative"]
