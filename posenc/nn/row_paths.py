@@ -159,9 +159,11 @@ def triton_relative(call: Call) -> Tensor | None:
         return None
     if (relative := call.scheme.relative_table(span.low, span.high, call.q)) is None:
         return None
-    from posenc.nn.triton.relative import attend_relative  # imports triton: only once a GPU tensor shows up
+    from posenc.nn.triton import relative as kernel  # imports triton: only once a GPU tensor shows up
 
-    return attend_relative(call.q, call.k, call.v, relative, -span.offsets.delta - relative.low, call.causal)
+    if not kernel.serves(call.q):
+        return None
+    return kernel.attend_relative(call.q, call.k, call.v, relative, -span.offsets.delta - relative.low, call.causal)
 
 
 def rows_decode(call: Call) -> Tensor | None:

@@ -50,7 +50,7 @@ def formula(qc, qr, k, v, table, values, e, causal, scale):
 
 
 CASES = {  # name: (B, H, Hkv, Tq, Tk, S, causal, shared table and values (Shaw) or per-head table and shifts)
-    "shaw_causal_gqa": (2, 2, 1, 24, 24, 9, True, True),
+    "shaw_causal_rows_apart": (2, 1, 1, 32, 32, 9, True, True),  # whole tiles at row 0 (FAR) at 16 x 16
     "shaw_encoder": (1, 1, 1, 20, 20, 5, False, True),
     "xl_after_cache_gqa": (1, 2, 1, 9, 33, 42, True, False),
 }

@@ -26,6 +26,14 @@ from posenc.nn.triton.attention import Tiles, _bhd, _check_sizes, _dense_last, _
 from posenc.nn.triton.attention_kernels import LOG2E
 from posenc.scheme import RelativeTable
 
+KERNELS = ("relative_forward", "relative_dkdv", "relative_dq")
+
+
+def serves(q: Tensor) -> bool:
+    """The table has tiles for this head dim and dtype (bf16/fp16 up to Dh 128, TF32 up to 64: larger spill)."""
+    return q.device.type == "cpu" or all((kernel, padded_head_dim(q.shape[-1]), q.dtype) in attention.TILES
+                                         for kernel in KERNELS)
+
 
 def _tiles(kernel: str, q: Tensor) -> Tiles:
     return attention.tiles(kernel, q.shape[-1], q.device, q.dtype)
@@ -41,6 +49,7 @@ class _RelativeAttention(torch.autograd.Function):
         b, h, tq, d = qc.shape
         t = _tiles("relative_forward", qc)
         has_values = values is not None
+        far = table.shape[1] < tq + k.shape[2] - 1  # a clipped table: whole tiles read its row 0
         vt = values.contiguous() if has_values else table[0]
         out = torch.empty_like(qc, memory_format=torch.contiguous_format)  # (B,H,Tq,Dh)
         lse = torch.empty(b, h, tq, device=qc.device, dtype=torch.float32)  # base 2
@@ -48,9 +57,9 @@ class _RelativeAttention(torch.autograd.Function):
                          qc, qr, k, v, table, vt, out, lse, e, *_bhd(qc), *_bhd(qr), *_bhd(k), *_bhd(v),
                          *_bhd(out), *_table_strides(table, vt), h, h // k.shape[1], tq, k.shape[2],
                          table.shape[1], d**-0.5 * LOG2E, scale * LOG2E, D=d, CAUSAL=causal, HAS_VALUES=has_values,
-                         BM=t.bm, BN=t.bn, BD=padded_head_dim(d), **_options(t, qc.dtype, qc.device))
+                         FAR=far, BM=t.bm, BN=t.bn, BD=padded_head_dim(d), **_options(t, qc.dtype, qc.device))
         ctx.save_for_backward(qc, qr, k, v, table, vt, out, lse, e)
-        ctx.causal, ctx.scale, ctx.has_values = causal, scale, has_values
+        ctx.causal, ctx.scale, ctx.has_values, ctx.far = causal, scale, has_values, far
         return out
 
     @staticmethod
@@ -62,13 +71,15 @@ class _RelativeAttention(torch.autograd.Function):
         group = h // hkv
         delta = (dout.float() * out.float()).sum(-1)  # (B,H,Tq): rowsum(dO * O)
         scales = (d**-0.5 * LOG2E, ctx.scale * LOG2E, d**-0.5)
-        shape = dict(D=d, CAUSAL=ctx.causal, HAS_VALUES=ctx.has_values, BD=padded_head_dim(d))
+        shape = dict(D=d, CAUSAL=ctx.causal, HAS_VALUES=ctx.has_values, FAR=ctx.far, BD=padded_head_dim(d))
+        lse_far, delta_far = _far_softmax(qr, table, vt, dout, lse, delta, ctx) if ctx.far else (lse, delta)
         strides = (*_bhd(qc), *_bhd(qr), *_bhd(k), *_bhd(v), *_bhd(dout), *_table_strides(table, vt))
         kv_dtype = k.dtype if group == 1 else torch.float32
         dk_heads = torch.empty(b, h, tk, d, device=qc.device, dtype=kv_dtype)
         dv_heads = torch.empty(b, h, tk, d, device=qc.device, dtype=kv_dtype)
         t = _tiles("relative_dkdv", qc)
-        attention.launch(kernels._dkdv, (triton.cdiv(tk, t.bn), h, b), qc, qr, k, v, dout, lse, delta, dk_heads,
+        attention.launch(kernels._dkdv, (triton.cdiv(tk, t.bn), h, b), qc, qr, k, v, dout, lse, delta, lse_far,
+                         delta_far, dk_heads,
                          dv_heads, table, vt, e, *strides, h, group, tq, tk, length, *scales, BM=t.bm, BN=t.bn,
                          **shape, **_options(t, qc.dtype, qc.device))
         dk, dv = dk_heads, dv_heads
@@ -80,7 +91,8 @@ class _RelativeAttention(torch.autograd.Function):
         dvalues = torch.zeros(h if ctx.has_values else 1, length, d, device=qc.device, dtype=torch.float32)
         dqc = torch.empty(b, h, tq, d, device=qc.device, dtype=qc.dtype)
         dqr = torch.empty(b, h, tq, d, device=qc.device, dtype=torch.float32)
-        attention.launch(kernels._dq, (triton.cdiv(tq, t.bm), h, b), qc, qr, k, v, dout, lse, delta, dqc, dqr,
+        attention.launch(kernels._dq, (triton.cdiv(tq, t.bm), h, b), qc, qr, k, v, dout, lse, delta, lse_far,
+                         delta_far, dqc, dqr,
                          table, vt, dtable, dvalues, e, *strides, h, group, tq, tk, length,
                          *scales, BM=t.bm, BN=t.bn, **shape, **_options(t, qc.dtype, qc.device))
         dtable = dtable * ctx.scale  # (H,S,Dh)
@@ -90,6 +102,16 @@ class _RelativeAttention(torch.autograd.Function):
         dqr = (dqr * ctx.scale).to(qr.dtype)
         return (dqc, dqr, dk, dv, dtable.to(table.dtype), None if dvalues is None else dvalues.to(vt.dtype), None,
                 None, None)
+
+
+def _far_softmax(qr: Tensor, table: Tensor, vt: Tensor, dout: Tensor, lse: Tensor, delta: Tensor, ctx
+                 ) -> tuple[Tensor, Tensor]:
+    """(B,H,Tq) each: lse less the bias of the table's row 0 (base 2), delta less dO . VT[0]: with them the row
+    kernel's plain loops give the p and dS of tiles whose every pair reads row 0."""
+    row0 = table[:, 0].float()  # (H|1,Dh)
+    bias = (qr.float() * row0[None, :, None, :]).sum(-1) * (ctx.scale * LOG2E)
+    delta_far = delta - (dout.float() @ vt[0].float()) if ctx.has_values else delta
+    return (lse - bias).contiguous(), delta_far.contiguous()
 
 
 def _table_strides(table: Tensor, vt: Tensor) -> tuple[int, int, int]:
@@ -113,4 +135,4 @@ def attend_relative(q: Tensor, k: Tensor, v: Tensor, relative: RelativeTable, e:
                                     causal, float(relative.scale))
 
 
-__all__ = ["attend_relative"]
+__all__ = ["KERNELS", "attend_relative", "serves"]

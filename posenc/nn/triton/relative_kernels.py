@@ -25,7 +25,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from posenc.nn.triton.attention_kernels import _dkdv_tiles as _plain_dkdv_tiles
 from posenc.nn.triton.attention_kernels import _dot, _interior_end, _key_end, _query_phases, _valid
+from posenc.nn.triton.attention_kernels import _dq_tiles as _plain_dq_tiles
+from posenc.nn.triton.attention_kernels import _fwd_tiles as _plain_fwd_tiles
 
 
 @triton.jit
@@ -61,6 +64,13 @@ def _unskewed(x, BM: tl.constexpr, BN: tl.constexpr):
     jl = jh - BN
     low = tl.where(jl >= 0, tl.gather(x, tl.maximum(jl, 0), 1), 0.0)
     return low, high
+
+
+@triton.jit
+def _far_end(c_base, interior, BN: tl.constexpr):
+    """Key tiles before this (a multiple of BN, at most interior) have every pair at c <= 0 for the query block
+    whose key 0 sits at c_base: they all read the table's row 0."""
+    return tl.minimum(tl.maximum(1 - c_base, 0) // BN * BN, interior)
 
 
 @triton.jit
@@ -103,7 +113,7 @@ def _forward(Q, QR, K, V, R, VT, OUT, LSE, E,
              sqb, sqh, sqt, srb, srh, srt, skb, skh, skt, svb, svh, svt, sob, soh, sot,
              s_table_h, srow, svrow,
              H, GROUP, TQ, TK, S, qk_scale, row_scale,
-             D: tl.constexpr, CAUSAL: tl.constexpr, HAS_VALUES: tl.constexpr,
+             D: tl.constexpr, CAUSAL: tl.constexpr, HAS_VALUES: tl.constexpr, FAR: tl.constexpr,
              BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
              PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     m0 = tl.program_id(0) * BM
@@ -121,12 +131,21 @@ def _forward(Q, QR, K, V, R, VT, OUT, LSE, E,
     v_ptrs = V + b * svb + hk * svh + jl[:, None] * svt + d[None, :]  # (BN,BD)
     R += h * s_table_h
     c_base = tl.load(E + b) - m0  # the distance index of key 0 at query m0
-    prev = _dot(qr, _chunk_t(R, c_base - BN, S, srow, d, d_ok, BN), PRECISION, UPCAST) * row_scale
     best = tl.full((BM,), float("-inf"), tl.float32)
     total = tl.zeros((BM,), tl.float32)
     acc = tl.zeros((BM, BD), tl.float32)
     interior = _interior_end(m0, TQ, TK, CAUSAL, BM, BN)
-    acc, best, total, prev = _fwd_tiles(acc, best, total, prev, q, qr, k_ptrs, v_ptrs, R, VT, i, c_base, 0,
+    far = 0
+    if FAR:  # tiles whose every pair reads row 0 (clipped): a plain flash loop, the row's bias added to the max
+        far = _far_end(c_base, interior, BN)
+        acc, best, total = _plain_fwd_tiles(acc, best, total, q, k_ptrs, v_ptrs, R, i, 0, far, TQ, TK, qk_scale,
+                                            skt, svt, d_ok, CAUSAL, False, False, BD == D, BN, PRECISION, UPCAST)
+        row0 = tl.load(R + d, mask=d_ok, other=0.0).to(tl.float32)
+        best += tl.sum(qr.to(tl.float32) * row0[None, :], 1) * row_scale
+        if HAS_VALUES:  # their value term: the mass so far times VT[0]
+            acc += total[:, None] * tl.load(VT + d, mask=d_ok, other=0.0).to(tl.float32)[None, :]
+    prev = _dot(qr, _chunk_t(R, c_base + far - BN, S, srow, d, d_ok, BN), PRECISION, UPCAST) * row_scale
+    acc, best, total, prev = _fwd_tiles(acc, best, total, prev, q, qr, k_ptrs, v_ptrs, R, VT, i, c_base, far,
                                         interior, TQ, TK, S, srow, svrow, qk_scale, row_scale, skt, svt, d, d_ok,
                                         CAUSAL, False, HAS_VALUES, BN, PRECISION, UPCAST)
     acc, best, total, prev = _fwd_tiles(acc, best, total, prev, q, qr, k_ptrs, v_ptrs, R, VT, i, c_base, interior,
@@ -183,14 +202,16 @@ def _dkdv_tiles(dk, dv, k, v, q_ptrs, qr_ptrs, do_ptrs, lse_ptrs, delta_ptrs, R,
 
 
 @triton.jit
-def _dkdv(Q, QR, K, V, DO, LSE, DELTA, DK, DV, R, VT, E,
+def _dkdv(Q, QR, K, V, DO, LSE, DELTA, LSE_FAR, DELTA_FAR, DK, DV, R, VT, E,
           sqb, sqh, sqt, srb, srh, srt, skb, skh, skt, svb, svh, svt, sdob, sdoh, sdot,
           s_table_h, srow, svrow,
           H, GROUP, TQ, TK, S, qk_scale, row_scale, scale,
-          D: tl.constexpr, CAUSAL: tl.constexpr, HAS_VALUES: tl.constexpr,
+          D: tl.constexpr, CAUSAL: tl.constexpr, HAS_VALUES: tl.constexpr, FAR: tl.constexpr,
           BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
           PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """dK, dV of one key block for query head h, (BN,BD), into DK/DV contiguous (B,H,Tk,Dh)."""
+    """dK, dV of one key block for query head h, (BN,BD), into DK/DV contiguous (B,H,Tk,Dh). FAR: query tiles
+    whose every pair reads the table's row 0 run the row kernel's plain loop against LSE_FAR = lse - the row's
+    bias and DELTA_FAR = delta - dO . VT[0] (the host's, per query), which give the same p and dS."""
     n0 = tl.program_id(0) * BN
     h = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
@@ -213,11 +234,17 @@ def _dkdv(Q, QR, K, V, DO, LSE, DELTA, DK, DV, R, VT, E,
     dk = tl.zeros((BN, BD), tl.float32)
     dv = tl.zeros((BN, BD), tl.float32)
     first, full, last = _query_phases(n0, TQ, TK, CAUSAL, BM, BN)
+    far = last
+    if FAR:  # c <= 0 for the whole tile from query m0 >= n0 + BN - 1 + e on
+        far = tl.minimum(tl.maximum(tl.cdiv(tl.maximum(c_base + BN - 1, 0), BM) * BM, full), last)
+        dk, dv = _plain_dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, LSE_FAR + bh * TQ + il, DELTA_FAR + bh * TQ + il,
+                                   R, j, far, last, TQ, TK, qk_scale, sqt, sdot, d_ok, CAUSAL, False, False,
+                                   BD == D, BM, PRECISION, UPCAST)
     dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, qr_ptrs, do_ptrs, lse_ptrs, delta_ptrs, R, VT, j, c_base, first,
                          full, TQ, TK, S, srow, svrow, qk_scale, row_scale, sqt, srt, sdot, d, d_ok, CAUSAL, True,
                          HAS_VALUES, BM, PRECISION, UPCAST)
     dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, qr_ptrs, do_ptrs, lse_ptrs, delta_ptrs, R, VT, j, c_base, full,
-                         last, TQ, TK, S, srow, svrow, qk_scale, row_scale, sqt, srt, sdot, d, d_ok, CAUSAL, False,
+                         far, TQ, TK, S, srow, svrow, qk_scale, row_scale, sqt, srt, sdot, d, d_ok, CAUSAL, False,
                          HAS_VALUES, BM, PRECISION, UPCAST)
     dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, qr_ptrs, do_ptrs, lse_ptrs, delta_ptrs, R, VT, j, c_base, last,
                          TQ, TQ, TK, S, srow, svrow, qk_scale, row_scale, sqt, srt, sdot, d, d_ok, CAUSAL, True,
@@ -241,11 +268,12 @@ def _add_rows(G, c0, x, S, d, d_ok, D: tl.constexpr, BN: tl.constexpr):
 
 
 @triton.jit
-def _dq_tiles(dq, dqr, prev, prev_v, q, qr, do, lse, delta, k_ptrs, v_ptrs, R, VT, DR, DVT, i, c_base, n_start,
-              n_end, TQ, TK, S, srow, svrow, qk_scale, row_scale, skt, svt, d, d_ok, CAUSAL: tl.constexpr,
-              MASKED: tl.constexpr, HAS_VALUES: tl.constexpr, D: tl.constexpr, BN: tl.constexpr,
+def _dq_tiles(dq, dqr, prev, prev_v, ds_sum, p_sum, q, qr, do, lse, delta, k_ptrs, v_ptrs, R, VT, DR, DVT, i,
+              c_base, n_start, n_end, TQ, TK, S, srow, svrow, qk_scale, row_scale, skt, svt, d, d_ok,
+              CAUSAL: tl.constexpr, MASKED: tl.constexpr, HAS_VALUES: tl.constexpr, D: tl.constexpr, BN: tl.constexpr,
               PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """Key tiles [n_start, n_end) of one query block: dQc, dQr, and the tables' gradients (atomics into DR, DVT)."""
+    """Key tiles [n_start, n_end) of one query block: dQc, dQr, and the tables' gradients (atomics into DR, DVT);
+    ds_sum, p_sum: the rows' sums of dS and p over these tiles."""
     BM: tl.constexpr = q.shape[0]
     k_ptrs += n_start * skt
     v_ptrs += n_start * svt
@@ -271,6 +299,8 @@ def _dq_tiles(dq, dqr, prev, prev_v, q, qr, do, lse, delta, k_ptrs, v_ptrs, R, V
             _add_rows(DVT, c0 - BN, _dot(tl.trans(low).to(do.dtype), do, PRECISION, UPCAST), S, d, d_ok, D, BN)
             _add_rows(DVT, c0, _dot(tl.trans(high).to(do.dtype), do, PRECISION, UPCAST), S, d, d_ok, D, BN)
         ds = p * (dp - delta[:, None])  # (BM,BN): d loss / d logit
+        ds_sum += tl.sum(ds, 1)
+        p_sum += tl.sum(p, 1)
         dq += _dot(ds.to(k_t.dtype), tl.trans(k_t), PRECISION, UPCAST)
         low, high = _unskewed(ds, BM, BN)  # the logit gradient by distance: d qr . R[c]
         low, high = low.to(qr.dtype), high.to(qr.dtype)
@@ -280,19 +310,22 @@ def _dq_tiles(dq, dqr, prev, prev_v, q, qr, do, lse, delta, k_ptrs, v_ptrs, R, V
         _add_rows(DR, c0, _dot(tl.trans(high), qr, PRECISION, UPCAST), S, d, d_ok, D, BN)
         k_ptrs += BN * skt
         v_ptrs += BN * svt
-    return dq, dqr, prev, prev_v
+    return dq, dqr, prev, prev_v, ds_sum, p_sum
 
 
 @triton.jit
-def _dq(Q, QR, K, V, DO, LSE, DELTA, DQ, DQR, R, VT, DR, DVT, E,
+def _dq(Q, QR, K, V, DO, LSE, DELTA, LSE_FAR, DELTA_FAR, DQ, DQR, R, VT, DR, DVT, E,
         sqb, sqh, sqt, srb, srh, srt, skb, skh, skt, svb, svh, svt, sdob, sdoh, sdot,
         s_table_h, srow, svrow,
         H, GROUP, TQ, TK, S, qk_scale, row_scale, scale,
-        D: tl.constexpr, CAUSAL: tl.constexpr, HAS_VALUES: tl.constexpr,
+        D: tl.constexpr, CAUSAL: tl.constexpr, HAS_VALUES: tl.constexpr, FAR: tl.constexpr,
         BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
         PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """dQc and dQr (before the row scale) of one query block, contiguous (B,H,Tq,Dh); the tables' gradients
-    (before the row scale) added into DR and DVT, each (H,S,Dh) float32."""
+    (before the row scale) added into DR and DVT, each (H,S,Dh) float32. FAR: the tiles whose every pair reads
+    row 0 run the row kernel's plain loop (LSE_FAR, DELTA_FAR as in _dkdv); their dS and p reach row 0 through
+    the rows' sums, which softmax fixes: sum_j dS_ij = 0 and sum_j p_ij = 1 over all keys, so the far tiles'
+    are minus, and one minus, the other tiles'."""
     m0 = tl.program_id(0) * BM
     h = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
@@ -315,20 +348,39 @@ def _dq(Q, QR, K, V, DO, LSE, DELTA, DQ, DQR, R, VT, DR, DVT, E,
     DR += h * S * D
     DVT += h * S * D
     c_base = tl.load(E + b) - m0
-    prev = _dot(qr, _chunk_t(R, c_base - BN, S, srow, d, d_ok, BN), PRECISION, UPCAST) * row_scale
-    prev_v = tl.zeros((BM, BN), tl.float32)
-    if HAS_VALUES:
-        prev_v = _dot(do, _chunk_t(VT, c_base - BN, S, svrow, d, d_ok, BN), PRECISION, UPCAST)
     dq = tl.zeros((BM, BD), tl.float32)
     dqr = tl.zeros((BM, BD), tl.float32)
     interior = _interior_end(m0, TQ, TK, CAUSAL, BM, BN)
-    dq, dqr, prev, prev_v = _dq_tiles(dq, dqr, prev, prev_v, q, qr, do, lse, delta, k_ptrs, v_ptrs, R, VT, DR,
-                                      DVT, i, c_base, 0, interior, TQ, TK, S, srow, svrow, qk_scale, row_scale,
-                                      skt, svt, d, d_ok, CAUSAL, False, HAS_VALUES, D, BN, PRECISION, UPCAST)
-    dq, dqr, prev, prev_v = _dq_tiles(dq, dqr, prev, prev_v, q, qr, do, lse, delta, k_ptrs, v_ptrs, R, VT, DR,
-                                      DVT, i, c_base, interior, _key_end(m0, TQ, TK, CAUSAL, BM), TQ, TK, S, srow,
-                                      svrow, qk_scale, row_scale, skt, svt, d, d_ok, CAUSAL, True, HAS_VALUES, D, BN,
-                                      PRECISION, UPCAST)
+    far = 0
+    if FAR:
+        far = _far_end(c_base, interior, BN)
+        dq, _ = _plain_dq_tiles(dq, tl.zeros((BN,), tl.float32), q, do,
+                                tl.load(LSE_FAR + bh * TQ + i, mask=i_ok, other=float("inf")),
+                                tl.load(DELTA_FAR + bh * TQ + i, mask=i_ok, other=0.0), k_ptrs, v_ptrs, R, DR, i, 0,
+                                far, TQ, TK, qk_scale, skt, svt, d_ok, CAUSAL, False, False, False, BD == D, BM, BN,
+                                PRECISION, UPCAST)
+    prev = _dot(qr, _chunk_t(R, c_base + far - BN, S, srow, d, d_ok, BN), PRECISION, UPCAST) * row_scale
+    prev_v = tl.zeros((BM, BN), tl.float32)
+    if HAS_VALUES:
+        prev_v = _dot(do, _chunk_t(VT, c_base + far - BN, S, svrow, d, d_ok, BN), PRECISION, UPCAST)
+    ds_sum = tl.zeros((BM,), tl.float32)
+    p_sum = tl.zeros((BM,), tl.float32)
+    dq, dqr, prev, prev_v, ds_sum, p_sum = _dq_tiles(dq, dqr, prev, prev_v, ds_sum, p_sum, q, qr, do, lse, delta,
+                                                     k_ptrs, v_ptrs, R, VT, DR, DVT, i, c_base, far, interior, TQ,
+                                                     TK, S, srow, svrow, qk_scale, row_scale, skt, svt, d, d_ok,
+                                                     CAUSAL, False, HAS_VALUES, D, BN, PRECISION, UPCAST)
+    dq, dqr, prev, prev_v, ds_sum, p_sum = _dq_tiles(dq, dqr, prev, prev_v, ds_sum, p_sum, q, qr, do, lse, delta,
+                                                     k_ptrs, v_ptrs, R, VT, DR, DVT, i, c_base, interior,
+                                                     _key_end(m0, TQ, TK, CAUSAL, BM), TQ, TK, S, srow, svrow,
+                                                     qk_scale, row_scale, skt, svt, d, d_ok, CAUSAL, True, HAS_VALUES,
+                                                     D, BN, PRECISION, UPCAST)
+    if FAR:
+        far_ds = tl.where(i_ok & (far > 0), -ds_sum, 0.0)  # (BM,): the far tiles' dS, all at row 0
+        dqr += far_ds[:, None] * tl.load(R + d, mask=d_ok, other=0.0).to(tl.float32)[None, :]
+        tl.atomic_add(DR + d, tl.sum(far_ds[:, None] * qr.to(tl.float32), 0), mask=d_ok, sem="relaxed")
+        if HAS_VALUES:
+            far_p = tl.where(i_ok & (far > 0), 1.0 - p_sum, 0.0)
+            tl.atomic_add(DVT + d, tl.sum(far_p[:, None] * do.to(tl.float32), 0), mask=d_ok, sem="relaxed")
     out = (bh * TQ + i[:, None]) * D + d[None, :]
     tl.store(DQ + out, (dq * scale).to(DQ.dtype.element_ty), mask=q_mask)
     tl.store(DQR + out, dqr.to(DQR.dtype.element_ty), mask=q_mask)
