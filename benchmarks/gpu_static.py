@@ -232,13 +232,14 @@ def attention_records(dtypes: list[str], head_dims: list[int], workdir: Path, ca
 
 def relative_records(dtypes: list[str], head_dims: list[int], workdir: Path, causal_options=(True, False)
                      ) -> list[dict]:
-    """Every kernel the rows-per-query attention launches (Shaw with its value table, Transformer-XL without)."""
-    from posenc.nn.triton.attention import FP32_MAX_HEAD_DIM
+    """Every kernel the rows-per-query attention launches (Shaw with its value table, Transformer-XL without), at
+    the head dims and dtypes it serves (posenc.nn.triton.relative.serves: the table has its tiles)."""
+    from posenc.nn.triton import relative
 
     records = []
     for dtype in dtypes:
         for head_dim in head_dims:
-            if dtype == "fp32" and head_dim > FP32_MAX_HEAD_DIM:
+            if not relative.serves(torch.empty(1, 1, 1, head_dim, device="meta", dtype=DTYPES[dtype])):
                 continue
             for causal in causal_options:
                 for values in (True, False):

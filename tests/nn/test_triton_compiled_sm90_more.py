@@ -32,9 +32,9 @@ def test_other_head_dims_compile_fit_and_do_not_spill(head_dim):
 
 
 def test_shaw_kernels_compile_fit_and_do_not_spill():
-    """Shaw's launch (the value table: the larger loops) at bf16 Dh 128, causal; the other settings, and
-    Transformer-XL's launch, are in python -m benchmarks.gpu_static's table."""
-    check_relative("bf16", 128, True, values=True)
+    """Shaw's launch (the value table and the far loop: the most registers) at bf16 Dh 64, causal; the other
+    settings, and Transformer-XL's launch, are in python -m benchmarks.gpu_static's table."""
+    check_relative("bf16", 64, True, values=True)
 
 
 @pytest.mark.parametrize("interleaved", [False, True])

@@ -42,7 +42,8 @@ class Tiles(NamedTuple):
 # Rows per query (relative.py, relative_kernels.py; BM <= BN): each tile also holds qr, two chunks of qr . R and
 # the gathers that read them per pair, so the tiles are smaller than the row kernel's. Sweeps at bf16, causal,
 # Shaw / Transformer-XL (registers / spilled bytes):
-#   Dh 64: forward 64x64 8 warps 255/352 and 255/112; 32x64 8 warps 255/80 and 238/0; 32x32 4 warps 255/0, 228/0
+#   Dh 64: forward 64x64 8 warps 255/352 and 255/112; 32x64 8 warps 255/80 and 238/0; 32x32 4 warps 255/8 (with
+#          the far loop) and 228/0; 32x32 8 warps: see the static table
 #          dq 32x64 8 warps 255/56 and 255/32; 32x32 4 warps 255/96 and 255/0; 16x32 4 warps 251/0 and 236/0
 #          dkdv 32x64 8 warps 255/32 and 249/0; 16x64 4 warps 255/32; 32x32 4 warps 246/0 and 224/0
 #   Dh 128: forward 32x32 8 warps 191/0 and 170/0 (4 warps: 255/40); dq 16x32 8 warps 252/0 and 246/0; dkdv
@@ -51,7 +52,7 @@ class Tiles(NamedTuple):
 #   float32 (TF32): Dh 64 forward 16x32 4 warps 197/0; dq and dkdv 16x32 8 warps 255/0 and 226/0; Dh 128: dq and
 #          dkdv spill 200-248 B: not served.
 RELATIVE_BY_HEAD_DIM = {
-    "relative_forward": {16: Tiles(32, 32, 4, 2), 32: Tiles(32, 32, 4, 2), 64: Tiles(32, 32, 4, 2),
+    "relative_forward": {16: Tiles(32, 32, 8, 2), 32: Tiles(32, 32, 8, 2), 64: Tiles(32, 32, 8, 2),
                          128: Tiles(32, 32, 8, 2)},
     "relative_dkdv": {16: Tiles(32, 32, 4, 2), 32: Tiles(32, 32, 4, 2), 64: Tiles(32, 32, 4, 2),
                       128: Tiles(16, 32, 8, 2)},
