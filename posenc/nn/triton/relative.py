@@ -79,9 +79,8 @@ class _RelativeAttention(torch.autograd.Function):
         dv_heads = torch.empty(b, h, tk, d, device=qc.device, dtype=kv_dtype)
         t = _tiles("relative_dkdv", qc)
         attention.launch(kernels._dkdv, (triton.cdiv(tk, t.bn), h, b), qc, qr, k, v, dout, lse, delta, lse_far,
-                         delta_far, dk_heads,
-                         dv_heads, table, vt, e, *strides, h, group, tq, tk, length, *scales, BM=t.bm, BN=t.bn,
-                         **shape, **_options(t, qc.dtype, qc.device))
+                         delta_far, dk_heads, dv_heads, table, vt, e, *strides, h, group, tq, tk, length, *scales,
+                         BM=t.bm, BN=t.bn, **shape, **_options(t, qc.dtype, qc.device))
         dk, dv = dk_heads, dv_heads
         if group > 1:
             dk = dk_heads.view(b, hkv, group, tk, d).sum(2).to(k.dtype)
@@ -92,8 +91,7 @@ class _RelativeAttention(torch.autograd.Function):
         dqc = torch.empty(b, h, tq, d, device=qc.device, dtype=qc.dtype)
         dqr = torch.empty(b, h, tq, d, device=qc.device, dtype=torch.float32)
         attention.launch(kernels._dq, (triton.cdiv(tq, t.bm), h, b), qc, qr, k, v, dout, lse, delta, lse_far,
-                         delta_far, dqc, dqr,
-                         table, vt, dtable, dvalues, e, *strides, h, group, tq, tk, length,
+                         delta_far, dqc, dqr, table, vt, dtable, dvalues, e, *strides, h, group, tq, tk, length,
                          *scales, BM=t.bm, BN=t.bn, **shape, **_options(t, qc.dtype, qc.device))
         dtable = dtable * ctx.scale  # (H,S,Dh)
         if table.shape[0] == 1:  # one table for every head (Shaw)

@@ -14,6 +14,12 @@ of a tile collapse onto the first or last row) and costs nothing for Transformer
 distance). The value term goes the other way: the probabilities regrouped by distance (_unskewed) times the
 value table's two chunks.
 
+Far tiles (FAR, a clipped table: Shaw): where every pair of a tile lies at c <= 0 (causal attention away from the
+diagonal: most tiles at long T), every pair reads row 0, so the bias is one number per query and the value term
+is the tile's mass times VT[0]. Those tiles run the row kernel's plain loops (attention_kernels._fwd_tiles,
+_dq_tiles, _dkdv_tiles without a bias): the forward adds the row's bias to the running max after them; the
+backward passes them the log-sum-exp less that bias and delta less dO . VT[0].
+
 Gradients: dK, dV in _dkdv (one program per key block, like attention_kernels._dkdv); dQc, dQr, and the tables'
 gradients in _dq (one program per query block). A table row gathers from every query block, so those add up with
 float32 atomics (_add_rows: distances past either end of the table summed in registers first). Loops, masks,
