@@ -20,7 +20,8 @@ from posenc.nn.attention_core import attend
 from posenc.registry import build
 from posenc.scheme import Dims, materialises_bias
 
-ROW_SCHEMES = {"alibi", "kerple", "sandwich", "relative"}  # the Triton row kernel: no (T, T) tensor anywhere
+# Triton kernels, no (T, T) tensor anywhere: rows per head (triton/attention.py), rows per query (triton/relative.py)
+ROW_SCHEMES = {"alibi", "kerple", "sandwich", "relative", "shaw", "transformer_xl"}
 SQUARE_MAX_T = 4096  # other schemes' GPU paths still build (1, H, T, T) pieces in fwd+bwd: longer is an OOM
 MATERIALISED_MAX_T = 8192  # the materialised (1, H, T, T) bias peer
 Sink = Callable[[str, dict], None]

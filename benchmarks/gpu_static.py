@@ -145,6 +145,29 @@ def attention_launches(dtype: torch.dtype, head_dim: int, causal: bool, row_grad
     return launches
 
 
+def relative_launches(dtype: torch.dtype, head_dim: int, causal: bool, values: bool, *, batch: int = 2,
+                      heads: int = 8, kv_heads: int = 2, length: int = 1024) -> list[_Launch]:
+    """Forward and backward of posenc's rows-per-query attention (posenc.nn.triton.relative) on meta tensors:
+    values=True as Shaw launches it (one table for every head, clipped at 16, a value table), False as
+    Transformer-XL (a table per head over every distance, shifts u and v)."""
+    from posenc.nn.triton.relative import attend_relative
+    from posenc.scheme import RelativeTable
+
+    with recorded_launches() as launches, _tf32():
+        q = torch.empty(batch, heads, length, head_dim, device="meta", dtype=dtype, requires_grad=True)
+        k, v = (torch.empty(batch, kv_heads, length, head_dim, device="meta", dtype=dtype, requires_grad=True)
+                for _ in range(2))
+        rows = 33 if values else 2 * length - 1
+        table = torch.empty(1 if values else heads, rows, head_dim, device="meta", requires_grad=True)
+        extra = [torch.empty(heads, head_dim, device="meta", requires_grad=True) for _ in range(2)]
+        relative = (RelativeTable(table, -16, head_dim**-0.5, values=torch.empty_like(table[0])) if values else
+                    RelativeTable(table, 1 - length, head_dim**-0.5, row_shift=extra[0], q_shift=extra[1]))
+        e = torch.full((batch,), 16 if values else length - 1, device="meta", dtype=torch.int64)
+        out = attend_relative(q, k, v, relative, e, causal)
+        torch.autograd.grad(out, [q, k, v, table], torch.empty_like(out))
+    return launches
+
+
 def rotary_launches(dtype: torch.dtype, head_dim: int, rotary_dim: int, interleaved: bool) -> list[_Launch]:
     from posenc.nn.triton.rotary import rotate
 
@@ -207,6 +230,26 @@ def attention_records(dtypes: list[str], head_dims: list[int], workdir: Path, ca
     return records
 
 
+def relative_records(dtypes: list[str], head_dims: list[int], workdir: Path, causal_options=(True, False)
+                     ) -> list[dict]:
+    """Every kernel the rows-per-query attention launches (Shaw with its value table, Transformer-XL without), at
+    the head dims and dtypes it serves (posenc.nn.triton.relative.serves: the table has its tiles)."""
+    from posenc.nn.triton import relative
+
+    records = []
+    for dtype in dtypes:
+        for head_dim in head_dims:
+            if not relative.serves(torch.empty(1, 1, 1, head_dim, device="meta", dtype=DTYPES[dtype])):
+                continue
+            for causal in causal_options:
+                for values in (True, False):
+                    setting = (f"{dtype} Dh={head_dim} {'causal' if causal else 'full'} "
+                               f"{'shaw' if values else 'transformer_xl'}")
+                    for launch in relative_launches(DTYPES[dtype], head_dim, causal, values):
+                        records.append(asdict(analyse(launch, setting, workdir)))
+    return records
+
+
 def rotary_records(dtypes: list[str], workdir: Path) -> list[dict]:
     records = []
     for dtype in dtypes:
@@ -245,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as workdir:
         dtypes = args.dtypes.split(",")
         records = attention_records(dtypes, [int(d) for d in args.head_dims.split(",")], Path(workdir))
+        records += relative_records(dtypes, [int(d) for d in args.head_dims.split(",")], Path(workdir))
         records += rotary_records(dtypes, Path(workdir))
     text = markdown(records)
     print(text)

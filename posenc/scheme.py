@@ -45,6 +45,20 @@ class RelativeRows:
 
 
 @dataclass(frozen=True)
+class RelativeTable:
+    """relative_rows as the product it comes from, for kernels that form it per tile (the GPU's): rows are
+        rows[b, h, i, s] = scale * (q_i + row_shift[h]) . table[h or 0, s]          s = r - low, S rows
+    with values and q_shift as in RelativeRows. A table of one head serves every head (Shaw's P_K)."""
+
+    table: Tensor  # (H|1,S,Dh)
+    low: int
+    scale: float
+    row_shift: Tensor | None = None  # (H,Dh)
+    values: Tensor | None = None  # (S,Dh)
+    q_shift: Tensor | None = None  # (H,Dh)
+
+
+@dataclass(frozen=True)
 class PiecewiseBias:
     """A bias that is a piecewise-linear function, per head, of a distance feature scaled per query:
         bias(b, h, i, j) = slopes[h, s] * x + intercepts[h, s],  x = feature[r - low] / divisor[b, i]
@@ -157,6 +171,11 @@ class Scheme(nn.Module):
     def relative_rows(self, q: Tensor, low: int, high: int) -> RelativeRows | None:
         """bias() (and mix_values()) as rows read at r = n - m, for r in [low, high], or None (the default).
         q (B,H,Tq,Dh). Fast paths then never build the (B,H,Tq,Tk) bias or weights."""
+        return None
+
+    def relative_table(self, low: int, high: int, like: Tensor) -> RelativeTable | None:
+        """relative_rows for r in [low, high] as a RelativeTable (no rows per query), or None (the default).
+        like: a tensor of the queries' device and dtype."""
         return None
 
     def contextual_rows(self, q: Tensor) -> Tensor | None:

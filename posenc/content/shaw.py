@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from posenc.errors import bad_value
-from posenc.scheme import Dims, RelativeRows, Scheme
+from posenc.scheme import Dims, RelativeRows, RelativeTable, Scheme
 
 
 def check_max_relative_position(value: Any) -> None:
@@ -70,6 +70,11 @@ class Shaw(Scheme):
         """Both terms as rows at clip(n - m, -k, k): q . a^K (B,H,Tq,2k+1) scaled, and P_V for the values."""
         rows = (q @ self.key_table.to(q.dtype).T) * q.shape[-1] ** -0.5  # (B,H,Tq,2k+1)
         return RelativeRows(rows, -self.max_relative_position, self.value_table.to(q.dtype))
+
+    def relative_table(self, low: int, high: int, like: Tensor) -> RelativeTable:
+        """relative_rows before the product with q: P_K for every head, scaled; P_V for the values."""
+        return RelativeTable(self.key_table[None], -self.max_relative_position, self.dims.head_dim**-0.5,
+                             values=self.value_table)
 
     def mix_values(self, weights: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """Value term of eq. 3: sum_n w_mn a^V_mn, (B,H,Tq,Dh)."""

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from posenc.absolute.sinusoidal import sinusoidal_table
 from posenc.nn.triangular import triangular_rows
-from posenc.scheme import Dims, RelativeRows, Scheme
+from posenc.scheme import Dims, RelativeRows, RelativeTable, Scheme
 
 
 class TransformerXL(Scheme):
@@ -88,6 +88,12 @@ class TransformerXL(Scheme):
         else:  # reverse the distances once, not a (B,H,Tq,L) tensor
             rows = triangular_rows(scaled, rk.flip(1))
         return RelativeRows(rows, low, q_shift=self.u.to(q.dtype))  # rows (B,H,Tq,L) for r = low..high
+
+    def relative_table(self, low: int, high: int, like: Tensor) -> RelativeTable:
+        """relative_rows before the product with q: W_R R_{i-j} per head for r = n - m = low..high (distance
+        i - j = -r, hence the flip), and the shifts v (rows) and u (content)."""
+        rk = self.kept_projected_distances(-high, -low, like)  # (H,L,Dh) for i - j = -high..-low
+        return RelativeTable(rk.flip(1), low, self.dims.head_dim**-0.5, row_shift=self.v, q_shift=self.u)
 
     def extra_repr(self) -> str:
         return f"heads={self.dims.n_head}, head_dim={self.dims.head_dim}"

@@ -32,7 +32,9 @@ whose class gives no score_mod.
     piecewise   cuda    bfloat16 float16 float32    pieces_decode      -
     contextual  cpu     float32                     native_contextual  native_contextual
     relative    cpu     float32                     relative_decode    native_relative
+    relative    cuda    bfloat16 float16 float32    relative_decode triton_relative triton_relative
     values      cpu     float32                     native_relative    native_relative
+    values      cuda    bfloat16 float16 float32    triton_relative    triton_relative
 
     form                                                no grad                       grad
     --------------------------------------------------  ----------------------------  -------------------
@@ -76,6 +78,7 @@ KERNELS: dict[str, Callable[[Call], Tensor | None]] = {
     "pieces_decode": row_paths.pieces_decode,  # SDPA with FIRE's one bias row as the mask
     "native_pieces": row_paths.native_pieces,  # csrc, FIRE's MLP per block of scores
     "native_contextual": row_paths.native_contextual,  # csrc/cope.cpp
+    "triton_relative": row_paths.triton_relative,  # triton/relative.py, rows per query formed per tile
     "relative_decode": row_paths.relative_decode,  # SDPA with one row per query as the mask
     "native_relative": row_paths.native_relative,  # csrc, rows per query (and Shaw's value term)
     "flex": bias_paths.flex,  # flex_attention with the scheme's score_mod
@@ -98,6 +101,8 @@ FAST_RULES: tuple[tuple[str, str, tuple[torch.dtype, ...], tuple[str, ...], tupl
     ("contextual", "cpu", (torch.float32,), ("native_contextual",), ("native_contextual",)),
     ("relative", "cpu", (torch.float32,), ("relative_decode",), ("native_relative",)),
     ("values", "cpu", (torch.float32,), ("native_relative",), ("native_relative",)),
+    ("relative", "cuda", HALF_AND_FLOAT, ("relative_decode", "triton_relative"), ("triton_relative",)),
+    ("values", "cuda", HALF_AND_FLOAT, ("triton_relative",), ("triton_relative",)),
 )
 BIAS_TAIL = {False: ("flex", "chunked", "reference"), True: ("chunked", "reference")}  # by grad
 TAILS: dict[str, dict[bool, tuple[str, ...]]] = {

@@ -6,9 +6,9 @@ Notation as in attention.py.
 
 Each kernel here takes a posenc.nn.dispatch.Call and returns the output or None (it does not serve); which of
 them runs for which scheme, device, dtype, gradient and decode step is decided in posenc.nn.dispatch alone.
-On a CUDA device (posenc.nn.triton, when triton imports) rows per head run in a Triton kernel, training
-included; FIRE's pieces, rows per query (Shaw, Transformer-XL) and CoPE have no GPU kernel yet (the dispatch's
-flex or chunked path serves them), except FIRE's decode step, which needs one bias row.
+On a CUDA device (posenc.nn.triton, when triton imports) rows per head and rows per query (Shaw, Transformer-XL,
+from their tables) run in Triton kernels, training included; FIRE's pieces and CoPE have no GPU kernel yet (the
+dispatch's flex or chunked path serves them), except FIRE's decode step, which needs one bias row.
 
 Rows are indexed by r = n - m (key minus query). They serve when every row of positions counts up by one
 (n - m = j - i - delta for key j, query i): the usual training, prompt and cached-decoding layout. Any other
@@ -152,6 +152,20 @@ def triton_rows(call: Call) -> Tensor | None:
     return attend_rows(call.q, call.k, call.v, rows, -span.offsets.delta - span.low, call.causal)
 
 
+def triton_relative(call: Call) -> Tensor | None:
+    """Rows per query (Transformer-XL; Shaw with its value term) in the Triton kernel (triton/relative.py), formed
+    per tile from the scheme's table (Scheme.relative_table), forward and backward."""
+    if not _on_gpu(call) or (span := _span(call)) is None:
+        return None
+    if (relative := call.scheme.relative_table(span.low, span.high, call.q)) is None:
+        return None
+    from posenc.nn.triton import relative as kernel  # imports triton: only once a GPU tensor shows up
+
+    if not kernel.serves(call.q):
+        return None
+    return kernel.attend_relative(call.q, call.k, call.v, relative, -span.offsets.delta - relative.low, call.causal)
+
+
 def rows_decode(call: Call) -> Tensor | None:
     """One query per row, no gradient: SDPA with the bias row as the mask (its single-query kernel is faster)."""
     if not (_on_gpu(call) or _native(call)) or (span := _span(call)) is None or (rows := _rows(call, span)) is None:
@@ -199,7 +213,7 @@ def native_relative(call: Call) -> Tensor | None:
 
 def relative_decode(call: Call) -> Tensor | None:
     """One query per row, no gradient, rows per query without a value term: SDPA with the row as the mask."""
-    if not _native(call) or (span := _span(call)) is None:
+    if not (_on_gpu(call) or _native(call)) or (span := _span(call)) is None:
         return None
     return _relative(call.q, call.k, call.v, call.scheme, span.offsets, span.low, span.high, call.causal,
                      as_mask=True)
@@ -259,4 +273,5 @@ def _rows_as_mask(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, offsets: Offset
 
 
 __all__ = ["Offsets", "native_contextual", "native_pieces", "native_relative", "native_rows",
-           "pieces_decode", "position_offsets", "relative_decode", "relative_span", "rows_decode", "triton_rows"]
+           "pieces_decode", "position_offsets", "relative_decode", "relative_span", "rows_decode", "triton_relative",
+           "triton_rows"]

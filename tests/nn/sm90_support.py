@@ -37,3 +37,17 @@ def check_attention(dtype: str, head_dim: int, causal: bool, spills_allowed: boo
                 plain = gpu_static.analyse(gpu_static.without_bias(launch), "", Path(workdir))
                 assert record.shared_bytes == plain.shared_bytes, f"{what}: the bias takes shared memory"
                 assert record.loop_instructions > plain.loop_instructions > 0, f"{what}: no hot loop found"
+
+
+def check_relative(dtype: str, head_dim: int, causal: bool, values: bool) -> None:
+    """The rows-per-query kernels (forward, dK/dV, dQ with the tables' gradients) compile for sm_90, fit an H100
+    block's shared memory and spill nothing: values=True as Shaw launches them, False as Transformer-XL."""
+    with tempfile.TemporaryDirectory() as workdir:
+        launches = gpu_static.relative_launches(gpu_static.DTYPES[dtype], head_dim, causal, values)
+        assert sorted(gpu_static._name(launch.kernel) for launch in launches) == ["dkdv", "dq", "forward"]
+        for launch in launches:
+            record = gpu_static.analyse(launch, "", Path(workdir))
+            what = f"relative {record.kernel} {dtype} Dh={head_dim} values={values} ({record.tiles})"
+            assert record.shared_bytes <= gpu_static.H100_SHARED_BYTES, f"{what}: {record.shared_bytes} B shared"
+            assert record.spilled_bytes == 0, f"{what}: {record.spilled_bytes} B spilled per thread"
+            assert record.loop_instructions > 0, f"{what}: no hot loop found"

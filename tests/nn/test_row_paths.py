@@ -110,6 +110,24 @@ def test_rows_per_query_in_query_chunks_equal_reference(name, monkeypatch):
         torch.testing.assert_close(fast, reference(q, k, v, scheme, q_pos, k_pos, True), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("name", [n for n in ALL if SCHEMES[n].relative_table is not Scheme.relative_table])
+def test_a_relative_table_gives_the_schemes_rows_per_query(name):
+    """relative_table (what the GPU kernel multiplies per tile) and relative_rows (what the CPU kernel reads) are
+    one term: scale (q + row_shift) . table[s] equals rows[..., s], with the same low, values and q_shift."""
+    scheme = build(name, n_kv_head=2).double()
+    q = torch.randn(2, 4, 9, 16, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    low, high = -20, 3
+    rows, table = scheme.relative_rows(q, low, high), scheme.relative_table(low, high, q)
+    qr = q if table.row_shift is None else q + table.row_shift[None, :, None]
+    from_table = torch.einsum("bhid,hsd->bhis", qr, table.table.expand(4, -1, -1)) * table.scale
+    assert table.low == rows.low and from_table.shape[-1] == rows.rows.shape[-1]
+    torch.testing.assert_close(from_table, rows.rows, rtol=1e-12, atol=1e-12)
+    for mine, theirs in ((table.values, rows.values), (table.q_shift, rows.q_shift)):
+        assert (mine is None) == (theirs is None)
+        if mine is not None:
+            torch.testing.assert_close(mine, theirs)
+
+
 @pytest.mark.parametrize("name", [n for n in ALL if has_rows(build(n))])
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_rows_without_gradients_equal_reference(name, layout):

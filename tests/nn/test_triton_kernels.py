@@ -1,6 +1,7 @@
 """posenc's GPU kernels (posenc/nn/triton) in `make test`: under Triton's interpreter on a machine without a GPU,
-compiled at real sizes on a CUDA machine (the cases live in triton_cases.py, run in a fresh process); the
-library without triton installed; and a decode step that builds nothing larger than a row on the GPU's paths."""
+compiled at real sizes on a CUDA machine (the cases live in triton_cases.py and triton_relative_cases.py, run in
+one fresh process); the library without triton installed; and a decode step that builds nothing larger than a row
+on the GPU's paths."""
 
 from __future__ import annotations
 
@@ -19,11 +20,11 @@ from posenc.nn import triton as gpu
 from tests.conftest import tiny_config
 from tests.nn.triton_support import run_interpreted
 
-CASES = Path(__file__).with_name("triton_cases.py")
+CASES = [Path(__file__).with_name(name) for name in ("triton_cases.py", "triton_relative_cases.py")]
 
 
 def test_triton_kernels_under_the_interpreter():
-    run_interpreted(CASES)
+    run_interpreted(*CASES)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -35,7 +36,8 @@ def test_triton_kernels_compiled_on_the_gpu(monkeypatch):
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-                             str(CASES)], cwd=CASES.parents[2], env=env, capture_output=True, text=True, timeout=900)
+                             *map(str, CASES)], cwd=CASES[0].parents[2], env=env, capture_output=True, text=True,
+                            timeout=900)
     assert result.returncode == 0, result.stdout[-8000:]
 
 

@@ -39,6 +39,31 @@ class Tiles(NamedTuple):
     stages: int
 
 
+# Rows per query (relative.py, relative_kernels.py; BM <= BN): each tile also holds qr, two chunks of qr . R and
+# the gathers that read them per pair, so the tiles are smaller than the row kernel's. Sweeps at bf16, causal,
+# Shaw / Transformer-XL (registers / spilled bytes):
+#   Dh 64: forward 64x64 8 warps 255/352 and 255/112; 32x64 8 warps 255/80 and 238/0; 32x32 4 warps 255/8 (with
+#          the far loop) and 228/0; 32x32 8 warps: see the static table
+#          dq 32x64 8 warps 255/56 and 255/32; 32x32 4 warps 255/96 and 255/0; 16x32 4 warps 251/0 and 236/0
+#          dkdv 32x64 8 warps 255/32 and 249/0; 16x64 4 warps 255/32; 32x32 4 warps 246/0 and 224/0
+#   Dh 128: forward 32x32 8 warps 191/0 and 170/0 (4 warps: 255/40); dq 16x32 8 warps 252/0 and 246/0; dkdv
+#          32x32 8 warps 255/8 (Shaw); 16x32 8 warps 194/0 and 164/0
+#   Dh 256: the smallest tiles (16x16, 8 warps) spill 16-112 B in Shaw's dQ and dK/dV: not served (no entry).
+#   float32 (TF32): Dh 64 forward 16x32 4 warps 197/0; dq and dkdv 16x32 8 warps 255/0 and 226/0; Dh 128: dq and
+#          dkdv spill 200-248 B: not served.
+RELATIVE_BY_HEAD_DIM = {
+    "relative_forward": {16: Tiles(32, 32, 8, 2), 32: Tiles(32, 32, 8, 2), 64: Tiles(32, 32, 8, 2),
+                         128: Tiles(32, 32, 8, 2)},
+    "relative_dkdv": {16: Tiles(32, 32, 4, 2), 32: Tiles(32, 32, 4, 2), 64: Tiles(32, 32, 4, 2),
+                      128: Tiles(16, 32, 8, 2)},
+    "relative_dq": {16: Tiles(16, 32, 4, 2), 32: Tiles(16, 32, 4, 2), 64: Tiles(16, 32, 4, 2),
+                    128: Tiles(16, 32, 8, 2)},
+}
+RELATIVE_FP32_BY_HEAD_DIM = {
+    "relative_forward": dict.fromkeys((16, 32, 64), Tiles(16, 32, 4, 1)),
+    "relative_dkdv": dict.fromkeys((16, 32, 64), Tiles(16, 32, 8, 1)),
+    "relative_dq": dict.fromkeys((16, 32, 64), Tiles(16, 32, 8, 1)),
+}
 # (kernel, padded head dim) -> Tiles on a GPU, chosen by the static table (benchmarks/gpu_static.py, BENCHMARKS-gpu.md):
 # the largest tiles that spill no register in bf16/fp16 and fit the H100's 227 KB of shared memory per block, the
 # shapes of Triton's fused-attention tutorial (dK/dV over a few queries x 128 keys, dQ over 128 queries x 32).
@@ -59,6 +84,7 @@ _BY_HEAD_DIM = {
            128: Tiles(128, 32, 8, 2), 256: Tiles(32, 32, 8, 2)},
     "dq_rows": {16: Tiles(32, 32, 4, 2), 32: Tiles(32, 32, 4, 2), 64: Tiles(32, 32, 8, 2),
                 128: Tiles(32, 32, 8, 2), 256: Tiles(16, 32, 8, 2)},
+    **RELATIVE_BY_HEAD_DIM,
 }
 # float32 runs as TF32 (4-byte operands: half the tile of a 16-bit type for the same shared memory), and only up to
 # Dh 128: at 256 every tile spilled 100-2800 B. Sweeps with TF32 (registers / spilled bytes): forward 128x32 8 warps
@@ -70,6 +96,7 @@ _FP32_BY_HEAD_DIM = {
     "dkdv": {16: Tiles(32, 64, 8, 2), 32: Tiles(32, 64, 8, 2), 64: Tiles(32, 64, 8, 2), 128: Tiles(32, 32, 8, 2)},
     "dq": dict.fromkeys((16, 32, 64, 128), Tiles(64, 32, 8, 2)),
     "dq_rows": dict.fromkeys((16, 32, 64, 128), Tiles(32, 32, 4, 2)),
+    **RELATIVE_FP32_BY_HEAD_DIM,
 }
 FP32_MAX_HEAD_DIM = 128
 TILES = {(kernel, dim, dtype): t

@@ -123,6 +123,20 @@ def _key_end(m0, TQ, TK, CAUSAL: tl.constexpr, BM: tl.constexpr):
 
 
 @triton.jit
+def _query_phases(n0, TQ, TK, CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """The query tiles of a key block starting at n0: [first, full) masked (the diagonal), [full, last) unmasked,
+    [last, Tq) the ragged last tile. Tiles before first see no key of the block (causal) and are skipped."""
+    first = 0
+    full = 0
+    if CAUSAL:
+        first = tl.maximum(n0 - (TK - TQ), 0) // BM * BM
+        full = tl.minimum(tl.cdiv(tl.maximum(n0 + BN - 1 - (TK - TQ), 0), BM) * BM, TQ // BM * BM)
+        full = tl.maximum(full, first)
+    last = tl.maximum(TQ // BM * BM, full)
+    return first, full, last
+
+
+@triton.jit
 def _forward(Q, K, V, OUT, LSE, ROWS, E,
              sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot,
              H, GROUP, TQ, TK, row_stride, qk_scale,
@@ -232,13 +246,7 @@ def _dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, ROWS, E,
     bias_ptrs = ROWS + h * row_stride + tl.load(E + b) + n0  # the row at key n0, query 0
     dk = tl.zeros((BN, BD), tl.float32)
     dv = tl.zeros((BN, BD), tl.float32)
-    first = 0  # query tiles before the first that sees key n0 are skipped; masked until every pair is valid
-    full = 0
-    if CAUSAL:
-        first = tl.maximum(n0 - (TK - TQ), 0) // BM * BM
-        full = tl.minimum(tl.cdiv(tl.maximum(n0 + BN - 1 - (TK - TQ), 0), BM) * BM, TQ // BM * BM)
-        full = tl.maximum(full, first)
-    last = tl.maximum(TQ // BM * BM, full)  # queries past it: the ragged last tile
+    first, full, last = _query_phases(n0, TQ, TK, CAUSAL, BM, BN)
     dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, bias_ptrs, j, first, full, TQ, TK,
                          qk_scale, sqt, sdot, d_ok, CAUSAL, True, HAS_BIAS, BD == D, BM, PRECISION, UPCAST)
     dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, bias_ptrs, j, full, last, TQ, TK,

@@ -1,0 +1,395 @@
+"""Triton kernels: flash attention with rows per query built per tile from a table (Scheme.relative_table: Shaw's
+clipped key and value tables, Transformer-XL's projected sinusoid), forward and backward.
+
+    logit(b, h, i, j) = qc_i . k_j / sqrt(Dh) + row_scale * qr_i . R[h, c]         c = clamp(j - i + e[b], 0, S-1)
+    out_i             = sum_j p_ij (v_j + VT[c])                                      (HAS_VALUES: Shaw's eq. 3)
+
+qc and qr are two queries of one head (Transformer-XL: q + u and q + v; Shaw: q twice). No (Tq, Tk) tensor and no
+(Tq, S) rows exist: a tile of BM queries and BN keys spans BM + BN - 1 distances, c0 - BM + 1 .. c0 + BN - 1 at
+c0 = n0 - m0 + e, so it multiplies qr by two chunks of BN table rows, [c0 - BN, c0) and [c0, c0 + BN) (BM <= BN),
+and reads each pair's product at its distance with a gather (_skewed). Along a query block's key loop the chunks
+move by BN per tile, so the forward and dQ carry the upper chunk over as the next tile's lower one: one product
+qr . R per tile, as many as q . k. The table's rows are read clamped, which is Shaw's clipping (many distances
+of a tile collapse onto the first or last row) and costs nothing for Transformer-XL (its table covers every
+distance). The value term goes the other way: the probabilities regrouped by distance (_unskewed) times the
+value table's two chunks.
+
+Far tiles (FAR, a clipped table: Shaw): where every pair of a tile lies at c <= 0 (causal attention away from the
+diagonal: most tiles at long T), every pair reads row 0, so the bias is one number per query and the value term
+is the tile's mass times VT[0]. Those tiles run the row kernel's plain loops (attention_kernels._fwd_tiles,
+_dq_tiles, _dkdv_tiles without a bias): the forward adds the row's bias to the running max after them; the
+backward passes them the log-sum-exp less that bias and delta less dO . VT[0].
+
+Gradients: dK, dV in _dkdv (one program per key block, like attention_kernels._dkdv); dQc, dQr, and the tables'
+gradients in _dq (one program per query block). A table row gathers from every query block, so those add up with
+float32 atomics (_add_rows: distances past either end of the table summed in registers first). Loops, masks,
+base-2 softmax, offsets: as attention_kernels (its helpers are reused here).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from posenc.nn.triton.attention_kernels import _dkdv_tiles as _plain_dkdv_tiles
+from posenc.nn.triton.attention_kernels import _dot, _interior_end, _key_end, _query_phases, _valid
+from posenc.nn.triton.attention_kernels import _dq_tiles as _plain_dq_tiles
+from posenc.nn.triton.attention_kernels import _fwd_tiles as _plain_fwd_tiles
+
+
+@triton.jit
+def _chunk_t(T, c0, S, srow, d, d_ok, BN: tl.constexpr):
+    """Table rows clamp(c0 .. c0 + BN - 1, 0, S - 1), transposed: (BD,BN)."""
+    c = tl.minimum(tl.maximum(c0 + tl.arange(0, BN), 0), S - 1)
+    return tl.load(T + c[None, :] * srow + d[:, None], mask=d_ok[:, None], other=0.0)
+
+
+@triton.jit
+def _chunk(T, c0, S, srow, d, d_ok, BN: tl.constexpr):
+    """Table rows clamp(c0 .. c0 + BN - 1, 0, S - 1): (BN,BD)."""
+    c = tl.minimum(tl.maximum(c0 + tl.arange(0, BN), 0), S - 1)
+    return tl.load(T + c[:, None] * srow + d[None, :], mask=d_ok[None, :], other=0.0)
+
+
+@triton.jit
+def _skewed(low, high, BM: tl.constexpr, BN: tl.constexpr):
+    """Per-distance products (BM,BN) of the chunks [c0 - BN, c0) (low) and [c0, c0 + BN) (high) read at each
+    pair's distance: entry (il, jl) is high[il, jl - il] where jl >= il, else low[il, BN + jl - il]."""
+    t = tl.arange(0, BN)[None, :] - tl.arange(0, BM)[:, None]  # jl - il
+    upper = tl.gather(high, tl.maximum(t, 0), 1)
+    lower = tl.gather(low, tl.minimum(t + BN, BN - 1), 1)
+    return tl.where(t >= 0, upper, lower)
+
+
+@triton.jit
+def _unskewed(x, BM: tl.constexpr, BN: tl.constexpr):
+    """The inverse regrouping of a (BM,BN) tile by distance: low[il, t] = x[il, t - BN + il] (distance c0 - BN + t)
+    and high[il, t] = x[il, il + t] (distance c0 + t), 0 where no key of the tile lies at that distance."""
+    jh = tl.arange(0, BM)[:, None] + tl.arange(0, BN)[None, :]  # il + t
+    high = tl.where(jh < BN, tl.gather(x, tl.minimum(jh, BN - 1), 1), 0.0)
+    jl = jh - BN
+    low = tl.where(jl >= 0, tl.gather(x, tl.maximum(jl, 0), 1), 0.0)
+    return low, high
+
+
+@triton.jit
+def _far_end(c_base, interior, BN: tl.constexpr):
+    """Key tiles before this (a multiple of BN, at most interior) have every pair at c <= 0 for the query block
+    whose key 0 sits at c_base: they all read the table's row 0."""
+    return tl.minimum(tl.maximum(1 - c_base, 0) // BN * BN, interior)
+
+
+@triton.jit
+def _fwd_tiles(acc, best, total, prev, q, qr, k_ptrs, v_ptrs, R, VT, i, c_base, n_start, n_end, TQ, TK, S, srow,
+               svrow, qk_scale, row_scale, skt, svt, d, d_ok, CAUSAL: tl.constexpr, MASKED: tl.constexpr,
+               HAS_VALUES: tl.constexpr, BN: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """Key tiles [n_start, n_end) of one query block; prev: qr . R over the distances below the first tile's."""
+    BM: tl.constexpr = q.shape[0]
+    k_ptrs += n_start * skt
+    v_ptrs += n_start * svt
+    for n0 in range(n_start, n_end, BN):
+        j = n0 + tl.arange(0, BN)
+        k_mask = (j[None, :] < TK) & d_ok[:, None] if MASKED else d_ok[:, None]
+        k_t = tl.load(k_ptrs, mask=k_mask, other=0.0)  # (BD,BN)
+        c0 = c_base + n0
+        cur = _dot(qr, _chunk_t(R, c0, S, srow, d, d_ok, BN), PRECISION, UPCAST) * row_scale  # (BM,BN), base 2
+        s = tl.fma(_dot(q, k_t, PRECISION, UPCAST), qk_scale, _skewed(prev, cur, BM, BN))
+        prev = cur
+        if MASKED:
+            s = tl.where(_valid(i[:, None], j[None, :], TQ, TK, CAUSAL), s, float("-inf"))
+        new_best = tl.maximum(best, tl.max(s, 1))
+        p = tl.exp2(s - new_best[:, None])  # (BM,BN)
+        correction = tl.exp2(best - new_best)
+        total = total * correction + tl.sum(p, 1)
+        v_mask = (j[:, None] < TK) & d_ok[None, :] if MASKED else d_ok[None, :]
+        v = tl.load(v_ptrs, mask=v_mask, other=0.0)  # (BN,BD)
+        acc = acc * correction[:, None] + _dot(p.to(v.dtype), v, PRECISION, UPCAST)
+        if HAS_VALUES:  # + sum_j p_ij VT[c]: the probabilities by distance times the value table's two chunks
+            low, high = _unskewed(p, BM, BN)
+            acc += _dot(low.to(v.dtype), _chunk(VT, c0 - BN, S, svrow, d, d_ok, BN), PRECISION, UPCAST)
+            acc += _dot(high.to(v.dtype), _chunk(VT, c0, S, svrow, d, d_ok, BN), PRECISION, UPCAST)
+        best = new_best
+        k_ptrs += BN * skt
+        v_ptrs += BN * svt
+    return acc, best, total, prev
+
+
+@triton.jit
+def _forward(Q, QR, K, V, R, VT, OUT, LSE, E,
+             sqb, sqh, sqt, srb, srh, srt, skb, skh, skt, svb, svh, svt, sob, soh, sot,
+             s_table_h, srow, svrow,
+             H, GROUP, TQ, TK, S, qk_scale, row_scale,
+             D: tl.constexpr, CAUSAL: tl.constexpr, HAS_VALUES: tl.constexpr, FAR: tl.constexpr,
+             BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
+             PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    m0 = tl.program_id(0) * BM
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    hk = h // GROUP
+    i = m0 + tl.arange(0, BM)
+    jl = tl.arange(0, BN)
+    d = tl.arange(0, BD)
+    d_ok = d < D
+    q_mask = (i < TQ)[:, None] & d_ok[None, :]
+    q = tl.load(Q + b * sqb + h * sqh + i[:, None] * sqt + d[None, :], mask=q_mask, other=0.0)  # (BM,BD)
+    qr = tl.load(QR + b * srb + h * srh + i[:, None] * srt + d[None, :], mask=q_mask, other=0.0)
+    k_ptrs = K + b * skb + hk * skh + jl[None, :] * skt + d[:, None]  # (BD,BN) at key 0
+    v_ptrs = V + b * svb + hk * svh + jl[:, None] * svt + d[None, :]  # (BN,BD)
+    R += h * s_table_h
+    c_base = tl.load(E + b) - m0  # the distance index of key 0 at query m0
+    best = tl.full((BM,), float("-inf"), tl.float32)
+    total = tl.zeros((BM,), tl.float32)
+    acc = tl.zeros((BM, BD), tl.float32)
+    interior = _interior_end(m0, TQ, TK, CAUSAL, BM, BN)
+    far = 0
+    if FAR:  # tiles whose every pair reads row 0 (clipped): a plain flash loop, the row's bias added to the max
+        far = _far_end(c_base, interior, BN)
+        acc, best, total = _plain_fwd_tiles(acc, best, total, q, k_ptrs, v_ptrs, R, i, 0, far, TQ, TK, qk_scale,
+                                            skt, svt, d_ok, CAUSAL, False, False, BD == D, BN, PRECISION, UPCAST)
+        row0 = tl.load(R + d, mask=d_ok, other=0.0).to(tl.float32)
+        best += tl.sum(qr.to(tl.float32) * row0[None, :], 1) * row_scale
+        if HAS_VALUES:  # their value term: the mass so far times VT[0]
+            acc += total[:, None] * tl.load(VT + d, mask=d_ok, other=0.0).to(tl.float32)[None, :]
+    prev = _dot(qr, _chunk_t(R, c_base + far - BN, S, srow, d, d_ok, BN), PRECISION, UPCAST) * row_scale
+    acc, best, total, prev = _fwd_tiles(acc, best, total, prev, q, qr, k_ptrs, v_ptrs, R, VT, i, c_base, far,
+                                        interior, TQ, TK, S, srow, svrow, qk_scale, row_scale, skt, svt, d, d_ok,
+                                        CAUSAL, False, HAS_VALUES, BN, PRECISION, UPCAST)
+    acc, best, total, prev = _fwd_tiles(acc, best, total, prev, q, qr, k_ptrs, v_ptrs, R, VT, i, c_base, interior,
+                                        _key_end(m0, TQ, TK, CAUSAL, BM), TQ, TK, S, srow, svrow, qk_scale,
+                                        row_scale, skt, svt, d, d_ok, CAUSAL, True, HAS_VALUES, BN, PRECISION,
+                                        UPCAST)
+    acc = acc / total[:, None]
+    tl.store(OUT + b * sob + h * soh + i[:, None] * sot + d[None, :], acc.to(OUT.dtype.element_ty), mask=q_mask)
+    tl.store(LSE + (b * H + h) * TQ + i, best + tl.log2(total), mask=i < TQ)  # base 2
+
+
+@triton.jit
+def _dkdv_tiles(dk, dv, k, v, q_ptrs, qr_ptrs, do_ptrs, lse_ptrs, delta_ptrs, R, VT, j, c_base, m_start, m_end,
+                TQ, TK, S, srow, svrow, qk_scale, row_scale, sqt, srt, sdot, d, d_ok, CAUSAL: tl.constexpr,
+                MASKED: tl.constexpr, HAS_VALUES: tl.constexpr, BM: tl.constexpr, PRECISION: tl.constexpr,
+                UPCAST: tl.constexpr):
+    """Query tiles [m_start, m_end) against one key block, in the transposed tile (keys x queries)."""
+    BN: tl.constexpr = k.shape[0]
+    q_ptrs += m_start * sqt
+    qr_ptrs += m_start * srt
+    do_ptrs += m_start * sdot
+    lse_ptrs += m_start
+    delta_ptrs += m_start
+    for m0 in range(m_start, m_end, BM):
+        i = m0 + tl.arange(0, BM)
+        i_ok = (i < TQ) if MASKED else (i >= 0)
+        q_t = tl.load(q_ptrs, mask=i_ok[None, :] & d_ok[:, None], other=0.0)  # (BD,BM)
+        qr = tl.load(qr_ptrs, mask=i_ok[:, None] & d_ok[None, :], other=0.0)  # (BM,BD)
+        do = tl.load(do_ptrs, mask=i_ok[:, None] & d_ok[None, :], other=0.0)  # (BM,BD)
+        lse = tl.load(lse_ptrs, mask=i_ok, other=float("inf"))  # padded queries: probability 0
+        delta = tl.load(delta_ptrs, mask=i_ok, other=0.0)
+        c0 = c_base - m0  # the distance index of key n0 at query m0
+        low = _dot(qr, _chunk_t(R, c0 - BN, S, srow, d, d_ok, BN), PRECISION, UPCAST)
+        high = _dot(qr, _chunk_t(R, c0, S, srow, d, d_ok, BN), PRECISION, UPCAST)
+        bias_t = tl.trans(_skewed(low, high, BM, BN) * row_scale)  # (BN,BM)
+        s_t = tl.fma(_dot(k, q_t, PRECISION, UPCAST), qk_scale, bias_t)
+        p_t = tl.exp2(s_t - lse[None, :])
+        if MASKED:
+            p_t = tl.where(_valid(i[None, :], j[:, None], TQ, TK, CAUSAL), p_t, 0.0)
+        dv += _dot(p_t.to(do.dtype), do, PRECISION, UPCAST)
+        dp_t = _dot(v, tl.trans(do), PRECISION, UPCAST)  # (BN,BM)
+        if HAS_VALUES:  # d out_i / d p_ij also reads VT[c]: dO_i . VT[c]
+            low = _dot(do, _chunk_t(VT, c0 - BN, S, svrow, d, d_ok, BN), PRECISION, UPCAST)
+            high = _dot(do, _chunk_t(VT, c0, S, svrow, d, d_ok, BN), PRECISION, UPCAST)
+            dp_t += tl.trans(_skewed(low, high, BM, BN))
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk += _dot(ds_t.to(q_t.dtype), tl.trans(q_t), PRECISION, UPCAST)
+        q_ptrs += BM * sqt
+        qr_ptrs += BM * srt
+        do_ptrs += BM * sdot
+        lse_ptrs += BM
+        delta_ptrs += BM
+    return dk, dv
+
+
+@triton.jit
+def _dkdv(Q, QR, K, V, DO, LSE, DELTA, LSE_FAR, DELTA_FAR, DK, DV, R, VT, E,
+          sqb, sqh, sqt, srb, srh, srt, skb, skh, skt, svb, svh, svt, sdob, sdoh, sdot,
+          s_table_h, srow, svrow,
+          H, GROUP, TQ, TK, S, qk_scale, row_scale, scale,
+          D: tl.constexpr, CAUSAL: tl.constexpr, HAS_VALUES: tl.constexpr, FAR: tl.constexpr,
+          BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
+          PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """dK, dV of one key block for query head h, (BN,BD), into DK/DV contiguous (B,H,Tk,Dh). FAR: query tiles
+    whose every pair reads the table's row 0 run the row kernel's plain loop against LSE_FAR = lse - the row's
+    bias and DELTA_FAR = delta - dO . VT[0] (the host's, per query), which give the same p and dS."""
+    n0 = tl.program_id(0) * BN
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    hk = h // GROUP
+    j = n0 + tl.arange(0, BN)
+    il = tl.arange(0, BM)
+    d = tl.arange(0, BD)
+    d_ok = d < D
+    kv_mask = (j < TK)[:, None] & d_ok[None, :]
+    k = tl.load(K + b * skb + hk * skh + j[:, None] * skt + d[None, :], mask=kv_mask, other=0.0)  # (BN,BD)
+    v = tl.load(V + b * svb + hk * svh + j[:, None] * svt + d[None, :], mask=kv_mask, other=0.0)
+    bh = b * H + h
+    q_ptrs = Q + b * sqb + h * sqh + il[None, :] * sqt + d[:, None]  # (BD,BM) at query 0
+    qr_ptrs = QR + b * srb + h * srh + il[:, None] * srt + d[None, :]  # (BM,BD)
+    do_ptrs = DO + b * sdob + h * sdoh + il[:, None] * sdot + d[None, :]
+    lse_ptrs = LSE + bh * TQ + il
+    delta_ptrs = DELTA + bh * TQ + il
+    R += h * s_table_h
+    c_base = tl.load(E + b) + n0
+    dk = tl.zeros((BN, BD), tl.float32)
+    dv = tl.zeros((BN, BD), tl.float32)
+    first, full, last = _query_phases(n0, TQ, TK, CAUSAL, BM, BN)
+    far = last
+    if FAR:  # c <= 0 for the whole tile from query m0 >= n0 + BN - 1 + e on
+        far = tl.minimum(tl.maximum(tl.cdiv(tl.maximum(c_base + BN - 1, 0), BM) * BM, full), last)
+        dk, dv = _plain_dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, LSE_FAR + bh * TQ + il, DELTA_FAR + bh * TQ + il,
+                                   R, j, far, last, TQ, TK, qk_scale, sqt, sdot, d_ok, CAUSAL, False, False,
+                                   BD == D, BM, PRECISION, UPCAST)
+    dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, qr_ptrs, do_ptrs, lse_ptrs, delta_ptrs, R, VT, j, c_base, first,
+                         full, TQ, TK, S, srow, svrow, qk_scale, row_scale, sqt, srt, sdot, d, d_ok, CAUSAL, True,
+                         HAS_VALUES, BM, PRECISION, UPCAST)
+    dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, qr_ptrs, do_ptrs, lse_ptrs, delta_ptrs, R, VT, j, c_base, full,
+                         far, TQ, TK, S, srow, svrow, qk_scale, row_scale, sqt, srt, sdot, d, d_ok, CAUSAL, False,
+                         HAS_VALUES, BM, PRECISION, UPCAST)
+    dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, qr_ptrs, do_ptrs, lse_ptrs, delta_ptrs, R, VT, j, c_base, last,
+                         TQ, TQ, TK, S, srow, svrow, qk_scale, row_scale, sqt, srt, sdot, d, d_ok, CAUSAL, True,
+                         HAS_VALUES, BM, PRECISION, UPCAST)
+    out = (bh * TK + j[:, None]) * D + d[None, :]
+    tl.store(DK + out, (dk * scale).to(DK.dtype.element_ty), mask=kv_mask)
+    tl.store(DV + out, dv.to(DV.dtype.element_ty), mask=kv_mask)
+
+
+@triton.jit
+def _add_rows(G, c0, x, S, d, d_ok, D: tl.constexpr, BN: tl.constexpr):
+    """G[clamp(c0 + t, 0, S - 1)] += x[t] (x (BN,BD) float32, G rows of D floats): rows inside the table with one
+    atomic add of distinct addresses, the rows past either end summed first (they all read the end row)."""
+    c = c0 + tl.arange(0, BN)
+    tl.atomic_add(G + c[:, None] * D + d[None, :], x, mask=((c >= 0) & (c < S))[:, None] & d_ok[None, :],
+                  sem="relaxed")
+    below = tl.sum(tl.where((c < 0)[:, None], x, 0.0), 0)  # (BD,)
+    above = tl.sum(tl.where((c >= S)[:, None], x, 0.0), 0)
+    tl.atomic_add(G + d, below, mask=d_ok & (c0 < 0), sem="relaxed")
+    tl.atomic_add(G + (S - 1) * D + d, above, mask=d_ok & (c0 + BN > S), sem="relaxed")
+
+
+@triton.jit
+def _dq_tiles(dq, dqr, prev, prev_v, ds_sum, p_sum, q, qr, do, lse, delta, k_ptrs, v_ptrs, R, VT, DR, DVT, i,
+              c_base, n_start, n_end, TQ, TK, S, srow, svrow, qk_scale, row_scale, skt, svt, d, d_ok,
+              CAUSAL: tl.constexpr, MASKED: tl.constexpr, HAS_VALUES: tl.constexpr, D: tl.constexpr, BN: tl.constexpr,
+              PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """Key tiles [n_start, n_end) of one query block: dQc, dQr, and the tables' gradients (atomics into DR, DVT);
+    ds_sum, p_sum: the rows' sums of dS and p over these tiles."""
+    BM: tl.constexpr = q.shape[0]
+    k_ptrs += n_start * skt
+    v_ptrs += n_start * svt
+    for n0 in range(n_start, n_end, BN):
+        j = n0 + tl.arange(0, BN)
+        kv_mask_t = (j[None, :] < TK) & d_ok[:, None] if MASKED else d_ok[:, None]
+        k_t = tl.load(k_ptrs, mask=kv_mask_t, other=0.0)  # (BD,BN)
+        v_t = tl.load(v_ptrs, mask=kv_mask_t, other=0.0)
+        c0 = c_base + n0
+        r_t = _chunk_t(R, c0, S, srow, d, d_ok, BN)  # (BD,BN)
+        cur = _dot(qr, r_t, PRECISION, UPCAST) * row_scale
+        s = tl.fma(_dot(q, k_t, PRECISION, UPCAST), qk_scale, _skewed(prev, cur, BM, BN))
+        prev = cur
+        p = tl.exp2(s - lse[:, None])
+        if MASKED:
+            p = tl.where(_valid(i[:, None], j[None, :], TQ, TK, CAUSAL), p, 0.0)
+        dp = _dot(do, v_t, PRECISION, UPCAST)  # (BM,BN)
+        if HAS_VALUES:
+            cur_v = _dot(do, _chunk_t(VT, c0, S, svrow, d, d_ok, BN), PRECISION, UPCAST)
+            dp += _skewed(prev_v, cur_v, BM, BN)
+            prev_v = cur_v
+            low, high = _unskewed(p, BM, BN)  # d VT[c] = sum of p_ij dO_i over the pairs at c
+            _add_rows(DVT, c0 - BN, _dot(tl.trans(low).to(do.dtype), do, PRECISION, UPCAST), S, d, d_ok, D, BN)
+            _add_rows(DVT, c0, _dot(tl.trans(high).to(do.dtype), do, PRECISION, UPCAST), S, d, d_ok, D, BN)
+        ds = p * (dp - delta[:, None])  # (BM,BN): d loss / d logit
+        ds_sum += tl.sum(ds, 1)
+        p_sum += tl.sum(p, 1)
+        dq += _dot(ds.to(k_t.dtype), tl.trans(k_t), PRECISION, UPCAST)
+        low, high = _unskewed(ds, BM, BN)  # the logit gradient by distance: d qr . R[c]
+        low, high = low.to(qr.dtype), high.to(qr.dtype)
+        dqr += _dot(low, tl.trans(_chunk_t(R, c0 - BN, S, srow, d, d_ok, BN)), PRECISION, UPCAST)
+        dqr += _dot(high, tl.trans(r_t), PRECISION, UPCAST)
+        _add_rows(DR, c0 - BN, _dot(tl.trans(low), qr, PRECISION, UPCAST), S, d, d_ok, D, BN)
+        _add_rows(DR, c0, _dot(tl.trans(high), qr, PRECISION, UPCAST), S, d, d_ok, D, BN)
+        k_ptrs += BN * skt
+        v_ptrs += BN * svt
+    return dq, dqr, prev, prev_v, ds_sum, p_sum
+
+
+@triton.jit
+def _dq(Q, QR, K, V, DO, LSE, DELTA, LSE_FAR, DELTA_FAR, DQ, DQR, R, VT, DR, DVT, E,
+        sqb, sqh, sqt, srb, srh, srt, skb, skh, skt, svb, svh, svt, sdob, sdoh, sdot,
+        s_table_h, srow, svrow,
+        H, GROUP, TQ, TK, S, qk_scale, row_scale, scale,
+        D: tl.constexpr, CAUSAL: tl.constexpr, HAS_VALUES: tl.constexpr, FAR: tl.constexpr,
+        BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
+        PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """dQc and dQr (before the row scale) of one query block, contiguous (B,H,Tq,Dh); the tables' gradients
+    (before the row scale) added into DR and DVT, each (H,S,Dh) float32. FAR: the tiles whose every pair reads
+    row 0 run the row kernel's plain loop (LSE_FAR, DELTA_FAR as in _dkdv); their dS and p reach row 0 through
+    the rows' sums, which softmax fixes: sum_j dS_ij = 0 and sum_j p_ij = 1 over all keys, so the far tiles'
+    are minus, and one minus, the other tiles'."""
+    m0 = tl.program_id(0) * BM
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    hk = h // GROUP
+    bh = b * H + h
+    i = m0 + tl.arange(0, BM)
+    jl = tl.arange(0, BN)
+    d = tl.arange(0, BD)
+    d_ok = d < D
+    i_ok = i < TQ
+    q_mask = i_ok[:, None] & d_ok[None, :]
+    q = tl.load(Q + b * sqb + h * sqh + i[:, None] * sqt + d[None, :], mask=q_mask, other=0.0)  # (BM,BD)
+    qr = tl.load(QR + b * srb + h * srh + i[:, None] * srt + d[None, :], mask=q_mask, other=0.0)
+    do = tl.load(DO + b * sdob + h * sdoh + i[:, None] * sdot + d[None, :], mask=q_mask, other=0.0)
+    lse = tl.load(LSE + bh * TQ + i, mask=i_ok, other=float("inf"))
+    delta = tl.load(DELTA + bh * TQ + i, mask=i_ok, other=0.0)
+    k_ptrs = K + b * skb + hk * skh + jl[None, :] * skt + d[:, None]  # (BD,BN) at key 0
+    v_ptrs = V + b * svb + hk * svh + jl[None, :] * svt + d[:, None]
+    R += h * s_table_h
+    DR += h * S * D
+    DVT += h * S * D
+    c_base = tl.load(E + b) - m0
+    dq = tl.zeros((BM, BD), tl.float32)
+    dqr = tl.zeros((BM, BD), tl.float32)
+    interior = _interior_end(m0, TQ, TK, CAUSAL, BM, BN)
+    far = 0
+    if FAR:
+        far = _far_end(c_base, interior, BN)
+        dq, _ = _plain_dq_tiles(dq, tl.zeros((BN,), tl.float32), q, do,
+                                tl.load(LSE_FAR + bh * TQ + i, mask=i_ok, other=float("inf")),
+                                tl.load(DELTA_FAR + bh * TQ + i, mask=i_ok, other=0.0), k_ptrs, v_ptrs, R, DR, i, 0,
+                                far, TQ, TK, qk_scale, skt, svt, d_ok, CAUSAL, False, False, False, BD == D, BM, BN,
+                                PRECISION, UPCAST)
+    prev = _dot(qr, _chunk_t(R, c_base + far - BN, S, srow, d, d_ok, BN), PRECISION, UPCAST) * row_scale
+    prev_v = tl.zeros((BM, BN), tl.float32)
+    if HAS_VALUES:
+        prev_v = _dot(do, _chunk_t(VT, c_base + far - BN, S, svrow, d, d_ok, BN), PRECISION, UPCAST)
+    ds_sum = tl.zeros((BM,), tl.float32)
+    p_sum = tl.zeros((BM,), tl.float32)
+    dq, dqr, prev, prev_v, ds_sum, p_sum = _dq_tiles(dq, dqr, prev, prev_v, ds_sum, p_sum, q, qr, do, lse, delta,
+                                                     k_ptrs, v_ptrs, R, VT, DR, DVT, i, c_base, far, interior, TQ,
+                                                     TK, S, srow, svrow, qk_scale, row_scale, skt, svt, d, d_ok,
+                                                     CAUSAL, False, HAS_VALUES, D, BN, PRECISION, UPCAST)
+    dq, dqr, prev, prev_v, ds_sum, p_sum = _dq_tiles(dq, dqr, prev, prev_v, ds_sum, p_sum, q, qr, do, lse, delta,
+                                                     k_ptrs, v_ptrs, R, VT, DR, DVT, i, c_base, interior,
+                                                     _key_end(m0, TQ, TK, CAUSAL, BM), TQ, TK, S, srow, svrow,
+                                                     qk_scale, row_scale, skt, svt, d, d_ok, CAUSAL, True, HAS_VALUES,
+                                                     D, BN, PRECISION, UPCAST)
+    if FAR:
+        far_ds = tl.where(i_ok & (far > 0), -ds_sum, 0.0)  # (BM,): the far tiles' dS, all at row 0
+        dqr += far_ds[:, None] * tl.load(R + d, mask=d_ok, other=0.0).to(tl.float32)[None, :]
+        tl.atomic_add(DR + d, tl.sum(far_ds[:, None] * qr.to(tl.float32), 0), mask=d_ok, sem="relaxed")
+        if HAS_VALUES:
+            far_p = tl.where(i_ok & (far > 0), 1.0 - p_sum, 0.0)
+            tl.atomic_add(DVT + d, tl.sum(far_p[:, None] * do.to(tl.float32), 0), mask=d_ok, sem="relaxed")
+    out = (bh * TQ + i[:, None]) * D + d[None, :]
+    tl.store(DQ + out, (dq * scale).to(DQ.dtype.element_ty), mask=q_mask)
+    tl.store(DQR + out, dqr.to(DQR.dtype.element_ty), mask=q_mask)
+
+
+__all__ = ["triton"]

@@ -1,0 +1,160 @@
+"""The Triton kernel for rows per query (posenc/nn/triton/relative.py: Shaw, Transformer-XL) equals float64
+references, outputs and gradients: the formula itself written out with a materialised (B,H,Tq,Tk) bias and
+distance index, and each scheme's own reference path (bias() and mix_values() in float64), every learnable
+parameter included.
+
+Run by tests/nn/test_triton_kernels.py in the same fresh process as triton_cases.py (TRITON_INTERPRET=1 on a
+machine without a GPU; see tests/nn/triton_support.py).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from posenc.nn import dispatch
+from posenc.nn import triton as gpu
+from posenc.nn.attention_core import attend_eager
+from posenc.scheme import RelativeTable
+from tests.nn.triton_cases import DEVICE, INTERPRETED, build, close, gpu_tiles
+
+pytestmark = pytest.mark.skipif(not gpu.installed(), reason="triton is not installed")
+
+from posenc.nn.triton import relative  # noqa: E402  (after triton_cases set the interpreter up)
+
+DIM = 16 if INTERPRETED else 64
+SCALE = 1 if INTERPRETED else 16
+
+
+def formula(qc, qr, k, v, table, values, e, causal, scale):
+    """softmax(qc k / sqrt(Dh) + scale qr . table[c] + mask) (v + values[c]), c = clamp(j - i + e[b]), in float64."""
+    qc, qr, k, v, table = (t.double() for t in (qc, qr, k, v, table))
+    b, h, tq, d = qc.shape
+    tk = k.shape[2]
+    k, v = (t.repeat_interleave(h // t.shape[1], 1) for t in (k, v))
+    c = (e[:, None, None] - torch.arange(tq, device=e.device)[:, None] + torch.arange(tk, device=e.device))
+    c = c.clamp(0, table.shape[1] - 1)[:, None].expand(b, h, tq, tk)  # (B,H,Tq,Tk)
+    rows = torch.einsum("bhid,hsd->bhis", qr, table.expand(h, -1, -1)) * scale  # (B,H,Tq,S)
+    scores = qc @ k.transpose(-1, -2) * d**-0.5 + rows.gather(-1, c)
+    if causal:
+        scores = scores.masked_fill(torch.ones(tq, tk, dtype=torch.bool, device=qc.device).triu(tk - tq + 1),
+                                    float("-inf"))
+    weights = scores.softmax(-1)
+    out = weights @ v
+    if values is not None:
+        mass = torch.zeros(b, h, tq, table.shape[1], dtype=torch.float64, device=qc.device).scatter_add(-1, c, weights)
+        out = out + mass @ values.double()
+    return out
+
+
+CASES = {  # name: (B, H, Hkv, Tq, Tk, S, causal, shared table and values (Shaw) or per-head table and shifts)
+    "shaw_causal_rows_apart": (2, 1, 1, 32, 32, 9, True, True),  # whole tiles at row 0 (FAR) at 16 x 16
+    "shaw_encoder": (1, 1, 1, 20, 20, 5, False, True),
+    "xl_after_cache_gqa": (1, 2, 1, 9, 33, 42, True, False),
+}
+DTYPES = [(case, torch.float32) for case in CASES] + [("xl_after_cache_gqa", torch.bfloat16)]
+
+
+def _case(case, dtype, dim=DIM):
+    b, h, hkv, tq, tk, length, causal, shaw = CASES[case]
+    g = torch.Generator().manual_seed(len(case))
+    q = torch.randn(b, h, tq, dim, generator=g)
+    k, v = (torch.randn(b, hkv, tk, dim, generator=g) for _ in range(2))
+    table = torch.randn(1 if shaw else h, length, dim, generator=g)
+    extras = [torch.randn(length, dim, generator=g)] if shaw else [torch.randn(h, dim, generator=g) for _ in "uv"]
+    leaves = [t.to(DEVICE, dtype).requires_grad_() for t in (q, k, v)]
+    params = [t.to(DEVICE).requires_grad_() for t in (table, *extras)]
+    e = torch.tensor([tk - tq + length // 2 - 3, tk - tq + length // 2][:b], device=DEVICE)  # rows apart
+    if not shaw:  # Transformer-XL's rows span every distance: e = Tq - 1 reads index j - i + Tq - 1 >= 0
+        e = torch.full((b,), tq - 1, device=DEVICE)
+    return leaves, params, e, causal, shaw
+
+
+def _relative(params, shaw):
+    if shaw:
+        return RelativeTable(params[0], 0, 0.7, values=params[1])
+    return RelativeTable(params[0], 0, 0.7, q_shift=params[1], row_shift=params[2])
+
+
+def _reference(leaves, params, e, causal, shaw):
+    q, k, v = leaves
+    if shaw:
+        return formula(q, q, k, v, params[0], params[1], e, causal, 0.7)
+    return formula(q + params[1][None, :, None], q + params[2][None, :, None], k, v, params[0], None, e, causal, 0.7)
+
+
+def _check(case, dtype, out, leaves, params, e, causal, shaw):
+    reference = _reference(leaves, params, e, causal, shaw)
+    close(out, reference, dtype, f"{case} output")
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(7)).to(DEVICE)
+    inputs = [*leaves, *params]
+    names = ["dq", "dk", "dv", "dtable", *(["dvalues"] if shaw else ["du", "dv_shift"])]
+    fast = torch.autograd.grad(out, inputs, grad.to(out.dtype))
+    slow = torch.autograd.grad(reference, inputs, grad.double())
+    for name, a, b in zip(names, fast, slow, strict=True):
+        close(a, b, dtype, f"{case} {name}")
+
+
+@pytest.mark.parametrize(("case", "dtype"), DTYPES)
+def test_relative_kernel_equals_the_float64_formula_with_gradients(case, dtype):
+    leaves, params, e, causal, shaw = _case(case, dtype)
+    out = relative.attend_relative(*leaves, _relative(params, shaw), e, causal)
+    _check(case, dtype, out, leaves, params, e, causal, shaw)
+
+
+@pytest.mark.parametrize("case", ["shaw_encoder", "xl_after_cache_gqa"])
+def test_gpu_tiles_equal_the_float64_formula_with_gradients(case, monkeypatch):
+    """The tiles a GPU launches (64 x 64 forward; 32 x 64 backward) instead of the interpreter's 16 x 16."""
+    gpu_tiles(monkeypatch)
+    leaves, params, e, causal, shaw = _case(case, torch.float32, dim=32)
+    out = relative.attend_relative(*leaves, _relative(params, shaw), e, causal)
+    _check(case, torch.float32, out, leaves, params, e, causal, shaw)
+
+
+def scheme_reference(scheme, q, k, v, q_pos, k_pos, causal):
+    """The scheme's own reference path in float64: its (B,H,Tq,Tk) bias, and its value term from the weights."""
+    scheme = copy.deepcopy(scheme).double()
+    q, k, v = (t.double() for t in (q, k, v))
+    out, weights = attend_eager(q, k, v, scheme.bias(q_pos, k_pos, q, k), causal)
+    return (out + scheme.mix_values(weights, q_pos, k_pos)) if scheme.needs_weights else out, scheme
+
+
+LAYOUTS = {"after_cache": (7, 20, True), "encoder": (12, 12, False)}
+SCHEME_CASES = [("shaw", "after_cache"), ("shaw", "encoder"), ("transformer_xl", "after_cache")]
+
+
+@pytest.mark.parametrize(("name", "layout"), SCHEME_CASES)
+def test_schemes_train_through_the_kernel(name, layout, monkeypatch):
+    """dispatch picks the Triton kernel for Shaw and Transformer-XL, and every learnable parameter (P_K, P_V; u, v,
+    W_R) gets the float64 reference's gradient."""
+    tq, tk, causal = LAYOUTS[layout]
+    tq, tk = tq * SCALE, tk * SCALE
+    scheme = build(name, causal)
+    calls = []
+    kernel = relative.attend_relative
+    monkeypatch.setattr(relative, "attend_relative", lambda *a: calls.append(1) or kernel(*a))
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(1, 4, tq, DIM, generator=g).to(DEVICE).requires_grad_()
+    k, v = (torch.randn(1, 2, tk, DIM, generator=g).to(DEVICE).requires_grad_() for _ in range(2))
+    k_pos = (torch.arange(tk) + 5).expand(1, tk).to(DEVICE)
+    q_pos = k_pos[:, tk - tq :]
+    fast = dispatch.fast_attention(q, k, v, scheme, q_pos, k_pos, causal)
+    assert calls, "the Triton kernel must serve rows per query"
+    reference, twin = scheme_reference(scheme, q, k, v, q_pos, k_pos, causal)
+    close(fast, reference, torch.float32, "output")
+    named = [(n, p) for n, p in scheme.named_parameters() if p.requires_grad]
+    assert named, f"{name} must have learnable parameters"
+    twins = dict(twin.named_parameters())
+    grad = torch.randn(fast.shape, generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    fast_grads = torch.autograd.grad(fast, [q, k, v, *(p for _, p in named)], grad)
+    slow_grads = torch.autograd.grad(reference, [q, k, v, *(twins[n] for n, _ in named)], grad.double())
+    for what, a, b in zip(["dq", "dk", "dv", *(f"d{n}" for n, _ in named)], fast_grads, slow_grads, strict=True):
+        close(a, b, torch.float32, f"{name} {layout} {what}")
+
+
+def test_a_table_for_other_heads_is_refused_in_one_line():
+    leaves, params, e, causal, _ = _case("xl_after_cache_gqa", torch.float32)
+    with pytest.raises(ValueError, match="relative table"):
+        relative.attend_relative(*leaves, RelativeTable(params[0][:, :, :8], 0, 1.0), e, causal)
