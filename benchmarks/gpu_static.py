@@ -113,19 +113,20 @@ class _Launch:
 @contextlib.contextmanager
 def recorded_launches() -> Iterator[list[_Launch]]:
     """Replace posenc's Triton launch() with a recorder while the host code runs on meta tensors."""
-    from posenc.nn.triton import attention, rotary
+    from posenc.nn.triton import attention, cope, rotary
 
     launches: list[_Launch] = []
     record = lambda kernel, grid, *args, **options: launches.append(_Launch(kernel, grid, args, options))
     saved = attention.launch, rotary.launch
-    saved_tiles = attention.tiles
+    saved_tiles = attention.tiles, cope.tiles
     attention.launch = rotary.launch = record
     attention.tiles = lambda kernel, head_dim, device, dtype: attention.gpu_tiles(kernel, head_dim, dtype)
+    cope.tiles = lambda kernel, head_dim, device, dtype: cope.gpu_tiles(kernel, head_dim, dtype)
     try:
         yield launches
     finally:
         attention.launch, rotary.launch = saved
-        attention.tiles = saved_tiles
+        attention.tiles, cope.tiles = saved_tiles
 
 
 def attention_launches(dtype: torch.dtype, head_dim: int, causal: bool, row_grad: bool, *, batch: int = 2,
@@ -142,6 +143,21 @@ def attention_launches(dtype: torch.dtype, head_dim: int, causal: bool, row_grad
         e = torch.full((batch,), length, device="meta", dtype=torch.int64)
         out = attend_rows(q, k, v, rows, e, causal)
         torch.autograd.grad(out, [q, k, v, *([rows] if row_grad else [])], torch.empty_like(out))
+    return launches
+
+
+def cope_launches(dtype: torch.dtype, head_dim: int, *, batch: int = 2, heads: int = 8, kv_heads: int = 2,
+                  length: int = 1024, positions: int = 64) -> list[_Launch]:
+    """Forward and backward of posenc's CoPE attention (posenc.nn.triton.cope) on meta tensors, as on a GPU."""
+    from posenc.nn.triton.cope import attend_contextual
+
+    with recorded_launches() as launches, _tf32():
+        q = torch.empty(batch, heads, length, head_dim, device="meta", dtype=dtype, requires_grad=True)
+        k, v = (torch.empty(batch, kv_heads, length, head_dim, device="meta", dtype=dtype, requires_grad=True)
+                for _ in range(2))
+        rows = torch.empty(batch, heads, length, positions, device="meta", requires_grad=True)
+        out = attend_contextual(q, k, v, rows)
+        torch.autograd.grad(out, [q, k, v, rows], torch.empty_like(out))
     return launches
 
 
@@ -207,6 +223,20 @@ def attention_records(dtypes: list[str], head_dims: list[int], workdir: Path, ca
     return records
 
 
+def cope_records(dtypes: list[str], head_dims: list[int], workdir: Path) -> list[dict]:
+    """Every kernel CoPE's attention launches (forward, dQ, dK/dV), compiled and read."""
+    from posenc.nn.triton.attention import FP32_MAX_HEAD_DIM
+
+    records = []
+    for dtype in dtypes:
+        for head_dim in head_dims:
+            if dtype == "fp32" and head_dim > FP32_MAX_HEAD_DIM:
+                continue
+            for launch in cope_launches(DTYPES[dtype], head_dim):
+                records.append(asdict(analyse(launch, f"{dtype} Dh={head_dim} cope", workdir)))
+    return records
+
+
 def rotary_records(dtypes: list[str], workdir: Path) -> list[dict]:
     records = []
     for dtype in dtypes:
@@ -245,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as workdir:
         dtypes = args.dtypes.split(",")
         records = attention_records(dtypes, [int(d) for d in args.head_dims.split(",")], Path(workdir))
+        records += cope_records(dtypes, [int(d) for d in args.head_dims.split(",")], Path(workdir))
         records += rotary_records(dtypes, Path(workdir))
     text = markdown(records)
     print(text)

@@ -31,6 +31,7 @@ whose class gives no score_mod.
     piecewise   cpu     float32                     pieces_decode      native_pieces
     piecewise   cuda    bfloat16 float16 float32    pieces_decode      -
     contextual  cpu     float32                     native_contextual  native_contextual
+    contextual  cuda    bfloat16 float16 float32    triton_contextual  triton_contextual
     relative    cpu     float32                     relative_decode    native_relative
     values      cpu     float32                     native_relative    native_relative
 
@@ -76,6 +77,7 @@ KERNELS: dict[str, Callable[[Call], Tensor | None]] = {
     "pieces_decode": row_paths.pieces_decode,  # SDPA with FIRE's one bias row as the mask
     "native_pieces": row_paths.native_pieces,  # csrc, FIRE's MLP per block of scores
     "native_contextual": row_paths.native_contextual,  # csrc/cope.cpp
+    "triton_contextual": row_paths.triton_contextual,  # triton/cope.py
     "relative_decode": row_paths.relative_decode,  # SDPA with one row per query as the mask
     "native_relative": row_paths.native_relative,  # csrc, rows per query (and Shaw's value term)
     "flex": bias_paths.flex,  # flex_attention with the scheme's score_mod
@@ -96,6 +98,7 @@ FAST_RULES: tuple[tuple[str, str, tuple[torch.dtype, ...], tuple[str, ...], tupl
     ("piecewise", "cpu", (torch.float32,), ("pieces_decode",), ("native_pieces",)),
     ("piecewise", "cuda", HALF_AND_FLOAT, ("pieces_decode",), ()),
     ("contextual", "cpu", (torch.float32,), ("native_contextual",), ("native_contextual",)),
+    ("contextual", "cuda", HALF_AND_FLOAT, ("triton_contextual",), ("triton_contextual",)),
     ("relative", "cpu", (torch.float32,), ("relative_decode",), ("native_relative",)),
     ("values", "cpu", (torch.float32,), ("native_relative",), ("native_relative",)),
 )

@@ -7,8 +7,8 @@ Notation as in attention.py.
 Each kernel here takes a posenc.nn.dispatch.Call and returns the output or None (it does not serve); which of
 them runs for which scheme, device, dtype, gradient and decode step is decided in posenc.nn.dispatch alone.
 On a CUDA device (posenc.nn.triton, when triton imports) rows per head run in a Triton kernel, training
-included; FIRE's pieces, rows per query (Shaw, Transformer-XL) and CoPE have no GPU kernel yet (the dispatch's
-flex or chunked path serves them), except FIRE's decode step, which needs one bias row.
+included, and so does CoPE (triton/cope.py); FIRE's pieces and rows per query (Shaw, Transformer-XL) have no GPU
+kernel yet (the dispatch's flex or chunked path serves them), except FIRE's decode step, which needs one bias row.
 
 Rows are indexed by r = n - m (key minus query). They serve when every row of positions counts up by one
 (n - m = j - i - delta for key j, query i): the usual training, prompt and cached-decoding layout. Any other
@@ -190,6 +190,17 @@ def native_contextual(call: Call) -> Tensor | None:
     return fused_attention.attend_contextual(call.q, call.k, call.v, contextual)
 
 
+def triton_contextual(call: Call) -> Tensor | None:
+    """CoPE in the Triton kernel (triton/cope.py), forward and backward (causal only; it reads no positions)."""
+    if call.dropout != 0.0 or not call.causal or not _on_gpu(call):
+        return None
+    if (contextual := call.scheme.contextual_rows(call.q)) is None:
+        return None
+    from posenc.nn.triton.cope import attend_contextual  # imports triton: only once a GPU tensor shows up
+
+    return attend_contextual(call.q, call.k, call.v, contextual)
+
+
 def native_relative(call: Call) -> Tensor | None:
     """Rows per query (Transformer-XL; Shaw with its value term) in the native CPU kernel."""
     if not _native(call) or (span := _span(call)) is None:
@@ -259,4 +270,5 @@ def _rows_as_mask(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, offsets: Offset
 
 
 __all__ = ["Offsets", "native_contextual", "native_pieces", "native_relative", "native_rows",
-           "pieces_decode", "position_offsets", "relative_decode", "relative_span", "rows_decode", "triton_rows"]
+           "pieces_decode", "position_offsets", "relative_decode", "relative_span", "rows_decode",
+           "triton_contextual", "triton_rows"]

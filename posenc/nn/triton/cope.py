@@ -23,16 +23,16 @@ from posenc.nn.triton.attention import INTERPRETED_TILES, Tiles, _bhd, _check_si
 # largest that spill no register and fit 227 KB of shared memory. dq and dkdv must share BN (the carries are
 # stored per key tile of BN). bf16/fp16 (registers / spilled bytes, causal):
 _BY_HEAD_DIM = {
-    "forward": dict.fromkeys((16, 32, 64), Tiles(64, 64, 4, 2)) | {128: Tiles(64, 64, 8, 2),
-                                                                   256: Tiles(32, 32, 8, 2)},
-    "dq": dict.fromkeys((16, 32, 64), Tiles(64, 64, 8, 2)) | {128: Tiles(64, 64, 8, 2), 256: Tiles(32, 32, 8, 2)},
-    "dkdv": dict.fromkeys((16, 32, 64), Tiles(64, 64, 8, 2)) | {128: Tiles(64, 64, 8, 2),
-                                                                256: Tiles(32, 32, 8, 2)},
+    "forward": dict.fromkeys((16, 32, 64), Tiles(64, 64, 4, 1)) | {128: Tiles(64, 64, 8, 1),
+                                                                   256: Tiles(32, 32, 8, 1)},
+    "dq": dict.fromkeys((16, 32, 64), Tiles(64, 64, 8, 1)) | {128: Tiles(64, 64, 8, 1), 256: Tiles(32, 32, 8, 1)},
+    "dkdv": dict.fromkeys((16, 32, 64), Tiles(64, 64, 8, 1)) | {128: Tiles(64, 64, 8, 1),
+                                                                256: Tiles(32, 32, 8, 1)},
 }
 _FP32_BY_HEAD_DIM = {  # TF32 (attention.serves_float32): 4-byte operands, half the tile
-    "forward": dict.fromkeys((16, 32, 64, 128), Tiles(64, 32, 8, 2)),
-    "dq": dict.fromkeys((16, 32, 64, 128), Tiles(32, 32, 8, 2)),
-    "dkdv": dict.fromkeys((16, 32, 64, 128), Tiles(32, 32, 8, 2)),
+    "forward": dict.fromkeys((16, 32, 64, 128), Tiles(64, 32, 8, 1)),
+    "dq": dict.fromkeys((16, 32, 64, 128), Tiles(32, 32, 8, 1)),
+    "dkdv": dict.fromkeys((16, 32, 64, 128), Tiles(32, 32, 8, 1)),
 }
 TILES = {(kernel, dim, dtype): t
          for dtype, table in ((torch.bfloat16, _BY_HEAD_DIM), (torch.float16, _BY_HEAD_DIM),

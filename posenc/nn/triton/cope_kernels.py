@@ -29,6 +29,8 @@ import triton.language as tl
 
 from posenc.nn.triton.attention_kernels import LOG2E, _dot
 
+_LOG2E = tl.constexpr(LOG2E)  # softmax in base 2, as attention_kernels (a jit function reads constexpr globals only)
+
 
 @triton.jit
 def _contextual(qk, carry, i, j, rows_at, TQ, TK, P, scale):
@@ -83,10 +85,11 @@ def _cope_forward(Q, K, V, OUT, LSE, ROWS,
         logit, g, _, _, _, _, _, _, _ = _contextual(_dot(q, k_t, PRECISION, UPCAST), carry, i, j, rows_at, TQ, TK,
                                                     P, scale)
         carry += tl.sum(g, 1)
-        s = logit * LOG2E
-        new_best = tl.maximum(best, tl.max(s, 1))  # the diagonal tile comes first: never all -inf
-        p = tl.exp2(s - new_best[:, None])
-        correction = tl.exp2(best - new_best)
+        s = logit * _LOG2E
+        new_best = tl.maximum(best, tl.max(s, 1))
+        shift = tl.where(new_best == float("-inf"), 0.0, new_best)  # a row may see no key of the first tiles
+        p = tl.exp2(s - shift[:, None])
+        correction = tl.exp2(best - shift)
         total = total * correction + tl.sum(p, 1)
         v = tl.load(v_base + j[:, None] * svt, mask=(j[:, None] < TK) & d_ok[None, :], other=0.0)  # (BN,BD)
         acc = acc * correction[:, None] + _dot(p.to(v.dtype), v, PRECISION, UPCAST)
@@ -143,7 +146,7 @@ def _cope_dq(Q, K, V, DO, LSE, DELTA, DQ, ROWS, DROWS, CARRY_G, CARRY_D, DTOTAL,
         tl.store(CARRY_G + carry_at + kb, carry, mask=i_ok)
         tl.store(CARRY_D + carry_at + kb, right, mask=i_ok)
         carry += tl.sum(g, 1)
-        p = tl.exp2(logit * LOG2E - lse[:, None])  # (BM,BN)
+        p = tl.exp2(logit * _LOG2E - lse[:, None])  # (BM,BN)
         ds = p * (_dot(do, v_t, PRECISION, UPCAST) - delta[:, None])
         near = valid & (count <= top)  # the clamp passes
         dpos = tl.where(near, ds * (r_high - r_low), 0.0)
@@ -202,7 +205,7 @@ def _cope_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, ROWS, CARRY_G, CARRY_D, DTOTAL,
         total = tl.load(DTOTAL + bh * TQ + i, mask=i_ok, other=0.0)
         logit, g, count, _, _, _, r_low, r_high, valid = _contextual(_dot(q, k_t, PRECISION, UPCAST), carry, i,
                                                                      j, ROWS + (bh * TQ + i) * P, TQ, TK, P, scale)
-        p = tl.exp2(logit * LOG2E - lse[:, None])  # (BM,BN)
+        p = tl.exp2(logit * _LOG2E - lse[:, None])  # (BM,BN)
         dv += _dot(tl.trans(p).to(do.dtype), do, PRECISION, UPCAST)
         ds = p * (_dot(do, v_t, PRECISION, UPCAST) - delta[:, None])
         dpos = tl.where(valid & (count <= top), ds * (r_high - r_low), 0.0)
