@@ -62,12 +62,14 @@ def reference(q, k, v, table):
     return torch.softmax(logits, -1) @ v
 
 
-CASES = {  # name: (B, H, Hkv, Tq, Tk, Dh, P): P = 4 clamps most pairs, P = 64 none
-    "causal_clamped": (1, 2, 2, 17, 17, 16, 4),
+CASES = {  # name: (B, H, Hkv, Tq, Tk, Dh, P): P = 3 clamps most pairs (whole tiles past P - 1 gates), 64 none
+    "causal_clamped": (1, 2, 2, 33, 33, 16, 3),
+    "one_position": (1, 2, 1, 9, 20, 16, 1),
     "after_cache_gqa": (1, 4, 2, 9, 41, 32, 64),
     "causal_gqa_clamped": (1, 4, 1, 33, 33, 16, 6),
 }
-DTYPES = [("causal_clamped", torch.float32), ("after_cache_gqa", torch.float32), ("after_cache_gqa", torch.bfloat16)]
+DTYPES = [(case, torch.float32) for case in ("causal_clamped", "one_position", "after_cache_gqa")]
+DTYPES += [("after_cache_gqa", torch.bfloat16)]
 
 
 def inputs(b, h, hkv, tq, tk, dh, positions, dtype, seed=0):

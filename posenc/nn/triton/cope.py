@@ -20,18 +20,17 @@ from posenc.nn.triton import cope_kernels as kernels
 from posenc.nn.triton.attention import INTERPRETED_TILES, Tiles, _bhd, _check_sizes, _dense_last, _options
 
 # (kernel, padded head dim) -> Tiles on a GPU, chosen by the static table (python -m benchmarks.gpu_static): the
-# largest that spill no register and fit 227 KB of shared memory. dq and dkdv must share BN (the carries are
-# stored per key tile of BN). bf16/fp16 (registers / spilled bytes, causal):
+# largest that spill no register and fit 227 KB of shared memory. The loops with gates (the tiles within P - 1
+# gates of the diagonal) set the registers: 64 x 64 forwards spilled 128-184 B, a 32 x 32 dQ 128 B. dq and dkdv
+# must share BN (the carries are stored per key tile of BN).
 _BY_HEAD_DIM = {
-    "forward": dict.fromkeys((16, 32, 64), Tiles(64, 64, 4, 1)) | {128: Tiles(64, 64, 8, 1),
-                                                                   256: Tiles(32, 32, 8, 1)},
-    "dq": dict.fromkeys((16, 32, 64), Tiles(64, 64, 8, 1)) | {128: Tiles(64, 64, 8, 1), 256: Tiles(32, 32, 8, 1)},
-    "dkdv": dict.fromkeys((16, 32, 64), Tiles(64, 64, 8, 1)) | {128: Tiles(64, 64, 8, 1),
-                                                                256: Tiles(32, 32, 8, 1)},
+    "forward": dict.fromkeys((16, 32, 64, 128), Tiles(32, 64, 8, 1)) | {256: Tiles(32, 32, 8, 1)},
+    "dq": dict.fromkeys((16, 32, 64), Tiles(16, 32, 4, 1)) | dict.fromkeys((128, 256), Tiles(16, 32, 8, 1)),
+    "dkdv": dict.fromkeys((16, 32, 64), Tiles(32, 32, 8, 2)) | {128: Tiles(32, 32, 8, 1), 256: Tiles(16, 32, 8, 1)},
 }
-_FP32_BY_HEAD_DIM = {  # TF32 (attention.serves_float32): 4-byte operands, half the tile
-    "forward": dict.fromkeys((16, 32, 64, 128), Tiles(64, 32, 8, 1)),
-    "dq": dict.fromkeys((16, 32, 64, 128), Tiles(32, 32, 8, 1)),
+_FP32_BY_HEAD_DIM = {  # TF32 (attention.serves_float32): 4-byte operands
+    "forward": dict.fromkeys((16, 32, 64, 128), Tiles(32, 32, 8, 1)),
+    "dq": dict.fromkeys((16, 32, 64, 128), Tiles(16, 32, 4, 1)),
     "dkdv": dict.fromkeys((16, 32, 64, 128), Tiles(32, 32, 8, 1)),
 }
 TILES = {(kernel, dim, dtype): t

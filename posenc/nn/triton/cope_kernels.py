@@ -53,12 +53,33 @@ def _contextual(qk, carry, i, j, rows_at, TQ, TK, P, scale):
 
 
 @triton.jit
+def _all_far(carry, i_ok, P):
+    """Every real query of the tile has counted at least P - 1 gates right of it: each pair of the tile (and of
+    every tile further left) reads the last entry with weight 0, so no gate matters there (dpos = 0, hence
+    dg = 0: the key tiles further left are plain flash tiles with one bias per query)."""
+    return tl.min(tl.where(i_ok, carry, float("inf"))) >= P * 1.0 - 1.0
+
+
+@triton.jit
+def _online(acc, best, total, s, v, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """One tile of the online softmax: s (BM,BN) base-2 logits (-inf where masked), v (BN,BD)."""
+    new_best = tl.maximum(best, tl.max(s, 1))
+    shift = tl.where(new_best == float("-inf"), 0.0, new_best)  # a row may see no key of the first tiles
+    p = tl.exp2(s - shift[:, None])
+    correction = tl.exp2(best - shift)
+    total = total * correction + tl.sum(p, 1)
+    acc = acc * correction[:, None] + _dot(p.to(v.dtype), v, PRECISION, UPCAST)
+    return acc, new_best, total
+
+
+@triton.jit
 def _cope_forward(Q, K, V, OUT, LSE, ROWS,
                   sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot,
                   H, GROUP, TQ, TK, P, scale,
                   D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
                   PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """One program per (query block, h, b): online softmax over key tiles from the diagonal back to key 0."""
+    """One program per (query block, h, b): online softmax over key tiles from the diagonal back to key 0; the
+    gates only until every query has counted P - 1 of them (_all_far), plain tiles after."""
     m0 = tl.program_id(0) * BM
     h = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
@@ -73,27 +94,29 @@ def _cope_forward(Q, K, V, OUT, LSE, ROWS,
     k_base = K + b * skb + hk * skh + d[:, None]  # (BD,1)
     v_base = V + b * svb + hk * svh + d[None, :]  # (1,BD)
     rows_at = ROWS + ((b * H + h) * TQ + i) * P  # (BM,)
+    last = tl.load(rows_at + (P - 1), mask=i_ok, other=0.0) * _LOG2E  # the far pairs' bias, base 2
     carry = tl.zeros((BM,), tl.float32)
     best = tl.full((BM,), float("-inf"), tl.float32)  # base 2
     total = tl.zeros((BM,), tl.float32)
     acc = tl.zeros((BM, BD), tl.float32)
     tiles = tl.cdiv(tl.minimum(TK, m0 + BM + TK - TQ), BN)
-    for t in range(0, tiles):
-        n0 = (tiles - 1 - t) * BN  # right to left
-        j = n0 + jl
+    t = m0 * 0  # tiles done
+    while (t < tiles) & (not _all_far(carry, i_ok, P)):
+        j = (tiles - 1 - t) * BN + jl  # right to left
         k_t = tl.load(k_base + j[None, :] * skt, mask=(j[None, :] < TK) & d_ok[:, None], other=0.0)  # (BD,BN)
         logit, g, _, _, _, _, _, _, _ = _contextual(_dot(q, k_t, PRECISION, UPCAST), carry, i, j, rows_at, TQ, TK,
                                                     P, scale)
         carry += tl.sum(g, 1)
-        s = logit * _LOG2E
-        new_best = tl.maximum(best, tl.max(s, 1))
-        shift = tl.where(new_best == float("-inf"), 0.0, new_best)  # a row may see no key of the first tiles
-        p = tl.exp2(s - shift[:, None])
-        correction = tl.exp2(best - shift)
-        total = total * correction + tl.sum(p, 1)
         v = tl.load(v_base + j[:, None] * svt, mask=(j[:, None] < TK) & d_ok[None, :], other=0.0)  # (BN,BD)
-        acc = acc * correction[:, None] + _dot(p.to(v.dtype), v, PRECISION, UPCAST)
-        best = new_best
+        acc, best, total = _online(acc, best, total, logit * _LOG2E, v, PRECISION, UPCAST)
+        t += 1
+    for far in range(t, tiles):
+        j = (tiles - 1 - far) * BN + jl
+        k_t = tl.load(k_base + j[None, :] * skt, mask=(j[None, :] < TK) & d_ok[:, None], other=0.0)
+        s = tl.fma(_dot(q, k_t, PRECISION, UPCAST), scale * _LOG2E, last[:, None])
+        s = tl.where((j[None, :] < TK) & (j[None, :] <= i[:, None] + (TK - TQ)), s, float("-inf"))
+        v = tl.load(v_base + j[:, None] * svt, mask=(j[:, None] < TK) & d_ok[None, :], other=0.0)
+        acc, best, total = _online(acc, best, total, s, v, PRECISION, UPCAST)
     acc = acc / total[:, None]
     tl.store(OUT + b * sob + h * soh + i[:, None] * sot + d[None, :], acc.to(OUT.dtype.element_ty),
              mask=i_ok[:, None] & d_ok[None, :])
@@ -108,7 +131,8 @@ def _cope_dq(Q, K, V, DO, LSE, DELTA, DQ, ROWS, DROWS, CARRY_G, CARRY_D, DTOTAL,
              PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """One program per (query block, h, b), key tiles right to left: dQ (DQ contiguous (B,H,Tq,Dh)), d rows
     (DROWS zeroed, like ROWS), the carries entering each key tile (CARRY_G, CARRY_D: (B,H,Tq,KB)) and D per
-    query (DTOTAL (B,H,Tq)) for _dkdv."""
+    query (DTOTAL (B,H,Tq)) for _dkdv. Past the tiles with gates (_all_far), dz = dS and dS lands on the last
+    entry of d rows."""
     m0 = tl.program_id(0) * BM
     h = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
@@ -135,7 +159,8 @@ def _cope_dq(Q, K, V, DO, LSE, DELTA, DQ, ROWS, DROWS, CARRY_G, CARRY_D, DTOTAL,
     reduced = tl.zeros((BM, BD), tl.float32)  # sum (dS - R g') k
     slopes = tl.zeros((BM, BD), tl.float32)  # sum g' k
     tiles = tl.cdiv(tl.minimum(TK, m0 + BM + TK - TQ), BN)
-    for t in range(0, tiles):
+    t = m0 * 0  # tiles done
+    while (t < tiles) & (not _all_far(carry, i_ok, P)):
         kb = tiles - 1 - t
         j = kb * BN + jl
         kv_mask = (j[None, :] < TK) & d_ok[:, None]
@@ -157,9 +182,25 @@ def _cope_dq(Q, K, V, DO, LSE, DELTA, DQ, ROWS, DROWS, CARRY_G, CARRY_D, DTOTAL,
         right += tl.sum(dpos, 1)
         far += tl.sum(tl.where(valid & (count > top), ds, 0.0), 1)
         near = near & i_ok[:, None]
-        if tl.sum(near.to(tl.int32)) > 0:  # tiles near the diagonal: keys share floors, hence atomics
+        if tl.sum(near.to(tl.int32)) > 0:  # keys share floors, hence atomics
             tl.atomic_add(drows_at[:, None] + low, ds * (1.0 - w), mask=near)
             tl.atomic_add(drows_at[:, None] + high, ds * w, mask=near & (w > 0.0))
+        t += 1
+    last = tl.load(rows_at + (P - 1), mask=i_ok, other=0.0) * _LOG2E  # the far pairs' bias, base 2
+    for done in range(t, tiles):
+        kb = tiles - 1 - done
+        j = kb * BN + jl
+        kv_mask = (j[None, :] < TK) & d_ok[:, None]
+        k_t = tl.load(k_base + j[None, :] * skt, mask=kv_mask, other=0.0)
+        v_t = tl.load(v_base + j[None, :] * svt, mask=kv_mask, other=0.0)
+        tl.store(CARRY_G + carry_at + kb, carry, mask=i_ok)  # >= P - 1: all _dkdv needs to know
+        tl.store(CARRY_D + carry_at + kb, right, mask=i_ok)
+        s = tl.fma(_dot(q, k_t, PRECISION, UPCAST), scale * _LOG2E, last[:, None])
+        valid = (j[None, :] < TK) & (j[None, :] <= i[:, None] + (TK - TQ))
+        p = tl.where(valid, tl.exp2(s - lse[:, None]), 0.0)
+        ds = p * (_dot(do, v_t, PRECISION, UPCAST) - delta[:, None])
+        reduced += _dot(ds.to(k_t.dtype), tl.trans(k_t), PRECISION, UPCAST)
+        far += tl.sum(ds, 1)
     tl.atomic_add(drows_at + (P - 1), far, mask=i_ok)
     tl.store(DTOTAL + bh * TQ + i, right, mask=i_ok)
     dq = (reduced + right[:, None] * slopes) * scale
@@ -203,14 +244,22 @@ def _cope_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, ROWS, CARRY_G, CARRY_D, DTOTAL,
         carry = tl.load(CARRY_G + carry_at, mask=i_ok, other=0.0)
         right = tl.load(CARRY_D + carry_at, mask=i_ok, other=0.0)
         total = tl.load(DTOTAL + bh * TQ + i, mask=i_ok, other=0.0)
-        logit, g, count, _, _, _, r_low, r_high, valid = _contextual(_dot(q, k_t, PRECISION, UPCAST), carry, i,
-                                                                     j, ROWS + (bh * TQ + i) * P, TQ, TK, P, scale)
-        p = tl.exp2(logit * _LOG2E - lse[:, None])  # (BM,BN)
-        dv += _dot(tl.trans(p).to(do.dtype), do, PRECISION, UPCAST)
-        ds = p * (_dot(do, v_t, PRECISION, UPCAST) - delta[:, None])
-        dpos = tl.where(valid & (count <= top), ds * (r_high - r_low), 0.0)
-        later = right[:, None] + tl.cumsum(dpos, 1, reverse=True) - dpos
-        dz = tl.where(valid, ds + (total[:, None] - later) * g * (1.0 - g), 0.0)
+        qk = _dot(q, k_t, PRECISION, UPCAST)  # (BM,BN)
+        if _all_far(carry, i_ok, P):  # a plain tile: one bias per query, dz = dS
+            last = tl.load(ROWS + (bh * TQ + i) * P + (P - 1), mask=i_ok, other=0.0) * _LOG2E
+            valid = (j[None, :] < TK) & (j[None, :] <= i[:, None] + (TK - TQ))
+            p = tl.where(valid, tl.exp2(tl.fma(qk, scale * _LOG2E, last[:, None]) - lse[:, None]), 0.0)
+            dv += _dot(tl.trans(p).to(do.dtype), do, PRECISION, UPCAST)
+            dz = p * (_dot(do, v_t, PRECISION, UPCAST) - delta[:, None])
+        else:
+            logit, g, count, _, _, _, r_low, r_high, valid = _contextual(qk, carry, i, j, ROWS + (bh * TQ + i) * P,
+                                                                         TQ, TK, P, scale)
+            p = tl.exp2(logit * _LOG2E - lse[:, None])  # (BM,BN)
+            dv += _dot(tl.trans(p).to(do.dtype), do, PRECISION, UPCAST)
+            ds = p * (_dot(do, v_t, PRECISION, UPCAST) - delta[:, None])
+            dpos = tl.where(valid & (count <= top), ds * (r_high - r_low), 0.0)
+            later = right[:, None] + tl.cumsum(dpos, 1, reverse=True) - dpos
+            dz = tl.where(valid, ds + (total[:, None] - later) * g * (1.0 - g), 0.0)
         dk += _dot(tl.trans(dz).to(q.dtype), q, PRECISION, UPCAST)
     out = (bh * TK + j[:, None]) * D + d[None, :]
     mask = j_ok[:, None] & d_ok[None, :]
