@@ -1,5 +1,5 @@
 """posenc's Triton kernels compiled for the H100 (sm_90) in `make test`: fp16, fp32 (TF32 / tf32x3), the other
-head dims the dispatch accepts (16, 32, 256), a loop that recognises a hot loop, and RoPE."""
+head dims the dispatch accepts (16, 32, 256), a loop that recognises a hot loop, RoPE and CoPE."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import gpu_static
-from tests.nn.sm90_support import check_attention, needs_compiler
+from tests.nn.sm90_support import check_attention, check_cope, needs_compiler
 
 pytestmark = needs_compiler
 
@@ -28,6 +28,11 @@ def test_fp32_attention_kernels_compile_fit_and_do_not_spill(head_dim):
 @pytest.mark.parametrize("head_dim", [16, 32, 256])
 def test_other_head_dims_compile_fit_and_do_not_spill(head_dim):
     check_attention("bf16", head_dim, True)
+
+
+def test_cope_kernels_compile_fit_and_do_not_spill():
+    """CoPE's forward, dQ and dK/dV at bf16, Dh 128 (python -m benchmarks.gpu_static reads every setting)."""
+    check_cope("bf16", 128)
 
 
 @pytest.mark.parametrize("interleaved", [False, True])

@@ -40,7 +40,9 @@ def _contextual(qk, carry, i, j, rows_at, TQ, TK, P, scale):
     valid = (j[None, :] < TK) & (j[None, :] <= i[:, None] + (TK - TQ))  # (BM,BN)
     z = qk * scale
     g = tl.where(valid, tl.sigmoid(z), 0.0)
-    count = carry[:, None] + tl.cumsum(g, 1, reverse=True)  # sum over t >= j: gates past the query are 0
+    # sum over t >= j (gates past the query are 0) as the row's sum less a forward scan: a reverse scan flips the
+    # tile twice, which held every register (255 and spills in every kernel, the static table)
+    count = (carry + tl.sum(g, 1))[:, None] - tl.cumsum(g, 1) + g
     pos = tl.minimum(count, P * 1.0 - 1.0)  # >= 0: truncation is floor
     low = pos.to(tl.int32)
     w = pos - low.to(tl.float32)
@@ -175,7 +177,7 @@ def _cope_dq(Q, K, V, DO, LSE, DELTA, DQ, ROWS, DROWS, CARRY_G, CARRY_D, DTOTAL,
         ds = p * (_dot(do, v_t, PRECISION, UPCAST) - delta[:, None])
         near = valid & (count <= top)  # the clamp passes
         dpos = tl.where(near, ds * (r_high - r_low), 0.0)
-        later = right[:, None] + tl.cumsum(dpos, 1, reverse=True) - dpos  # R: dpos of keys after j
+        later = (right + tl.sum(dpos, 1))[:, None] - tl.cumsum(dpos, 1)  # R: dpos of keys after j
         gp = g * (1.0 - g)  # 0 where masked
         reduced += _dot((ds - later * gp).to(k_t.dtype), tl.trans(k_t), PRECISION, UPCAST)
         slopes += _dot(gp.to(k_t.dtype), tl.trans(k_t), PRECISION, UPCAST)
@@ -258,7 +260,7 @@ def _cope_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, ROWS, CARRY_G, CARRY_D, DTOTAL,
             dv += _dot(tl.trans(p).to(do.dtype), do, PRECISION, UPCAST)
             ds = p * (_dot(do, v_t, PRECISION, UPCAST) - delta[:, None])
             dpos = tl.where(valid & (count <= top), ds * (r_high - r_low), 0.0)
-            later = right[:, None] + tl.cumsum(dpos, 1, reverse=True) - dpos
+            later = (right + tl.sum(dpos, 1))[:, None] - tl.cumsum(dpos, 1)
             dz = tl.where(valid, ds + (total[:, None] - later) * g * (1.0 - g), 0.0)
         dk += _dot(tl.trans(dz).to(q.dtype), q, PRECISION, UPCAST)
     out = (bh * TK + j[:, None]) * D + d[None, :]
