@@ -224,14 +224,14 @@ def attention_records(dtypes: list[str], head_dims: list[int], workdir: Path, ca
 
 
 def cope_records(dtypes: list[str], head_dims: list[int], workdir: Path) -> list[dict]:
-    """Every kernel CoPE's attention launches (forward, dQ, dK/dV), compiled and read."""
-    from posenc.nn.triton.attention import FP32_MAX_HEAD_DIM
+    """Every kernel CoPE's attention launches (forward, dQ, dK/dV), compiled and read, at the head dims it serves."""
+    from posenc.nn.triton import cope
 
     records = []
     for dtype in dtypes:
         for head_dim in head_dims:
-            if dtype == "fp32" and head_dim > FP32_MAX_HEAD_DIM:
-                continue
+            if not cope.serves(head_dim, DTYPES[dtype]):
+                continue  # the chunked path serves it
             for launch in cope_launches(DTYPES[dtype], head_dim):
                 records.append(asdict(analyse(launch, f"{dtype} Dh={head_dim} cope", workdir)))
     return records

@@ -20,8 +20,9 @@ The key is (form, device, dtype, grad, decode):
 
 The kernels for the key are the fast ones of the first table (empty where no rule matches) followed by the form's
 tail, tried in order: the first that serves runs. A kernel declines (returns None) where its own condition fails:
-rows need positions that count up by one and no dropout, flex a long input, a score_mod and POSENC_FLEX on the
-CPU, chunked more than CHUNK_ROWS queries; the last of every tail always serves. flex is left out for a scheme
+rows need positions that count up by one and no dropout, triton_contextual a head dim its tiles cover (up to 128
+in 16-bit types, 64 in float32), flex a long input, a score_mod and POSENC_FLEX on the CPU, chunked more than
+CHUNK_ROWS queries; the last of every tail always serves. flex is left out for a scheme
 whose class gives no score_mod.
 
     form        device  dtypes                      decode, no grad    otherwise

@@ -194,11 +194,13 @@ def triton_contextual(call: Call) -> Tensor | None:
     """CoPE in the Triton kernel (triton/cope.py), forward and backward (causal only; it reads no positions)."""
     if call.dropout != 0.0 or not call.causal or not _on_gpu(call):
         return None
+    from posenc.nn.triton import cope  # imports triton: only once a GPU tensor shows up
+
+    if not (call.q.device.type == "cpu" or cope.serves(call.q.shape[-1], call.q.dtype)):
+        return None  # a head dim whose tiles spilled
     if (contextual := call.scheme.contextual_rows(call.q)) is None:
         return None
-    from posenc.nn.triton.cope import attend_contextual  # imports triton: only once a GPU tensor shows up
-
-    return attend_contextual(call.q, call.k, call.v, contextual)
+    return cope.attend_contextual(call.q, call.k, call.v, contextual)
 
 
 def native_relative(call: Call) -> Tensor | None:

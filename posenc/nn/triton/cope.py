@@ -19,24 +19,30 @@ from posenc.nn.triton import attention
 from posenc.nn.triton import cope_kernels as kernels
 from posenc.nn.triton.attention import INTERPRETED_TILES, Tiles, _bhd, _check_sizes, _dense_last, _options
 
-# (kernel, padded head dim) -> Tiles on a GPU, chosen by the static table (python -m benchmarks.gpu_static): the
-# largest that spill no register and fit 227 KB of shared memory. The loops with gates (the tiles within P - 1
-# gates of the diagonal) set the registers: 64 x 64 forwards spilled 128-184 B, a 32 x 32 dQ 128 B. dq and dkdv
-# must share BN (the carries are stored per key tile of BN).
+# (kernel, padded head dim) -> Tiles on a GPU, chosen by the static table (python -m benchmarks.gpu_static): tiles
+# that spill no register and fit 227 KB of shared memory. The loops with gates (the tiles within P - 1 gates of
+# the diagonal) hold the registers: at Dh 64, a 64 x 64 forward spilled 104-184 B, a 32 x 32 dQ 128-384 B; dQ
+# with 16 queries spills nothing (registers / spilled bytes: forward 64x32 4 warps 255/0, dq 16x32 8 warps
+# 238/0, dkdv 16x32 8 warps 160/0). dq and dkdv share BN (the carries are stored per key tile of BN).
 _BY_HEAD_DIM = {
-    "forward": dict.fromkeys((16, 32, 64, 128), Tiles(32, 64, 8, 1)) | {256: Tiles(32, 32, 8, 1)},
-    "dq": dict.fromkeys((16, 32, 64), Tiles(16, 32, 4, 1)) | dict.fromkeys((128, 256), Tiles(16, 32, 8, 1)),
-    "dkdv": dict.fromkeys((16, 32, 64), Tiles(32, 32, 8, 2)) | {128: Tiles(32, 32, 8, 1), 256: Tiles(16, 32, 8, 1)},
+    "forward": {16: Tiles(32, 32, 8, 1), **dict.fromkeys((32, 64, 128), Tiles(64, 32, 4, 2))},
+    "dq": {16: Tiles(16, 16, 4, 1), **dict.fromkeys((32, 64, 128), Tiles(16, 32, 8, 1))},
+    "dkdv": {16: Tiles(16, 16, 4, 1), **dict.fromkeys((32, 64, 128), Tiles(16, 32, 8, 1))},
 }
 _FP32_BY_HEAD_DIM = {  # TF32 (attention.serves_float32): 4-byte operands
-    "forward": dict.fromkeys((16, 32, 64, 128), Tiles(32, 32, 8, 1)),
-    "dq": dict.fromkeys((16, 32, 64, 128), Tiles(16, 32, 4, 1)),
-    "dkdv": dict.fromkeys((16, 32, 64, 128), Tiles(32, 32, 8, 1)),
+    "forward": dict.fromkeys((16, 32, 64), Tiles(32, 32, 8, 1)),
+    "dq": {16: Tiles(16, 16, 4, 1), **dict.fromkeys((32, 64), Tiles(16, 32, 8, 1))},
+    "dkdv": {16: Tiles(16, 16, 4, 1), **dict.fromkeys((32, 64), Tiles(16, 32, 8, 1))},
 }
 TILES = {(kernel, dim, dtype): t
          for dtype, table in ((torch.bfloat16, _BY_HEAD_DIM), (torch.float16, _BY_HEAD_DIM),
                               (torch.float32, _FP32_BY_HEAD_DIM))
          for kernel, by_dim in table.items() for dim, t in by_dim.items()}
+
+
+def serves(head_dim: int, dtype: torch.dtype) -> bool:
+    """A head dim the tiles above cover for this dtype (wider heads spilled: the chunked path serves them)."""
+    return ("dq", attention.padded_head_dim(head_dim), dtype) in TILES
 
 
 def gpu_tiles(kernel: str, head_dim: int, dtype: torch.dtype) -> Tiles:
@@ -120,4 +126,4 @@ def attend_contextual(q: Tensor, k: Tensor, v: Tensor, rows: Tensor) -> Tensor:
     return _ContextualAttention.apply(q, k, v, rows.to(torch.float32))
 
 
-__all__ = ["TILES", "attend_contextual", "gpu_tiles", "tiles"]
+__all__ = ["TILES", "attend_contextual", "gpu_tiles", "serves", "tiles"]
