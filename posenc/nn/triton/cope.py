@@ -34,6 +34,10 @@ _FP32_BY_HEAD_DIM = {  # TF32 (attention.serves_float32): 4-byte operands
     "dq": {16: Tiles(16, 16, 4, 1), **dict.fromkeys((32, 64), Tiles(16, 32, 8, 1))},
     "dkdv": {16: Tiles(16, 16, 4, 1), **dict.fromkeys((32, 64), Tiles(16, 32, 8, 1))},
 }
+# Key tiles per tile of the forward's far loop (keys past P - 1 counted gates: no gates, one bias per query). Its
+# registers stay under the gated loop's, so a wider tile costs none: 64 x 64 takes 553 loop instructions per warp
+# (1,024 pairs) at Dh 64 against 2 x 299 for two 64 x 32 tiles.
+FAR_WIDTH = 2
 TILES = {(kernel, dim, dtype): t
          for dtype, table in ((torch.bfloat16, _BY_HEAD_DIM), (torch.float16, _BY_HEAD_DIM),
                               (torch.float32, _FP32_BY_HEAD_DIM))
@@ -74,7 +78,7 @@ class _ContextualAttention(torch.autograd.Function):
         lse = torch.empty(b, h, tq, device=q.device, dtype=torch.float32)  # base 2; the backward's softmax
         attention.launch(kernels._cope_forward, (triton.cdiv(tq, t.bm), h, b), q, k, v, out, lse, rows,
                          *_bhd(q), *_bhd(k), *_bhd(v), *_bhd(out), *_sizes(q, k, rows), d**-0.5, **_head(d),
-                         BM=t.bm, BN=t.bn, **_options(t, q.dtype, q.device))
+                         BM=t.bm, BN=t.bn, FAR=FAR_WIDTH, **_options(t, q.dtype, q.device))
         ctx.save_for_backward(q, k, v, out, lse, rows)
         return out
 

@@ -78,7 +78,7 @@ def _online(acc, best, total, s, v, PRECISION: tl.constexpr, UPCAST: tl.constexp
 def _cope_forward(Q, K, V, OUT, LSE, ROWS,
                   sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot,
                   H, GROUP, TQ, TK, P, scale,
-                  D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
+                  D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, FAR: tl.constexpr,
                   PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """One program per (query block, h, b): online softmax over key tiles from the diagonal back to key 0; the
     gates only until every query has counted P - 1 of them (_all_far), plain tiles after."""
@@ -112,12 +112,16 @@ def _cope_forward(Q, K, V, OUT, LSE, ROWS,
         v = tl.load(v_base + j[:, None] * svt, mask=(j[:, None] < TK) & d_ok[None, :], other=0.0)  # (BN,BD)
         acc, best, total = _online(acc, best, total, logit * _LOG2E, v, PRECISION, UPCAST)
         t += 1
-    for far in range(t, tiles):
-        j = (tiles - 1 - far) * BN + jl
-        k_t = tl.load(k_base + j[None, :] * skt, mask=(j[None, :] < TK) & d_ok[:, None], other=0.0)
+    # The far keys [0, end): plain tiles FAR times as wide (the loop with gates above sets the registers)
+    end = (tiles - t) * BN
+    jf = tl.arange(0, BN * FAR)
+    for chunk in range(0, tl.cdiv(end, BN * FAR)):
+        j = end - (chunk + 1) * (BN * FAR) + jf  # the last chunk reaches below key 0: masked
+        seen = (j >= 0) & (j < TK)
+        k_t = tl.load(k_base + j[None, :] * skt, mask=seen[None, :] & d_ok[:, None], other=0.0)
         s = tl.fma(_dot(q, k_t, PRECISION, UPCAST), scale * _LOG2E, last[:, None])
-        s = tl.where((j[None, :] < TK) & (j[None, :] <= i[:, None] + (TK - TQ)), s, float("-inf"))
-        v = tl.load(v_base + j[:, None] * svt, mask=(j[:, None] < TK) & d_ok[None, :], other=0.0)
+        s = tl.where(seen[None, :] & (j[None, :] <= i[:, None] + (TK - TQ)), s, float("-inf"))
+        v = tl.load(v_base + j[:, None] * svt, mask=seen[:, None] & d_ok[None, :], other=0.0)
         acc, best, total = _online(acc, best, total, s, v, PRECISION, UPCAST)
     acc = acc / total[:, None]
     tl.store(OUT + b * sob + h * soh + i[:, None] * sot + d[None, :], acc.to(OUT.dtype.element_ty),
