@@ -65,10 +65,11 @@ def reference(q, k, v, table):
 CASES = {  # name: (B, H, Hkv, Tq, Tk, Dh, P): P = 3 clamps most pairs (whole tiles past P - 1 gates), 64 none
     "causal_clamped": (1, 2, 2, 33, 33, 16, 3),
     "one_position": (1, 2, 1, 9, 20, 16, 1),
+    "decode": (2, 2, 1, 1, 20, 16, 4),
     "after_cache_gqa": (1, 4, 2, 9, 41, 32, 64),
     "causal_gqa_clamped": (1, 4, 1, 33, 33, 16, 6),
 }
-DTYPES = [(case, torch.float32) for case in ("causal_clamped", "one_position", "after_cache_gqa")]
+DTYPES = [(case, torch.float32) for case in ("causal_clamped", "one_position", "decode", "after_cache_gqa")]
 DTYPES += [("after_cache_gqa", torch.bfloat16)]
 
 
@@ -83,7 +84,7 @@ def inputs(b, h, hkv, tq, tk, dh, positions, dtype, seed=0):
 
 def check(case: str, dtype: torch.dtype) -> None:
     b, h, hkv, tq, tk, dh, positions = CASES[case]
-    q, k, v, table = inputs(b, h, hkv, tq * SCALE, tk * SCALE, dh, positions, dtype)
+    q, k, v, table = inputs(b, h, hkv, tq if tq == 1 else tq * SCALE, tk * SCALE, dh, positions, dtype)
     rows = q.float() @ table.T  # CoPE.contextual_rows: (B,H,Tq,P)
     out = cope.attend_contextual(q, k, v, rows)
     expected = reference(q, k, v, table)
