@@ -34,9 +34,9 @@ _FP32_BY_HEAD_DIM = {  # TF32 (attention.serves_float32): 4-byte operands
     "dq": {16: Tiles(16, 16, 4, 1), **dict.fromkeys((32, 64), Tiles(16, 32, 8, 1))},
     "dkdv": {16: Tiles(16, 16, 4, 1), **dict.fromkeys((32, 64), Tiles(16, 32, 8, 1))},
 }
-# Key tiles per tile of the forward's far loop (keys past P - 1 counted gates: no gates, one bias per query). Its
-# registers stay under the gated loop's, so a wider tile costs none: 64 x 64 takes 553 loop instructions per warp
-# (1,024 pairs) at Dh 64 against 2 x 299 for two 64 x 32 tiles.
+# Key tiles per tile of the far loops of the forward and dQ (keys past P - 1 counted gates: no gates, one bias per
+# query). Their registers stay under the gated loop's, so a wider tile costs none: a 64 x 64 forward tile takes 553
+# loop instructions per warp (1,024 pairs) at Dh 64 against 2 x 299 for two 64 x 32 tiles.
 FAR_WIDTH = 2
 TILES = {(kernel, dim, dtype): t
          for dtype, table in ((torch.bfloat16, _BY_HEAD_DIM), (torch.float16, _BY_HEAD_DIM),
@@ -101,7 +101,7 @@ class _ContextualAttention(torch.autograd.Function):
         scalars = (*_sizes(q, k, rows), key_tiles, d**-0.5)
         attention.launch(kernels._cope_dq, (triton.cdiv(tq, t_dq.bm), h, b), q, k, v, dout, lse, delta, dq, rows,
                          drows, carry_g, carry_d, total, *strides, *scalars, **_head(d), BM=t_dq.bm, BN=t_dq.bn,
-                         **_options(t_dq, q.dtype, q.device))
+                         FAR=FAR_WIDTH, **_options(t_dq, q.dtype, q.device))
         kv_dtype = k.dtype if group == 1 else torch.float32  # a GQA group's heads are added up in float32 after
         dk_heads = torch.empty(b, h, tk, d, device=q.device, dtype=kv_dtype)
         dv_heads = torch.empty(b, h, tk, d, device=q.device, dtype=kv_dtype)

@@ -133,7 +133,7 @@ def _cope_forward(Q, K, V, OUT, LSE, ROWS,
 def _cope_dq(Q, K, V, DO, LSE, DELTA, DQ, ROWS, DROWS, CARRY_G, CARRY_D, DTOTAL,
              sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdob, sdoh, sdot,
              H, GROUP, TQ, TK, P, KB, scale,
-             D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
+             D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, FAR: tl.constexpr,
              PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """One program per (query block, h, b), key tiles right to left: dQ (DQ contiguous (B,H,Tq,Dh)), d rows
     (DROWS zeroed, like ROWS), the carries entering each key tile (CARRY_G, CARRY_D: (B,H,Tq,KB)) and D per
@@ -193,16 +193,22 @@ def _cope_dq(Q, K, V, DO, LSE, DELTA, DQ, ROWS, DROWS, CARRY_G, CARRY_D, DTOTAL,
             tl.atomic_add(drows_at[:, None] + high, ds * w, mask=near & (w > 0.0))
         t += 1
     last = tl.load(rows_at + (P - 1), mask=i_ok, other=0.0) * _LOG2E  # the far pairs' bias, base 2
-    for done in range(t, tiles):
-        kb = tiles - 1 - done
-        j = kb * BN + jl
-        kv_mask = (j[None, :] < TK) & d_ok[:, None]
-        k_t = tl.load(k_base + j[None, :] * skt, mask=kv_mask, other=0.0)
+    # The far keys [0, end): plain tiles FAR times as wide, as in the forward
+    end = (tiles - t) * BN
+    jf = tl.arange(0, BN * FAR)
+    for chunk in range(0, tl.cdiv(end, BN * FAR)):
+        j = end - (chunk + 1) * (BN * FAR) + jf  # the last chunk reaches below key 0: masked
+        seen = (j >= 0) & (j < TK)
+        kv_mask = seen[None, :] & d_ok[:, None]
+        k_t = tl.load(k_base + j[None, :] * skt, mask=kv_mask, other=0.0)  # (BD,BN*FAR)
         v_t = tl.load(v_base + j[None, :] * svt, mask=kv_mask, other=0.0)
-        tl.store(CARRY_G + carry_at + kb, carry, mask=i_ok)  # >= P - 1: all _dkdv needs to know
-        tl.store(CARRY_D + carry_at + kb, right, mask=i_ok)
+        kb = (end // BN) - (chunk + 1) * FAR + tl.arange(0, FAR)  # the chunk's key tiles
+        at = carry_at[:, None] + kb[None, :]
+        stored = i_ok[:, None] & (kb[None, :] >= 0)
+        tl.store(CARRY_G + at, carry[:, None] + tl.zeros((BM, FAR), tl.float32), mask=stored)  # >= P - 1: all
+        tl.store(CARRY_D + at, right[:, None] + tl.zeros((BM, FAR), tl.float32), mask=stored)  # _dkdv needs
         s = tl.fma(_dot(q, k_t, PRECISION, UPCAST), scale * _LOG2E, last[:, None])
-        valid = (j[None, :] < TK) & (j[None, :] <= i[:, None] + (TK - TQ))
+        valid = seen[None, :] & (j[None, :] <= i[:, None] + (TK - TQ))
         p = tl.where(valid, tl.exp2(s - lse[:, None]), 0.0)
         ds = p * (_dot(do, v_t, PRECISION, UPCAST) - delta[:, None])
         reduced += _dot(ds.to(k_t.dtype), tl.trans(k_t), PRECISION, UPCAST)
