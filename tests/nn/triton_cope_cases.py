@@ -69,7 +69,8 @@ CASES = {  # name: (B, H, Hkv, Tq, Tk, Dh, P): P = 3 clamps most pairs (whole ti
     "after_cache_gqa": (1, 4, 2, 9, 41, 32, 64),
     "causal_gqa_clamped": (1, 4, 1, 33, 33, 16, 6),
 }
-DTYPES = [(case, torch.float32) for case in ("causal_clamped", "one_position", "decode", "after_cache_gqa")]
+# float32 GQA after a cache: test_cope_scheme_trains_through_the_kernel (the interpreter's time)
+DTYPES = [(case, torch.float32) for case in ("causal_clamped", "one_position", "decode")]
 DTYPES += [("after_cache_gqa", torch.bfloat16)]
 
 
