@@ -20,8 +20,9 @@ from posenc.nn.attention_core import attend
 from posenc.registry import build
 from posenc.scheme import Dims, materialises_bias
 
-# Triton kernels, no (T, T) tensor anywhere: rows per head (triton/attention.py), rows per query (triton/relative.py)
-ROW_SCHEMES = {"alibi", "kerple", "sandwich", "relative", "shaw", "transformer_xl"}
+# Triton kernels, no (T, T) tensor anywhere: rows per head (triton/attention.py), rows per query
+# (triton/relative.py), CoPE (triton/cope.py)
+TILED_SCHEMES = {"alibi", "kerple", "sandwich", "relative", "shaw", "transformer_xl", "cope"}
 SQUARE_MAX_T = 4096  # other schemes' GPU paths still build (1, H, T, T) pieces in fwd+bwd: longer is an OOM
 MATERIALISED_MAX_T = 8192  # the materialised (1, H, T, T) bias peer
 Sink = Callable[[str, dict], None]
@@ -158,7 +159,7 @@ def attention_rows(schemes: list[str], lengths: list[int], head_dims: list[int],
                               "H:Hkv": f"{heads}:{heads // group}", "B": batch, "T": t}
                     sink("attention", {**common, "path": f"causal SDPA ({backend})", "ms": _ms(base), "x SDPA": 1.0})
                     for name in schemes:
-                        if name not in ROW_SCHEMES and t > SQUARE_MAX_T:
+                        if name not in TILED_SCHEMES and t > SQUARE_MAX_T:
                             continue
                         for path, fn in attention_cells(name, q, k, v, device, backward, peers).items():
                             result = timed(fn, device, repeats)

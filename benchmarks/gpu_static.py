@@ -113,19 +113,20 @@ class _Launch:
 @contextlib.contextmanager
 def recorded_launches() -> Iterator[list[_Launch]]:
     """Replace posenc's Triton launch() with a recorder while the host code runs on meta tensors."""
-    from posenc.nn.triton import attention, rotary
+    from posenc.nn.triton import attention, cope, rotary
 
     launches: list[_Launch] = []
     record = lambda kernel, grid, *args, **options: launches.append(_Launch(kernel, grid, args, options))
     saved = attention.launch, rotary.launch
-    saved_tiles = attention.tiles
+    saved_tiles = attention.tiles, cope.tiles
     attention.launch = rotary.launch = record
     attention.tiles = lambda kernel, head_dim, device, dtype: attention.gpu_tiles(kernel, head_dim, dtype)
+    cope.tiles = lambda kernel, head_dim, device, dtype: cope.gpu_tiles(kernel, head_dim, dtype)
     try:
         yield launches
     finally:
         attention.launch, rotary.launch = saved
-        attention.tiles = saved_tiles
+        attention.tiles, cope.tiles = saved_tiles
 
 
 def attention_launches(dtype: torch.dtype, head_dim: int, causal: bool, row_grad: bool, *, batch: int = 2,
@@ -165,6 +166,21 @@ def relative_launches(dtype: torch.dtype, head_dim: int, causal: bool, values: b
         e = torch.full((batch,), 16 if values else length - 1, device="meta", dtype=torch.int64)
         out = attend_relative(q, k, v, relative, e, causal)
         torch.autograd.grad(out, [q, k, v, table], torch.empty_like(out))
+    return launches
+
+
+def cope_launches(dtype: torch.dtype, head_dim: int, *, batch: int = 2, heads: int = 8, kv_heads: int = 2,
+                  length: int = 1024, positions: int = 64) -> list[_Launch]:
+    """Forward and backward of posenc's CoPE attention (posenc.nn.triton.cope) on meta tensors, as on a GPU."""
+    from posenc.nn.triton.cope import attend_contextual
+
+    with recorded_launches() as launches, _tf32():
+        q = torch.empty(batch, heads, length, head_dim, device="meta", dtype=dtype, requires_grad=True)
+        k, v = (torch.empty(batch, kv_heads, length, head_dim, device="meta", dtype=dtype, requires_grad=True)
+                for _ in range(2))
+        rows = torch.empty(batch, heads, length, positions, device="meta", requires_grad=True)
+        out = attend_contextual(q, k, v, rows)
+        torch.autograd.grad(out, [q, k, v, rows], torch.empty_like(out))
     return launches
 
 
@@ -250,6 +266,20 @@ def relative_records(dtypes: list[str], head_dims: list[int], workdir: Path, cau
     return records
 
 
+def cope_records(dtypes: list[str], head_dims: list[int], workdir: Path) -> list[dict]:
+    """Every kernel CoPE's attention launches (forward, dQ, dK/dV), compiled and read, at the head dims it serves."""
+    from posenc.nn.triton import cope
+
+    records = []
+    for dtype in dtypes:
+        for head_dim in head_dims:
+            if not cope.serves(head_dim, DTYPES[dtype]):
+                continue  # the chunked path serves it
+            for launch in cope_launches(DTYPES[dtype], head_dim):
+                records.append(asdict(analyse(launch, f"{dtype} Dh={head_dim} cope", workdir)))
+    return records
+
+
 def rotary_records(dtypes: list[str], workdir: Path) -> list[dict]:
     records = []
     for dtype in dtypes:
@@ -289,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         dtypes = args.dtypes.split(",")
         records = attention_records(dtypes, [int(d) for d in args.head_dims.split(",")], Path(workdir))
         records += relative_records(dtypes, [int(d) for d in args.head_dims.split(",")], Path(workdir))
+        records += cope_records(dtypes, [int(d) for d in args.head_dims.split(",")], Path(workdir))
         records += rotary_records(dtypes, Path(workdir))
     text = markdown(records)
     print(text)

@@ -20,8 +20,9 @@ The key is (form, device, dtype, grad, decode):
 
 The kernels for the key are the fast ones of the first table (empty where no rule matches) followed by the form's
 tail, tried in order: the first that serves runs. A kernel declines (returns None) where its own condition fails:
-rows need positions that count up by one and no dropout, flex a long input, a score_mod and POSENC_FLEX on the
-CPU, chunked more than CHUNK_ROWS queries; the last of every tail always serves. flex is left out for a scheme
+rows need positions that count up by one and no dropout, triton_contextual a head dim its tiles cover (up to 128
+in 16-bit types, 64 in float32), flex a long input, a score_mod and POSENC_FLEX on the CPU, chunked more than
+CHUNK_ROWS queries; the last of every tail always serves. flex is left out for a scheme
 whose class gives no score_mod.
 
     form        device  dtypes                      decode, no grad    otherwise
@@ -31,6 +32,7 @@ whose class gives no score_mod.
     piecewise   cpu     float32                     pieces_decode      native_pieces
     piecewise   cuda    bfloat16 float16 float32    pieces_decode      -
     contextual  cpu     float32                     native_contextual  native_contextual
+    contextual  cuda    bfloat16 float16 float32    triton_contextual  triton_contextual
     relative    cpu     float32                     relative_decode    native_relative
     relative    cuda    bfloat16 float16 float32    relative_decode triton_relative triton_relative
     values      cpu     float32                     native_relative    native_relative
@@ -79,6 +81,7 @@ KERNELS: dict[str, Callable[[Call], Tensor | None]] = {
     "native_pieces": row_paths.native_pieces,  # csrc, FIRE's MLP per block of scores
     "native_contextual": row_paths.native_contextual,  # csrc/cope.cpp
     "triton_relative": row_paths.triton_relative,  # triton/relative.py, rows per query formed per tile
+    "triton_contextual": row_paths.triton_contextual,  # triton/cope.py
     "relative_decode": row_paths.relative_decode,  # SDPA with one row per query as the mask
     "native_relative": row_paths.native_relative,  # csrc, rows per query (and Shaw's value term)
     "flex": bias_paths.flex,  # flex_attention with the scheme's score_mod
@@ -99,6 +102,7 @@ FAST_RULES: tuple[tuple[str, str, tuple[torch.dtype, ...], tuple[str, ...], tupl
     ("piecewise", "cpu", (torch.float32,), ("pieces_decode",), ("native_pieces",)),
     ("piecewise", "cuda", HALF_AND_FLOAT, ("pieces_decode",), ()),
     ("contextual", "cpu", (torch.float32,), ("native_contextual",), ("native_contextual",)),
+    ("contextual", "cuda", HALF_AND_FLOAT, ("triton_contextual",), ("triton_contextual",)),
     ("relative", "cpu", (torch.float32,), ("relative_decode",), ("native_relative",)),
     ("values", "cpu", (torch.float32,), ("native_relative",), ("native_relative",)),
     ("relative", "cuda", HALF_AND_FLOAT, ("relative_decode", "triton_relative"), ("triton_relative",)),

@@ -6,9 +6,9 @@ Notation as in attention.py.
 
 Each kernel here takes a posenc.nn.dispatch.Call and returns the output or None (it does not serve); which of
 them runs for which scheme, device, dtype, gradient and decode step is decided in posenc.nn.dispatch alone.
-On a CUDA device (posenc.nn.triton, when triton imports) rows per head and rows per query (Shaw, Transformer-XL,
-from their tables) run in Triton kernels, training included; FIRE's pieces and CoPE have no GPU kernel yet (the
-dispatch's flex or chunked path serves them), except FIRE's decode step, which needs one bias row.
+On a CUDA device (posenc.nn.triton, when triton imports) rows per head, rows per query (Shaw, Transformer-XL,
+from their tables) and CoPE (triton/cope.py) run in Triton kernels, training included; FIRE's pieces have no GPU
+kernel yet (the dispatch's flex or chunked path serves them), except FIRE's decode step, which needs one bias row.
 
 Rows are indexed by r = n - m (key minus query). They serve when every row of positions counts up by one
 (n - m = j - i - delta for key j, query i): the usual training, prompt and cached-decoding layout. Any other
@@ -204,6 +204,19 @@ def native_contextual(call: Call) -> Tensor | None:
     return fused_attention.attend_contextual(call.q, call.k, call.v, contextual)
 
 
+def triton_contextual(call: Call) -> Tensor | None:
+    """CoPE in the Triton kernel (triton/cope.py), forward and backward (causal only; it reads no positions)."""
+    if call.dropout != 0.0 or not call.causal or not _on_gpu(call):
+        return None
+    from posenc.nn.triton import cope  # imports triton: only once a GPU tensor shows up
+
+    if not (call.q.device.type == "cpu" or cope.serves(call.q.shape[-1], call.q.dtype)):
+        return None  # a head dim whose tiles spilled
+    if (contextual := call.scheme.contextual_rows(call.q)) is None:
+        return None
+    return cope.attend_contextual(call.q, call.k, call.v, contextual)
+
+
 def native_relative(call: Call) -> Tensor | None:
     """Rows per query (Transformer-XL; Shaw with its value term) in the native CPU kernel."""
     if not _native(call) or (span := _span(call)) is None:
@@ -273,5 +286,5 @@ def _rows_as_mask(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, offsets: Offset
 
 
 __all__ = ["Offsets", "native_contextual", "native_pieces", "native_relative", "native_rows",
-           "pieces_decode", "position_offsets", "relative_decode", "relative_span", "rows_decode", "triton_relative",
-           "triton_rows"]
+           "pieces_decode", "position_offsets", "relative_decode", "relative_span", "rows_decode",
+           "triton_contextual", "triton_relative", "triton_rows"]

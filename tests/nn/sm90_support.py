@@ -51,3 +51,18 @@ def check_relative(dtype: str, head_dim: int, causal: bool, values: bool) -> Non
             assert record.shared_bytes <= gpu_static.H100_SHARED_BYTES, f"{what}: {record.shared_bytes} B shared"
             assert record.spilled_bytes == 0, f"{what}: {record.spilled_bytes} B spilled per thread"
             assert record.loop_instructions > 0, f"{what}: no hot loop found"
+
+
+def check_cope(dtype: str, head_dim: int) -> None:
+    """CoPE's three kernels (forward, dQ, dK/dV) compile for sm_90, fit an H100 block's shared memory and spill
+    nothing."""
+    with tempfile.TemporaryDirectory() as workdir:
+        launches = gpu_static.cope_launches(gpu_static.DTYPES[dtype], head_dim)
+        names = [gpu_static._name(launch.kernel) for launch in launches]
+        assert names == ["cope_forward", "cope_dq", "cope_dkdv"], names
+        for launch in launches:
+            record = gpu_static.analyse(launch, f"{dtype} Dh={head_dim} cope", Path(workdir))
+            what = f"{record.kernel} {dtype} Dh={head_dim} ({record.tiles})"
+            assert record.shared_bytes <= gpu_static.H100_SHARED_BYTES, f"{what}: {record.shared_bytes} B shared"
+            assert record.spilled_bytes == 0, f"{what}: {record.spilled_bytes} B spilled per thread"
+            assert record.loop_instructions > 0, f"{what}: no hot loop found"

@@ -1,5 +1,5 @@
 """posenc's Triton kernels compiled for the H100 (sm_90) in `make test`: fp16, fp32 (TF32 / tf32x3), the other
-head dims the dispatch accepts (16, 32, 256), the rows-per-query kernels (Shaw, Transformer-XL), a loop that
+head dims the dispatch accepts (16, 32, 256), the rows-per-query kernels (Shaw, Transformer-XL), CoPE, a loop that
 recognises a hot loop, and RoPE."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import gpu_static
-from tests.nn.sm90_support import check_attention, check_relative, needs_compiler
+from tests.nn.sm90_support import check_attention, check_cope, check_relative, needs_compiler
 
 pytestmark = needs_compiler
 
@@ -35,6 +35,11 @@ def test_shaw_kernels_compile_fit_and_do_not_spill():
     """Shaw's launch (the value table and the far loop: the most registers) at bf16 Dh 64, causal; the other
     settings, and Transformer-XL's launch, are in python -m benchmarks.gpu_static's table."""
     check_relative("bf16", 64, True, values=True)
+
+
+def test_cope_kernels_compile_fit_and_do_not_spill():
+    """CoPE's forward, dQ and dK/dV at bf16, Dh 128 (python -m benchmarks.gpu_static reads every setting)."""
+    check_cope("bf16", 128)
 
 
 @pytest.mark.parametrize("interleaved", [False, True])

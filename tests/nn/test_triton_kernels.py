@@ -20,11 +20,12 @@ from posenc.nn import triton as gpu
 from tests.conftest import tiny_config
 from tests.nn.triton_support import run_interpreted
 
-CASES = [Path(__file__).with_name(name) for name in ("triton_cases.py", "triton_relative_cases.py")]
+CASES = [Path(__file__).with_name(name)
+         for name in ("triton_cases.py", "triton_relative_cases.py", "triton_cope_cases.py")]
 
 
 def test_triton_kernels_under_the_interpreter():
-    run_interpreted(*CASES)
+    run_interpreted(*CASES)  # one process: the interpreter's start is paid once
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -17,8 +17,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_interpreted(*test_files: Path, timeout: float = float(os.environ.get("POSENC_TRITON_TEST_TIMEOUT", 300))
-                    ) -> None:
+TIMEOUT = float(os.environ.get("POSENC_TRITON_TEST_TIMEOUT", 900))
+
+
+def run_interpreted(*test_files: Path, timeout: float = TIMEOUT) -> None:
     """Run the files' tests under the interpreter in one fresh process; fail with its report if any fails."""
     pytest.importorskip("triton")
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}

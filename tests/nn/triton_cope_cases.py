@@ -1,0 +1,141 @@
+"""CoPE's Triton kernel (posenc/nn/triton/cope.py) equals a float64 reference written from the paper's formulas
+(Golovneva et al. 2024, eq. 3-5), output and gradients of q, k, v and the position table: causal (CoPE is causal
+only), a cache offset (Tq < Tk), GQA, positions clamped at the table's end and not, bf16, and tiles that differ
+per kernel (the backward's carries are stored per key tile of dQ and read by dK/dV).
+
+Not collected by `make test` directly: tests/nn/test_triton_kernels.py runs it in a fresh process with the
+interpreter (TRITON_INTERPRET=1: tiny shapes) or compiled on a CUDA machine (see triton_support.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from posenc.contract.models import perturb_scheme_parameters
+from posenc.nn import dispatch
+from posenc.nn import triton as gpu
+from posenc.registry import build
+from tests.conftest import tiny_config
+from tests.nn.triton_support import patch_interpreter_for_numpy
+
+pytestmark = pytest.mark.skipif(not gpu.installed(), reason="triton is not installed")
+INTERPRETED = gpu.interpreting()
+DEVICE = "cpu" if INTERPRETED else "cuda"
+if INTERPRETED:
+    patch_interpreter_for_numpy()
+elif not torch.cuda.is_available():
+    pytest.skip("no CUDA device and TRITON_INTERPRET is not set", allow_module_level=True)
+else:
+    torch.set_float32_matmul_precision("high")  # the kernel serves float32 as TF32 on a GPU
+
+from posenc.nn.triton import cope  # noqa: E402  (after the interpreter's setting is known)
+from posenc.nn.triton.attention import Tiles  # noqa: E402
+
+SCALE = 1 if INTERPRETED else 16  # sequence lengths: tiny under the interpreter, real on a GPU
+TOLERANCE = {torch.float32: 2e-5 if INTERPRETED else 5e-3, torch.bfloat16: 3e-2}
+
+
+def close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype, what: str) -> None:
+    error = (actual.double() - expected).abs().max().item()
+    bound = TOLERANCE[dtype] * max(1.0, expected.abs().max().item())
+    assert error <= bound, f"{what}: max error {error:.3g} > {bound:.3g}"
+
+
+def reference(q, k, v, table):
+    """The paper's CoPE attention in float64, written out pair by pair from its formulas: gates, positions
+    counted from the query back, the table interpolated between floor and ceil, then softmax."""
+    q, k, v, table = (t.double() for t in (q, k, v, table))
+    h, tq, tk, dh = q.shape[1], q.shape[2], k.shape[2], q.shape[3]
+    k, v = (t.repeat_interleave(h // t.shape[1], dim=1) for t in (k, v))
+    z = q @ k.transpose(-1, -2) / dh**0.5  # (B,H,Tq,Tk)
+    seen = torch.arange(tk)[None, :] <= torch.arange(tq)[:, None] + (tk - tq)  # query i is key i + Tk - Tq
+    gates = torch.where(seen.to(q.device), torch.sigmoid(z), 0.0)
+    positions = torch.stack([gates[..., j:].sum(-1) for j in range(tk)], -1).clamp(max=table.shape[0] - 1)
+    low, high = positions.floor(), positions.ceil()
+    weight = positions - low  # (B,H,Tq,Tk)
+    e_low, e_high = table[low.long()], table[high.long()]  # (B,H,Tq,Tk,Dh)
+    bias = ((weight[..., None] * e_high + (1 - weight[..., None]) * e_low) * q[..., None, :]).sum(-1)
+    logits = (z + bias).masked_fill(~seen.to(q.device), float("-inf"))
+    return torch.softmax(logits, -1) @ v
+
+
+CASES = {  # name: (B, H, Hkv, Tq, Tk, Dh, P): P = 3 clamps most pairs (whole tiles past P - 1 gates), 64 none
+    "causal_clamped": (1, 2, 2, 33, 33, 16, 3),
+    "one_position": (1, 2, 1, 9, 20, 16, 1),
+    "decode": (2, 2, 1, 1, 20, 16, 4),
+    "after_cache_gqa": (1, 4, 2, 9, 41, 32, 64),
+    "causal_gqa_clamped": (1, 4, 1, 33, 33, 16, 6),
+}
+# float32 GQA after a cache: test_cope_scheme_trains_through_the_kernel (the interpreter's time)
+DTYPES = [(case, torch.float32) for case in ("causal_clamped", "one_position", "decode")]
+DTYPES += [("after_cache_gqa", torch.bfloat16)]
+
+
+def inputs(b, h, hkv, tq, tk, dh, positions, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = 2 * torch.randn(b, h, tq, dh, generator=g)  # gates spread over (0, 1)
+    k = 2 * torch.randn(b, hkv, tk, dh, generator=g)
+    v = torch.randn(b, hkv, tk, dh, generator=g)
+    table = torch.randn(positions, dh, generator=g) / 2
+    return [t.to(DEVICE, dtype).requires_grad_() for t in (q, k, v)] + [table.to(DEVICE).requires_grad_()]
+
+
+def check(case: str, dtype: torch.dtype) -> None:
+    b, h, hkv, tq, tk, dh, positions = CASES[case]
+    q, k, v, table = inputs(b, h, hkv, tq if tq == 1 else tq * SCALE, tk * SCALE, dh, positions, dtype)
+    rows = q.float() @ table.T  # CoPE.contextual_rows: (B,H,Tq,P)
+    out = cope.attend_contextual(q, k, v, rows)
+    expected = reference(q, k, v, table)
+    close(out, expected, dtype, f"{case} output")
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(DEVICE)
+    fast = torch.autograd.grad(out, [q, k, v, table], grad.to(dtype))
+    slow = torch.autograd.grad(expected, [q, k, v, table], grad)
+    for name, a, b_ in zip(("dq", "dk", "dv", "dtable"), fast, slow, strict=True):
+        close(a, b_, dtype, f"{case} {name}")
+
+
+@pytest.mark.parametrize(("case", "dtype"), DTYPES)
+def test_cope_kernel_equals_the_float64_reference_with_gradients(case, dtype):
+    check(case, dtype)
+
+
+def test_tiles_that_differ_per_kernel(monkeypatch):
+    """dQ's key tiles set where the carries are stored; dK/dV reads them with query tiles of another height and
+    the forward walks its own tiles: all three different here, and equal to the reference."""
+    chosen = {"forward": Tiles(32, 16, 1, 1), "dq": Tiles(16, 32, 1, 1), "dkdv": Tiles(32, 32, 1, 1)}
+    if INTERPRETED:
+        monkeypatch.setattr(cope, "tiles", lambda kernel, *a: chosen[kernel])
+    check("causal_gqa_clamped", torch.float32)
+
+
+def test_cope_scheme_trains_through_the_kernel(monkeypatch):
+    """The dispatch sends CoPE on this device to the Triton kernel, and the table's gradient is the reference's."""
+    cfg = tiny_config("cope", n_head=4, d_model=64)
+    scheme = build("cope", dataclasses.replace(cfg.dims(), n_kv_head=2), cfg.options)
+    holder = torch.nn.Module()
+    holder.positions = torch.nn.ModuleList([scheme])
+    perturb_scheme_parameters(holder)
+    scheme = scheme.to(DEVICE)
+    calls = []
+    kernel = cope.attend_contextual
+    monkeypatch.setattr(cope, "attend_contextual", lambda *a: calls.append(1) or kernel(*a))
+    q, k, v, _ = inputs(2, 4, 2, 9 * SCALE, 21 * SCALE, 16, 1, torch.float32, seed=2)
+    pos = torch.arange(21 * SCALE, device=DEVICE)[None]
+    out = dispatch.attention(q, k, v, scheme, pos[:, -9 * SCALE :], pos, True)
+    assert calls, "the dispatch must take the Triton kernel for CoPE here"
+    expected = reference(q, k, v, scheme.table)
+    close(out, expected, torch.float32, "output")
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64).to(DEVICE)
+    for name, a, b_ in zip(("dq", "dk", "dv", "dtable"),
+                           torch.autograd.grad(out, [q, k, v, scheme.table], grad.float()),
+                           torch.autograd.grad(expected, [q, k, v, scheme.table], grad), strict=True):
+        close(a, b_, torch.float32, name)
+
+
+def test_rows_of_another_shape_are_refused_in_one_line():
+    q, k, v, _ = inputs(1, 2, 2, 5, 5, 16, 1, torch.float32)
+    with pytest.raises(ValueError, match=r"CoPE rows \(1, 2, 4, 8\)"):
+        cope.attend_contextual(q, k, v, torch.zeros(1, 2, 4, 8, device=DEVICE))
