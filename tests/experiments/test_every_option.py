@@ -114,6 +114,7 @@ EXPLICIT = {
     "compare.schemes": [["rope", "alibi"], ["none", "rope", "alibi"]], "model.n_kv_head": [2],
     "model.randomized_positions": [True], "ruler.tasks": [["niah_single"], None], "model.backend": ["transformers"],
     "tune.grid": [{"self_extend": {"group_size": [2, 4]}}], "tune.ruler_tasks": [["niah_multikey"], []],
+    "model.extension_layers": ["global", "all"],
 }
 
 
@@ -269,6 +270,7 @@ REFUSED = [
     ("finetune", ["finetune.base=gguf:smollm2", "model.n_layer=3"], "model.n_layer"),
     ("finetune", ["model.kerple_kernel=power"], "model.kerple_kernel"),
     ("extend", ["ruler.trials=5"], "ruler.trials"),  # ruler is not measured
+    ("extend", ["model.extension_layers=local"], "model.extension_layers"),
     ("extend", ["extend.metric=ppl", "passkey.trials=5"], "passkey.trials"),
     ("extend", ["extend.metric=passkey", "perplexity.windows=2"], "perplexity.windows"),
     ("extend", ["perplexity.lengths=[1024,1024]"], "perplexity.lengths"),

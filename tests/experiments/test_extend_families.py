@@ -32,13 +32,26 @@ def checkpoint(tmp_path, family: str, tokenizer):
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_quick_run_on_every_family(tmp_path, family, tokenizer, capsys):
     methods = "none,yarn" if family == "gemma2" else "none,yarn,self_extend"  # gemma2: soft-capped, no maps
+    layers = ["model.extension_layers=all"] if family == "gemma3" else []  # its default is global
     argv = ["extend", "--quick", "--model", str(checkpoint(tmp_path, family, tokenizer)), "--scalings", methods,
-            "--out-dir", str(tmp_path / "runs"), "passkey.lengths=[96]"]
+            "--out-dir", str(tmp_path / "runs"), "passkey.lengths=[96]", *layers]
     assert cli_main(argv) == 0, capsys.readouterr().err
     (run_dir,) = (tmp_path / "runs").iterdir()
     results = json.loads((run_dir / "results.json").read_text())
     assert results["context_length"] == TRAINED
+    assert (results["extension_layers"], results["extended_layers"]) == ("all", [0, 1])  # recorded as in force
     assert {r["method"] for r in results["passkey"]} == set(methods.split(","))
+
+
+@pytest.mark.pretrained
+def test_gemma3_extends_its_global_layers_unless_told(tmp_path, tokenizer, capsys):
+    argv = ["extend", "--quick", "--model", str(checkpoint(tmp_path, "gemma3", tokenizer)), "--scalings",
+            "none,self_extend", "--out-dir", str(tmp_path / "runs"), "extend.metric=ppl"]
+    assert cli_main(argv) == 0, capsys.readouterr().err
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    results = json.loads((run_dir / "results.json").read_text())
+    assert (results["extension_layers"], results["extended_layers"]) == ("global", [1])  # layer 0 slides
+    assert json.loads((run_dir / "run.json").read_text())["config"]["model"]["extension_layers"] is None
 
 
 @pytest.mark.pretrained

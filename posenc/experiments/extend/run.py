@@ -135,7 +135,9 @@ def _sweep(cfg: ExtendConfig, opened: Run, corpus: Any) -> int:
     windows = (token_windows(encode, corpus.text, max(cfg.ppl_lengths), cfg.perplexity.windows)
                if cfg.ppl_lengths else None)
     state = RunState.load(run_dir, on_save=lambda: opened.tick(force=True))
+    extended = [i for i in range(model.cfg.n_layer) if model.cfg.extends_layer(i)]
     state.machine = {"model": model_name(cfg, model), "context_length": model.cfg.max_seq_len,
+                     "extension_layers": model.cfg.extension_layers, "extended_layers": extended,
                      "device": device_name(device), "torch": torch.__version__, "threads": torch.get_num_threads(),
                      "cpu": platform.processor()}  # the last session's, where a resumed run moved
     done = (f"; done before: {len(state.ppl)} perplexity rows, {len(state.passkey)} passkey and {len(state.ruler)} "

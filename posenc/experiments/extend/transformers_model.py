@@ -51,7 +51,8 @@ class TransformersModel(nn.Module):
         self.schemes, _ = build_schemes(cfg)
         posenc.hf.remove(self.hf)
         if cfg.rope_scaling is not None or cfg.attention_extension is not None:
-            posenc.hf.apply(self.hf, cfg.rope_scaling or {"rope_type": "default"}, cfg.attention_extension)
+            posenc.hf.apply(self.hf, cfg.rope_scaling or {"rope_type": "default"}, cfg.attention_extension,
+                            cfg.extension_layers)
 
     def set_rope_scaling(self, rope_scaling: dict[str, Any] | None) -> TransformersModel:
         self.cfg = self.cfg.replace(rope_scaling=rope_scaling)
