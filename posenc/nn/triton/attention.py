@@ -59,6 +59,15 @@ _BY_HEAD_DIM = {
            128: Tiles(128, 32, 8, 2), 256: Tiles(32, 32, 8, 2)},
     "dq_rows": {16: Tiles(32, 32, 4, 2), 32: Tiles(32, 32, 4, 2), 64: Tiles(32, 32, 8, 2),
                 128: Tiles(32, 32, 8, 2), 256: Tiles(16, 32, 8, 2)},
+    # the piecewise bias (piecewise_attention.py: FIRE); pieces_dq_grad needs BM <= BN like dq_rows
+    "pieces_forward": {16: Tiles(128, 64, 4, 3), 32: Tiles(128, 64, 4, 3), 64: Tiles(128, 64, 8, 3),
+                       128: Tiles(128, 64, 8, 3), 256: Tiles(64, 32, 8, 2)},
+    "pieces_dkdv": {16: Tiles(64, 128, 8, 2), 32: Tiles(64, 128, 8, 2), 64: Tiles(64, 128, 8, 2),
+                    128: Tiles(32, 128, 8, 2), 256: Tiles(32, 32, 8, 2)},
+    "pieces_dq": {16: Tiles(128, 32, 4, 2), 32: Tiles(128, 32, 4, 2), 64: Tiles(128, 32, 8, 2),
+                  128: Tiles(128, 32, 8, 2), 256: Tiles(32, 32, 8, 2)},
+    "pieces_dq_grad": {16: Tiles(32, 32, 4, 2), 32: Tiles(32, 32, 4, 2), 64: Tiles(32, 32, 8, 2),
+                       128: Tiles(32, 32, 8, 2), 256: Tiles(16, 32, 8, 2)},
 }
 # float32 runs as TF32 (4-byte operands: half the tile of a 16-bit type for the same shared memory), and only up to
 # Dh 128: at 256 every tile spilled 100-2800 B. Sweeps with TF32 (registers / spilled bytes): forward 128x32 8 warps
@@ -70,6 +79,11 @@ _FP32_BY_HEAD_DIM = {
     "dkdv": {16: Tiles(32, 64, 8, 2), 32: Tiles(32, 64, 8, 2), 64: Tiles(32, 64, 8, 2), 128: Tiles(32, 32, 8, 2)},
     "dq": dict.fromkeys((16, 32, 64, 128), Tiles(64, 32, 8, 2)),
     "dq_rows": dict.fromkeys((16, 32, 64, 128), Tiles(32, 32, 4, 2)),
+    "pieces_forward": dict.fromkeys((16, 32, 64, 128), Tiles(128, 32, 8, 2)),
+    "pieces_dkdv": {16: Tiles(32, 64, 8, 2), 32: Tiles(32, 64, 8, 2), 64: Tiles(32, 64, 8, 2),
+                    128: Tiles(32, 32, 8, 2)},
+    "pieces_dq": dict.fromkeys((16, 32, 64, 128), Tiles(64, 32, 8, 2)),
+    "pieces_dq_grad": dict.fromkeys((16, 32, 64, 128), Tiles(32, 32, 4, 2)),
 }
 FP32_MAX_HEAD_DIM = 128
 TILES = {(kernel, dim, dtype): t
