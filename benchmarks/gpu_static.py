@@ -145,6 +145,25 @@ def attention_launches(dtype: torch.dtype, head_dim: int, causal: bool, row_grad
     return launches
 
 
+def piecewise_launches(dtype: torch.dtype, head_dim: int, causal: bool, param_grad: bool, *, batch: int = 2,
+                       heads: int = 8, kv_heads: int = 2, length: int = 1024, knots: int = 32) -> list[_Launch]:
+    """Forward and backward of posenc's piecewise-bias attention (FIRE, its MLP 32 wide: 32 knots) on meta
+    tensors, as launched on a GPU; param_grad: the pieces' own gradients too (dQ's PARAM_GRAD variant)."""
+    from posenc.nn.triton.piecewise_attention import attend_pieces
+
+    with recorded_launches() as launches, _tf32():
+        q = torch.empty(batch, heads, length, head_dim, device="meta", dtype=dtype, requires_grad=True)
+        k, v = (torch.empty(batch, kv_heads, length, head_dim, device="meta", dtype=dtype, requires_grad=True)
+                for _ in range(2))
+        feature = torch.empty(2 * length, device="meta", requires_grad=param_grad)
+        lines = [torch.empty(heads, knots + 1, device="meta", requires_grad=param_grad) for _ in range(2)]
+        e = torch.full((batch,), length, device="meta", dtype=torch.int64)
+        out = attend_pieces(q, k, v, feature, torch.empty(1, length, device="meta"), torch.empty(knots, device="meta"),
+                            *lines, e, causal)
+        torch.autograd.grad(out, [q, k, v, *([feature, *lines] if param_grad else [])], torch.empty_like(out))
+    return launches
+
+
 def rotary_launches(dtype: torch.dtype, head_dim: int, rotary_dim: int, interleaved: bool) -> list[_Launch]:
     from posenc.nn.triton.rotary import rotate
 
@@ -207,6 +226,37 @@ def attention_records(dtypes: list[str], head_dims: list[int], workdir: Path, ca
     return records
 
 
+def piecewise_records(dtypes: list[str], head_dims: list[int], workdir: Path,
+                      causal_options=(True, False)) -> list[dict]:
+    """Every kernel the piecewise-bias attention (FIRE) launches, compiled and read; each forward against the row
+    kernel's forward compiled without a bias (the same tiles), as the row kernel's own forward is."""
+    from posenc.nn.triton.attention import FP32_MAX_HEAD_DIM
+
+    records = []
+    for dtype in dtypes:
+        for head_dim in head_dims:
+            if dtype == "fp32" and head_dim > FP32_MAX_HEAD_DIM:
+                continue
+            for causal in causal_options:
+                setting = f"{dtype} Dh={head_dim} {'causal' if causal else 'full'}"
+                for param_grad in (True, False):
+                    for launch in piecewise_launches(DTYPES[dtype], head_dim, causal, param_grad):
+                        name = _name(launch.kernel)
+                        if name == "row_reduce" or (name != "dq" and not param_grad):
+                            continue  # the forward and dK/dV do not depend on the pieces' gradients: once
+                        label = f"{setting}{' pieces grad' if param_grad and name == 'dq' else ''}"
+                        record = asdict(analyse(launch, label, workdir))
+                        record["kernel"] = f"pieces {name}"
+                        if name == "forward":
+                            row = next(x for x in attention_launches(DTYPES[dtype], head_dim, causal, False)
+                                       if _name(x.kernel) == "forward")
+                            plain = analyse(without_bias(row), setting, workdir)
+                            record["plain_loop_instructions"] = plain.loop_instructions
+                            record["bias_ratio"] = record["loop_instructions"] / max(plain.loop_instructions, 1)
+                        records.append(record)
+    return records
+
+
 def rotary_records(dtypes: list[str], workdir: Path) -> list[dict]:
     records = []
     for dtype in dtypes:
@@ -244,7 +294,9 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory() as workdir:
         dtypes = args.dtypes.split(",")
-        records = attention_records(dtypes, [int(d) for d in args.head_dims.split(",")], Path(workdir))
+        head_dims = [int(d) for d in args.head_dims.split(",")]
+        records = attention_records(dtypes, head_dims, Path(workdir))
+        records += piecewise_records(dtypes, head_dims, Path(workdir))
         records += rotary_records(dtypes, Path(workdir))
     text = markdown(records)
     print(text)

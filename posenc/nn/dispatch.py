@@ -29,7 +29,7 @@ whose class gives no score_mod.
     distance    cpu     float32                     rows_decode        native_rows
     distance    cuda    bfloat16 float16 float32    rows_decode        triton_rows
     piecewise   cpu     float32                     pieces_decode      native_pieces
-    piecewise   cuda    bfloat16 float16 float32    pieces_decode      -
+    piecewise   cuda    bfloat16 float16 float32    pieces_decode      triton_pieces
     contextual  cpu     float32                     native_contextual  native_contextual
     relative    cpu     float32                     relative_decode    native_relative
     values      cpu     float32                     native_relative    native_relative
@@ -75,6 +75,7 @@ KERNELS: dict[str, Callable[[Call], Tensor | None]] = {
     "triton_rows": row_paths.triton_rows,  # triton/attention.py, rows per head
     "pieces_decode": row_paths.pieces_decode,  # SDPA with FIRE's one bias row as the mask
     "native_pieces": row_paths.native_pieces,  # csrc, FIRE's MLP per block of scores
+    "triton_pieces": row_paths.triton_pieces,  # triton/piecewise_attention.py, FIRE's MLP per tile
     "native_contextual": row_paths.native_contextual,  # csrc/cope.cpp
     "relative_decode": row_paths.relative_decode,  # SDPA with one row per query as the mask
     "native_relative": row_paths.native_relative,  # csrc, rows per query (and Shaw's value term)
@@ -94,7 +95,7 @@ FAST_RULES: tuple[tuple[str, str, tuple[torch.dtype, ...], tuple[str, ...], tupl
     ("distance", "cpu", (torch.float32,), ("rows_decode",), ("native_rows",)),
     ("distance", "cuda", HALF_AND_FLOAT, ("rows_decode",), ("triton_rows",)),
     ("piecewise", "cpu", (torch.float32,), ("pieces_decode",), ("native_pieces",)),
-    ("piecewise", "cuda", HALF_AND_FLOAT, ("pieces_decode",), ()),
+    ("piecewise", "cuda", HALF_AND_FLOAT, ("pieces_decode",), ("triton_pieces",)),
     ("contextual", "cpu", (torch.float32,), ("native_contextual",), ("native_contextual",)),
     ("relative", "cpu", (torch.float32,), ("relative_decode",), ("native_relative",)),
     ("values", "cpu", (torch.float32,), ("native_relative",), ("native_relative",)),

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import gpu_static
-from tests.nn.sm90_support import check_attention, needs_compiler
+from tests.nn.sm90_support import check_attention, check_piecewise, needs_compiler
 
 pytestmark = needs_compiler
 
@@ -28,6 +28,12 @@ def test_fp32_attention_kernels_compile_fit_and_do_not_spill(head_dim):
 @pytest.mark.parametrize("head_dim", [16, 32, 256])
 def test_other_head_dims_compile_fit_and_do_not_spill(head_dim):
     check_attention("bf16", head_dim, True)
+
+
+def test_fire_piecewise_kernels_compile_fit_and_do_not_spill():
+    """FIRE's kernels (its MLP per tile) at bf16, Dh 128, causal: the widest tiles of the table at the common head
+    dim (python -m benchmarks.gpu_static reads every other setting)."""
+    check_piecewise("bf16", 128, True)
 
 
 @pytest.mark.parametrize("interleaved", [False, True])

@@ -20,10 +20,11 @@ from tests.conftest import tiny_config
 from tests.nn.triton_support import run_interpreted
 
 CASES = Path(__file__).with_name("triton_cases.py")
+PIECES = Path(__file__).with_name("triton_pieces_cases.py")  # FIRE's kernel
 
 
 def test_triton_kernels_under_the_interpreter():
-    run_interpreted(CASES)
+    run_interpreted(CASES, PIECES)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -35,7 +36,8 @@ def test_triton_kernels_compiled_on_the_gpu(monkeypatch):
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-                             str(CASES)], cwd=CASES.parents[2], env=env, capture_output=True, text=True, timeout=900)
+                             str(CASES), str(PIECES)], cwd=CASES.parents[2], env=env, capture_output=True, text=True,
+                            timeout=900)
     assert result.returncode == 0, result.stdout[-8000:]
 
 

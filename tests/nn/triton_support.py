@@ -17,19 +17,24 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_interpreted(test_file: Path, timeout: float = float(os.environ.get("POSENC_TRITON_TEST_TIMEOUT", 300))) -> None:
-    """Run test_file's tests under the interpreter in a fresh process; fail with its report if any fails."""
+TIMEOUT = float(os.environ.get("POSENC_TRITON_TEST_TIMEOUT", 300))
+
+
+def run_interpreted(*test_files: Path, timeout: float = TIMEOUT) -> None:
+    """Run the files' tests under the interpreter in one fresh process (one start-up of torch and Triton); fail
+    with its report if any fails."""
     pytest.importorskip("triton")
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    names = ", ".join(f.name for f in test_files)
     command = [sys.executable, "-m", "pytest", "-v", "-x", "-p", "no:cacheprovider", "-p", "no:xdist",
-               "--durations=5", str(test_file)]
+               "--durations=5", *map(str, test_files)]
     try:
         result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as err:
         output = (err.stdout or b"").decode(errors="replace")[-8000:]
-        pytest.fail(f"{test_file.name} under TRITON_INTERPRET=1 ran past {timeout:.0f} s:\n{output}", pytrace=False)
+        pytest.fail(f"{names} under TRITON_INTERPRET=1 ran past {timeout:.0f} s:\n{output}", pytrace=False)
     if result.returncode != 0:
-        pytest.fail(f"{test_file.name} under TRITON_INTERPRET=1 failed:\n{result.stdout[-8000:]}\n"
+        pytest.fail(f"{names} under TRITON_INTERPRET=1 failed:\n{result.stdout[-8000:]}\n"
                     f"{result.stderr[-2000:]}", pytrace=False)
 
 

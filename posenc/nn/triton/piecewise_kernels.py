@@ -60,13 +60,18 @@ def _segments(feature_base, low_r, high_r, inv_lo, inv_hi, KNOTS, n_knots, STEPS
 
 
 @triton.jit
-def _bias_of(x, s_lo, s_hi, KNOTS, slope_row, intercept_row):
-    """slope[s] x + intercept[s] for a tile whose segments lie in [s_lo, s_hi]."""
-    bias = tl.load(slope_row + s_lo) * x + tl.load(intercept_row + s_lo)
+def _biased(s, qk_scale, f, inv, s_lo, s_hi, KNOTS, slope_row, intercept_row):
+    """s qk_scale + slope[seg] x + intercept[seg], x = f inv, for a tile whose segments lie in [s_lo, s_hi]; inv
+    broadcasts along the tile's query axis. A tile on one segment: two fused multiply-adds per pair (the slope
+    times inv once per query). The scores, not the bias, are carried through the knot loop: they keep the dot's
+    layout (a carried bias tile went through shared memory on every tile)."""
+    biased = tl.fma(s, qk_scale, tl.fma(f, tl.broadcast_to(tl.load(slope_row + s_lo) * inv, f.shape),
+                                        tl.load(intercept_row + s_lo)))
     for knot in range(s_lo, s_hi):
-        above = x > tl.load(KNOTS + knot)
-        bias = tl.where(above, tl.load(slope_row + knot + 1) * x + tl.load(intercept_row + knot + 1), bias)
-    return bias
+        line = tl.fma(f, tl.broadcast_to(tl.load(slope_row + knot + 1) * inv, f.shape),
+                      tl.load(intercept_row + knot + 1))
+        biased = tl.where(f * inv > tl.load(KNOTS + knot), tl.fma(s, qk_scale, line), biased)
+    return biased
 
 
 @triton.jit
@@ -100,9 +105,9 @@ def _fwd_tiles(acc, best, total, q, k_ptrs, v_ptrs, feature_base, inv, inv_lo, i
             k_t = tl.load(k_ptrs, mask=d_ok[:, None], other=0.0)
         s = _dot(q, k_t, PRECISION, UPCAST)  # (BM,BN)
         tile = feature_base + n0 + (tl.arange(0, BN)[None, :] - tl.arange(0, BM)[:, None])
-        x = _bias(tile, UPCAST) * inv[:, None]  # (BM,BN)
+        f = _bias(tile, UPCAST)  # (BM,BN) the feature of each pair
         s_lo, s_hi = _segments(feature_base, n0 - (BM - 1), n0 + BN - 1, inv_lo, inv_hi, KNOTS, n_knots, STEPS)
-        s = tl.fma(s, qk_scale, _bias_of(x, s_lo, s_hi, KNOTS, slope_row, intercept_row))  # base 2
+        s = _biased(s, qk_scale, f, inv[:, None], s_lo, s_hi, KNOTS, slope_row, intercept_row)  # base 2
         if MASKED:
             s = tl.where(_valid(i[:, None], j[None, :], TQ, TK, CAUSAL), s, float("-inf"))
         new_best = tl.maximum(best, tl.max(s, 1))
@@ -197,9 +202,9 @@ def _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, inv_ptrs, b
         inv_lo, inv_hi = tl.load(bounds + 2 * (m0 // BM)), tl.load(bounds + 2 * (m0 // BM) + 1)
         s_t = _dot(k, q_t, PRECISION, UPCAST)  # (BN,BM)
         tile = feature_base - m0 + (tl.arange(0, BN)[:, None] - tl.arange(0, BM)[None, :])  # (BN,BM)
-        x_t = _bias(tile, UPCAST) * inv[None, :]
+        f_t = _bias(tile, UPCAST)
         s_lo, s_hi = _segments(feature_base, -m0 - (BM - 1), BN - 1 - m0, inv_lo, inv_hi, KNOTS, n_knots, STEPS)
-        s_t = tl.fma(s_t, qk_scale, _bias_of(x_t, s_lo, s_hi, KNOTS, slope_row, intercept_row))
+        s_t = _biased(s_t, qk_scale, f_t, inv[None, :], s_lo, s_hi, KNOTS, slope_row, intercept_row)
         p_t = tl.exp2(s_t - lse[None, :])
         if MASKED:
             p_t = tl.where(_valid(i[None, :], j[:, None], TQ, TK, CAUSAL), p_t, 0.0)
@@ -303,13 +308,15 @@ def _dq_tiles(dq, carry, d_inv, seg_ds, seg_dsx, q, do, lse, delta, k_ptrs, v_pt
             v_t = tl.load(v_ptrs, mask=d_ok[:, None], other=0.0)
         s = _dot(q, k_t, PRECISION, UPCAST)  # (BM,BN)
         tile = feature_base + n0 + (tl.arange(0, BN)[None, :] - tl.arange(0, BM)[:, None])
-        x = _bias(tile, UPCAST) * inv[:, None]
+        f = _bias(tile, UPCAST)
+        x = f * inv[:, None]  # (BM,BN)
         s_lo, s_hi = _segments(feature_base, n0 - (BM - 1), n0 + BN - 1, inv_lo, inv_hi, KNOTS, n_knots, STEPS)
         if PARAM_GRAD:
             a, bias = _slope_and_bias_of(x, s_lo, s_hi, KNOTS, slope_row, intercept_row)
+            s = tl.fma(s, qk_scale, bias)
         else:
-            bias = _bias_of(x, s_lo, s_hi, KNOTS, slope_row, intercept_row)
-        p = tl.exp2(tl.fma(s, qk_scale, bias) - lse[:, None])
+            s = _biased(s, qk_scale, f, inv[:, None], s_lo, s_hi, KNOTS, slope_row, intercept_row)
+        p = tl.exp2(s - lse[:, None])
         if MASKED:
             p = tl.where(_valid(i[:, None], j[None, :], TQ, TK, CAUSAL), p, 0.0)
         ds = p * (_dot(do, v_t, PRECISION, UPCAST) - delta[:, None])  # (BM,BN): d loss / d logit
