@@ -28,34 +28,50 @@ from posenc.nn.triton import attention_kernels as row_kernels
 from posenc.nn.triton import piecewise_kernels as kernels
 
 KERNELS = ("pieces_forward", "pieces_dkdv", "pieces_dq", "pieces_dq_grad")
+MAX_FAST_CROSSINGS = 1  # knots a tile of the kernels' FAST loops may cross (a static, predicated step each)
 
 
 def _padded_feature(feature: Tensor, pad: int) -> Tensor:
-    """(S,) -> a view of S + 2 pad values starting at the real data, padded with the end values: every index a
-    tile forms lies inside, and the padded feature still does not grow with its index (the tile bounds hold)."""
-    padded = torch.cat((feature[:1].expand(pad), feature, feature[-1:].expand(pad)))
-    return padded[pad:]
+    """(S,) -> (S + 2 pad,) padded with the end values: every index a tile forms lies inside, and the padded
+    feature still does not grow with its index (the segment table's bounds hold)."""
+    return torch.cat((feature[:1].expand(pad), feature, feature[-1:].expand(pad)))
 
 
-def _inverse_bounds(inv: Tensor, bm: int) -> tuple[Tensor, int]:
-    """(B|1,Tq) -> (B|1, ceil(Tq / bm), 2): the smallest and largest inv of each block of bm queries, and the
-    table's batch stride (0 for one row shared by the batch)."""
+def _inverse_bounds(inv: Tensor, bm: int) -> Tensor:
+    """(B|1,Tq) -> (B|1, ceil(Tq / bm), 2): the smallest and largest inv of each block of bm queries."""
     tq = inv.shape[1]
     blocks = triton.cdiv(tq, bm)
     padded = torch.cat((inv, inv[:, -1:].expand(-1, blocks * bm - tq)), 1).view(inv.shape[0], blocks, bm)
-    table = torch.stack((padded.amin(-1), padded.amax(-1)), -1).contiguous()
-    return table, table.stride(0) if inv.shape[0] > 1 else 0
+    return torch.stack((padded.amin(-1), padded.amax(-1)), -1)
+
+
+def _segment_table(padded: Tensor, pad: int, e: Tensor, inv: Tensor, knots: Tensor, t: attention.Tiles, tq: int,
+                   tk: int, keys_outer: bool) -> tuple[Tensor, Tensor]:
+    """(B, NQ, NK, 2) int32: the segment range [s_lo, s_hi] of every tile of BM queries and BN keys, and where a
+    kernel's loop may run FAST (at most MAX_FAST_CROSSINGS knots per tile): (B, NQ) the first key tile that
+    crosses more, or (keys_outer: dK/dV's loop over queries) (B, NK) one past the last query tile that does.
+    x = f inv lies between the tile's corner features times its queries' inv extremes (the feature does not grow
+    with r = e - i + j; inv > 0), products the kernel's own rounding cannot leave."""
+    nq, nk = triton.cdiv(tq, t.bm), triton.cdiv(tk, t.bn)
+    m0 = torch.arange(nq, device=e.device)[None, :, None] * t.bm
+    n0 = torch.arange(nk, device=e.device)[None, None, :] * t.bn
+    r = e[:, None, None] - m0 + n0  # (B,NQ,NK): r at the tile's first query and key
+    f_high, f_low = (padded[(x + pad).clamp(0, padded.shape[0] - 1)] for x in (r - (t.bm - 1), r + t.bn - 1))
+    bounds = _inverse_bounds(inv, t.bm)  # (B|1,NQ,2)
+    lo, hi = bounds[..., :1], bounds[..., 1:]
+    x_lo = torch.minimum(f_low * lo, f_low * hi).contiguous()
+    x_hi = torch.maximum(f_high * lo, f_high * hi).contiguous()
+    s_lo, s_hi = torch.searchsorted(knots, x_lo), torch.searchsorted(knots, x_hi)  # knots below x
+    heavy = s_hi - s_lo > MAX_FAST_CROSSINGS
+    if keys_outer:
+        split = torch.where(heavy, torch.arange(1, nq + 1, device=e.device)[:, None], 0).amax(1)
+    else:
+        split = torch.where(heavy, torch.arange(nk, device=e.device), nk).amin(2)
+    return torch.stack((s_lo, s_hi), -1).to(torch.int32).contiguous(), split.to(torch.int32).contiguous()
 
 
 def _batch_stride(t: Tensor) -> int:
     return t.stride(0) if t.shape[0] > 1 else 0
-
-
-def _search(knots: Tensor) -> tuple[Tensor, dict]:
-    """Knots followed by +inf (every probe of the binary search is in bounds), and the constexprs sized to them."""
-    count = knots.shape[0]
-    extended = torch.cat((knots, torch.full((1,), float("inf"), device=knots.device, dtype=knots.dtype)))
-    return extended, {"STEPS": count.bit_length(), "SEGMENTS": triton.next_power_of_2(count + 1)}
 
 
 class _PiecewiseAttention(torch.autograd.Function):
@@ -67,10 +83,12 @@ class _PiecewiseAttention(torch.autograd.Function):
         attention._check_sizes(q, k, v)
         b, h, tq, d = q.shape
         tile_sets = {name: attention.tiles(name, d, q.device, q.dtype) for name in KERNELS}
-        padded = _padded_feature(feature, attention._pad(*tile_sets.values()))
-        extended, search = _search(knots)
+        pad = attention._pad(*tile_sets.values())
+        padded = _padded_feature(feature, pad)
+        knots = knots.contiguous()
+        extended = torch.cat((knots, torch.full((1,), float("inf"), device=knots.device)))  # +inf: "no knot"
         t = tile_sets["pieces_forward"]
-        bounds, bounds_stride = _inverse_bounds(inv, t.bm)
+        segs, split = _segment_table(padded, pad, e, inv, knots, t, tq, k.shape[2], keys_outer=False)
         # Trained pieces in 16 bits: the output stays in float32 for the backward's rowsum(dO * O). Rounded, it
         # leaves sum_j dS = 0 by ~2^-9 per query, and the slopes' and intercepts' gradients add dS over whole
         # segments, where that error adds up (6x the materialised bf16 path's error on FIRE's MLP, measured).
@@ -78,54 +96,53 @@ class _PiecewiseAttention(torch.autograd.Function):
         out = torch.empty(q.shape, device=q.device, dtype=torch.float32 if exact_out else q.dtype)  # (B,H,Tq,Dh)
         lse = torch.empty(b, h, tq, device=q.device, dtype=torch.float32)  # base 2
         attention.launch(kernels._forward, (triton.cdiv(tq, t.bm), h, b),
-                         q, k, v, out, lse, padded, e, inv, bounds, extended, slopes, intercepts,
+                         q, k, v, out, lse, padded[pad:], e, inv, segs, split, extended, slopes, intercepts,
                          *attention._bhd(q), *attention._bhd(k), *attention._bhd(v), *attention._bhd(out),
-                         h, h // k.shape[1], tq, k.shape[2], _batch_stride(inv), bounds_stride, knots.shape[0],
-                         d**-0.5 * row_kernels.LOG2E, D=d, CAUSAL=causal, BM=t.bm, BN=t.bn,
-                         BD=attention.padded_head_dim(d), STEPS=search["STEPS"],
-                         **attention._options(t, q.dtype, q.device))
-        ctx.save_for_backward(q, k, v, out, lse, padded, inv, slopes, intercepts, extended, e)
-        ctx.causal, ctx.tile_sets, ctx.search, ctx.feature_len = causal, tile_sets, search, feature.shape[0]
+                         h, h // k.shape[1], tq, k.shape[2], _batch_stride(inv), segs.shape[1], segs.shape[2],
+                         knots.shape[0], d**-0.5 * row_kernels.LOG2E, D=d, CAUSAL=causal, BM=t.bm, BN=t.bn,
+                         BD=attention.padded_head_dim(d), **attention._options(t, q.dtype, q.device))
+        ctx.save_for_backward(q, k, v, out, lse, padded, inv, slopes, intercepts, knots, extended, e)
+        ctx.causal, ctx.tile_sets, ctx.pad, ctx.feature_len = causal, tile_sets, pad, feature.shape[0]
         return out.to(q.dtype)
 
     @staticmethod
     def backward(ctx, dout: Tensor):
-        q, k, v, out, lse, padded, inv, slopes, intercepts, extended, e = ctx.saved_tensors
+        q, k, v, out, lse, padded, inv, slopes, intercepts, knots, extended, e = ctx.saved_tensors
         dout = attention._dense_last(dout)
         b, h, tq, d = q.shape
         hkv, tk = k.shape[1], k.shape[2]
-        group, n_knots = h // hkv, extended.shape[0] - 1
+        group, n_knots, pad = h // hkv, knots.shape[0], ctx.pad
         delta = (dout.float() * out.float()).sum(-1)  # (B,H,Tq): rowsum(dO * O), FlashAttention-2's D
-        common = (padded, e, inv)
         strides = (*attention._bhd(q), *attention._bhd(k), *attention._bhd(v), *attention._bhd(dout))
         scales = (d**-0.5 * row_kernels.LOG2E, d**-0.5)
-        shape = dict(D=d, CAUSAL=ctx.causal, BD=attention.padded_head_dim(d), STEPS=ctx.search["STEPS"])
+        shape = dict(D=d, CAUSAL=ctx.causal, BD=attention.padded_head_dim(d))
         kv_dtype = k.dtype if group == 1 else torch.float32  # GQA: each query head's, added up after
         dk_heads = torch.empty(b, h, tk, d, device=q.device, dtype=kv_dtype)
         dv_heads = torch.empty(b, h, tk, d, device=q.device, dtype=kv_dtype)
         t = ctx.tile_sets["pieces_dkdv"]
-        bounds, bounds_stride = _inverse_bounds(inv, t.bm)
+        segs, split = _segment_table(padded, pad, e, inv, knots, t, tq, tk, keys_outer=True)
         attention.launch(kernels._dkdv, (triton.cdiv(tk, t.bn), h, b), q, k, v, dout, lse, delta, dk_heads, dv_heads,
-                         *common, bounds, extended, slopes, intercepts, *strides, h, group, tq, tk,
-                         _batch_stride(inv), bounds_stride, n_knots, *scales, BM=t.bm, BN=t.bn, **shape,
-                         **attention._options(t, q.dtype, q.device))
+                         padded[pad:], e, inv, segs, split, extended, slopes, intercepts, *strides, h, group, tq, tk,
+                         _batch_stride(inv), segs.shape[1], segs.shape[2], n_knots, *scales, BM=t.bm, BN=t.bn,
+                         **shape, **attention._options(t, q.dtype, q.device))
         dk, dv = dk_heads, dv_heads
         if group > 1:
             dk = dk_heads.view(b, hkv, group, tk, d).sum(2).to(k.dtype)
             dv = dv_heads.view(b, hkv, group, tk, d).sum(2).to(v.dtype)
         param_grad = any(ctx.needs_input_grad[3:7])
         t = ctx.tile_sets["pieces_dq_grad" if param_grad else "pieces_dq"]
-        bounds, bounds_stride = _inverse_bounds(inv, t.bm)
+        segs, split = _segment_table(padded, pad, e, inv, knots, t, tq, tk, keys_outer=False)
         q_blocks, diag_len = triton.cdiv(tq, t.bm), triton.cdiv(tk, t.bn) * t.bn + t.bn
-        sizes = (diag_len, b * h * tq, 2 * ctx.search["SEGMENTS"]) if param_grad else (1, 1, 1)
-        diag = torch.zeros(b * h, q_blocks, sizes[0], device=q.device, dtype=torch.float32)
+        segments = triton.next_power_of_2(n_knots + 1)
+        diag = torch.zeros(b * h, q_blocks, diag_len if param_grad else 1, device=q.device, dtype=torch.float32)
         d_inv = torch.empty(b, h, tq, device=q.device, dtype=torch.float32) if param_grad else diag
-        segments = torch.empty(b, h, q_blocks, sizes[2], device=q.device, dtype=torch.float32)
+        sums = torch.empty(b, h, q_blocks, 2 * segments if param_grad else 1, device=q.device, dtype=torch.float32)
         dq = torch.empty(b, h, tq, d, device=q.device, dtype=q.dtype)
-        attention.launch(kernels._dq, (q_blocks, h, b), q, k, v, dout, lse, delta, dq, *common, bounds, extended,
-                         slopes, intercepts, diag, d_inv, segments, *strides, h, group, tq, tk, _batch_stride(inv),
-                         bounds_stride, n_knots, diag.shape[-1], *scales, PARAM_GRAD=param_grad, BM=t.bm, BN=t.bn,
-                         SEGMENTS=ctx.search["SEGMENTS"], **shape, **attention._options(t, q.dtype, q.device))
+        attention.launch(kernels._dq, (q_blocks, h, b), q, k, v, dout, lse, delta, dq, padded[pad:], e, inv, segs,
+                         split, extended, slopes, intercepts, diag, d_inv, sums, *strides, h, group, tq, tk,
+                         _batch_stride(inv), segs.shape[1], segs.shape[2], n_knots, diag.shape[-1], *scales,
+                         PARAM_GRAD=param_grad, BM=t.bm, BN=t.bn, SEGMENTS=segments, **shape,
+                         **attention._options(t, q.dtype, q.device))
         if not param_grad:
             return dq, dk, dv, None, None, None, None, None, None, None
         ln2 = 1.0 / row_kernels.LOG2E  # the bias is in base-2 units: d loss / d (base-2 bias) = ln 2 dS
@@ -133,7 +150,7 @@ class _PiecewiseAttention(torch.autograd.Function):
         attention.launch(row_kernels._row_reduce, (h, triton.cdiv(ctx.feature_len, attention.REDUCE_BLOCK)), diag,
                          e, d_feature, b, h, q_blocks, diag_len, ctx.feature_len, BM=t.bm, BR=attention.REDUCE_BLOCK)
         d_inv = d_inv.sum(1) if inv.shape[0] > 1 else d_inv.sum((0, 1))[None]  # (B|1,Tq)
-        sums = segments.view(b, h, q_blocks, 2, -1).sum((0, 2))[..., : n_knots + 1]  # (H,2,K+1)
+        sums = sums.view(b, h, q_blocks, 2, segments).sum((0, 2))[..., : n_knots + 1]  # (H,2,K+1)
         return (dq, dk, dv, d_feature.sum(0) * ln2, d_inv * ln2, sums[:, 1] * ln2, sums[:, 0] * ln2,
                 None, None, None)
 

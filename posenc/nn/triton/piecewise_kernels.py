@@ -33,66 +33,81 @@ from posenc.nn.triton.attention_kernels import _bias, _diagonal_sums, _dot, _int
 
 
 @triton.jit
-def _count_below(KNOTS, n_knots, value, STEPS: tl.constexpr):
-    """How many of the n_knots ascending knots lie below value (a binary search of STEPS >= bit length of
-    n_knots steps; KNOTS holds one more entry, +inf, so every probe is in bounds)."""
-    lo = n_knots * 0
-    hi = n_knots
-    for _ in tl.static_range(STEPS):
-        mid = (lo + hi) // 2
-        below = tl.load(KNOTS + mid) < value
-        searching = lo < hi
-        new_lo = tl.where(searching & below, mid + 1, lo)
-        hi = tl.where(searching & ~below, mid, hi)
-        lo = new_lo
-    return lo
+def _scalar(ptr, UPCAST: tl.constexpr):
+    """A float32 scalar load the software pipeliner leaves alone (it staged each one through shared memory, with
+    its address arithmetic: 1.4x the loop's instructions)."""
+    if UPCAST:  # the interpreter runs no assembly
+        return tl.load(ptr)
+    return tl.inline_asm_elementwise("ld.global.nc.f32 $0, [$1];", "=r,l", [ptr], dtype=tl.float32, is_pure=True,
+                                     pack=1)
 
 
 @triton.jit
-def _segments(feature_base, low_r, high_r, inv_lo, inv_hi, KNOTS, n_knots, STEPS: tl.constexpr):
-    """The segment range [s_lo, s_hi] of a tile whose r = e - i + j spans [low_r, high_r] and whose queries' inv
-    spans [inv_lo, inv_hi]: the feature is largest at low_r and smallest at high_r."""
-    f_high = tl.load(feature_base + low_r)
-    f_low = tl.load(feature_base + high_r)
-    x_lo = tl.minimum(f_low * inv_lo, f_low * inv_hi)  # rounding is monotone: every x of the tile is inside
-    x_hi = tl.maximum(f_high * inv_lo, f_high * inv_hi)
-    return _count_below(KNOTS, n_knots, x_lo, STEPS), _count_below(KNOTS, n_knots, x_hi, STEPS)
+def _index(ptr, UPCAST: tl.constexpr):
+    """An int32 scalar load, as _scalar."""
+    if UPCAST:
+        return tl.load(ptr)
+    return tl.inline_asm_elementwise("ld.global.nc.b32 $0, [$1];", "=r,l", [ptr], dtype=tl.int32, is_pure=True,
+                                     pack=1)
 
 
 @triton.jit
-def _biased(s, qk_scale, f, inv, s_lo, s_hi, KNOTS, slope_row, intercept_row):
+def _fast_knot(s_lo, s_hi, KNOTS, UPCAST: tl.constexpr):
+    """A FAST tile crosses at most one knot (the host's promise): the knot, +inf for none, and the segment above."""
+    above = tl.minimum(s_lo + 1, s_hi)  # s_lo itself when no knot is crossed: the same line, never chosen
+    return tl.where(s_lo < s_hi, _scalar(KNOTS + s_lo, UPCAST), float("inf")), above
+
+
+@triton.jit
+def _biased(s, qk_scale, f, inv, s_lo, s_hi, KNOTS, slope_row, intercept_row, FAST: tl.constexpr,
+            UPCAST: tl.constexpr):
     """s qk_scale + slope[seg] x + intercept[seg], x = f inv, for a tile whose segments lie in [s_lo, s_hi]; inv
     broadcasts along the tile's query axis. A tile on one segment: two fused multiply-adds per pair (the slope
     times inv once per query). The scores, not the bias, are carried through the knot loop: they keep the dot's
-    layout (a carried bias tile went through shared memory on every tile)."""
-    biased = tl.fma(s, qk_scale, tl.fma(f, tl.broadcast_to(tl.load(slope_row + s_lo) * inv, f.shape),
-                                        tl.load(intercept_row + s_lo)))
-    for knot in range(s_lo, s_hi):
-        line = tl.fma(f, tl.broadcast_to(tl.load(slope_row + knot + 1) * inv, f.shape),
-                      tl.load(intercept_row + knot + 1))
-        biased = tl.where(f * inv > tl.load(KNOTS + knot), tl.fma(s, qk_scale, line), biased)
+    layout (a carried bias tile went through shared memory on every tile). FAST: no knot loop, one predicated
+    crossing; Triton's pipeliner leaves a loop that holds a loop alone (K and V loads no longer in flight)."""
+    slope = tl.broadcast_to(_scalar(slope_row + s_lo, UPCAST) * inv, f.shape)
+    biased = tl.fma(s, qk_scale, tl.fma(f, slope, _scalar(intercept_row + s_lo, UPCAST)))
+    if FAST:
+        at, seg = _fast_knot(s_lo, s_hi, KNOTS, UPCAST)
+        line = tl.fma(f, tl.broadcast_to(_scalar(slope_row + seg, UPCAST) * inv, f.shape),
+                      _scalar(intercept_row + seg, UPCAST))
+        biased = tl.where(f * inv > at, tl.fma(s, qk_scale, line), biased)
+    else:
+        for knot in range(s_lo, s_hi):
+            line = tl.fma(f, tl.broadcast_to(_scalar(slope_row + knot + 1, UPCAST) * inv, f.shape),
+                          _scalar(intercept_row + knot + 1, UPCAST))
+            biased = tl.where(f * inv > _scalar(KNOTS + knot, UPCAST), tl.fma(s, qk_scale, line), biased)
     return biased
 
 
 @triton.jit
-def _slope_and_bias_of(x, s_lo, s_hi, KNOTS, slope_row, intercept_row):
-    """_bias_of, and the slope of each pair's segment (the backward's d bias / d x)."""
-    a = tl.load(slope_row + s_lo) + tl.zeros(x.shape, tl.float32)
-    bias = a * x + tl.load(intercept_row + s_lo)
-    for knot in range(s_lo, s_hi):
-        above = x > tl.load(KNOTS + knot)
-        a_next = tl.load(slope_row + knot + 1)
+def _slope_and_bias_of(x, s_lo, s_hi, KNOTS, slope_row, intercept_row, FAST: tl.constexpr, UPCAST: tl.constexpr):
+    """slope[seg] x + intercept[seg] and the slope of each pair's segment (the backward's d bias / d x)."""
+    a = _scalar(slope_row + s_lo, UPCAST) + tl.zeros(x.shape, tl.float32)
+    bias = a * x + _scalar(intercept_row + s_lo, UPCAST)
+    if FAST:
+        at, seg = _fast_knot(s_lo, s_hi, KNOTS, UPCAST)
+        above = x > at
+        a_next = _scalar(slope_row + seg, UPCAST)
         a = tl.where(above, a_next, a)
-        bias = tl.where(above, a_next * x + tl.load(intercept_row + knot + 1), bias)
+        bias = tl.where(above, a_next * x + _scalar(intercept_row + seg, UPCAST), bias)
+    else:
+        for knot in range(s_lo, s_hi):
+            above = x > _scalar(KNOTS + knot, UPCAST)
+            a_next = _scalar(slope_row + knot + 1, UPCAST)
+            a = tl.where(above, a_next, a)
+            bias = tl.where(above, a_next * x + _scalar(intercept_row + knot + 1, UPCAST), bias)
     return a, bias
 
 
 @triton.jit
-def _fwd_tiles(acc, best, total, q, k_ptrs, v_ptrs, feature_base, inv, inv_lo, inv_hi, KNOTS, n_knots,
-               slope_row, intercept_row, i, n_start, n_end, TQ, TK, qk_scale, skt, svt, d_ok,
-               CAUSAL: tl.constexpr, MASKED: tl.constexpr, EVEN_D: tl.constexpr, BM: tl.constexpr,
-               BN: tl.constexpr, STEPS: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """Key tiles [n_start, n_end) of one query block (feature_base: the feature at query m0, key 0)."""
+def _fwd_tiles(acc, best, total, q, k_ptrs, v_ptrs, feature_base, inv, segs, KNOTS, slope_row, intercept_row, i,
+               n_start, n_end, TQ, TK, qk_scale, skt, svt, d_ok, CAUSAL: tl.constexpr, MASKED: tl.constexpr,
+               FAST: tl.constexpr, EVEN_D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+               PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """Key tiles [n_start, n_end) of one query block (feature_base: the feature at query m0, key 0; segs: the
+    block's row of the segment table)."""
     k_ptrs += n_start * skt
     v_ptrs += n_start * svt
     for n0 in range(n_start, n_end, BN):
@@ -106,8 +121,8 @@ def _fwd_tiles(acc, best, total, q, k_ptrs, v_ptrs, feature_base, inv, inv_lo, i
         s = _dot(q, k_t, PRECISION, UPCAST)  # (BM,BN)
         tile = feature_base + n0 + (tl.arange(0, BN)[None, :] - tl.arange(0, BM)[:, None])
         f = _bias(tile, UPCAST)  # (BM,BN) the feature of each pair
-        s_lo, s_hi = _segments(feature_base, n0 - (BM - 1), n0 + BN - 1, inv_lo, inv_hi, KNOTS, n_knots, STEPS)
-        s = _biased(s, qk_scale, f, inv[:, None], s_lo, s_hi, KNOTS, slope_row, intercept_row)  # base 2
+        s_lo, s_hi = _index(segs + 2 * (n0 // BN), UPCAST), _index(segs + 2 * (n0 // BN) + 1, UPCAST)
+        s = _biased(s, qk_scale, f, inv[:, None], s_lo, s_hi, KNOTS, slope_row, intercept_row, FAST, UPCAST)
         if MASKED:
             s = tl.where(_valid(i[:, None], j[None, :], TQ, TK, CAUSAL), s, float("-inf"))
         new_best = tl.maximum(best, tl.max(s, 1))
@@ -128,13 +143,14 @@ def _fwd_tiles(acc, best, total, q, k_ptrs, v_ptrs, feature_base, inv, inv_lo, i
 
 
 @triton.jit(do_not_specialize=["n_knots"])  # 1 knot would make it a constant
-def _forward(Q, K, V, OUT, LSE, FEATURE, E, INV, INV_BOUNDS, KNOTS, SLOPE, INTERCEPT,
+def _forward(Q, K, V, OUT, LSE, FEATURE, E, INV, SEGS, SPLIT, KNOTS, SLOPE, INTERCEPT,
              sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot,
-             H, GROUP, TQ, TK, inv_stride_b, bounds_stride_b, n_knots, qk_scale,
+             H, GROUP, TQ, TK, inv_stride_b, NQ, NK, n_knots, qk_scale,
              D: tl.constexpr, CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
-             STEPS: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """INV (B|1,Tq) with batch stride inv_stride_b; INV_BOUNDS (B|1, Tq / BM, 2): each query block's inv
-    extremes; SLOPE, INTERCEPT (H, n_knots + 1) contiguous; KNOTS (n_knots + 1,) ending in +inf."""
+             PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """INV (B|1,Tq) with batch stride inv_stride_b; SEGS (B, NQ, NK, 2) int32: each tile's segment range;
+    SPLIT (B, NQ): the first key tile crossing more than one knot; SLOPE, INTERCEPT (H, n_knots + 1) contiguous;
+    KNOTS (n_knots + 1,) ending in +inf."""
     m0 = tl.program_id(0) * BM
     h = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
@@ -150,20 +166,23 @@ def _forward(Q, K, V, OUT, LSE, FEATURE, E, INV, INV_BOUNDS, KNOTS, SLOPE, INTER
     v_ptrs = V + b * svb + hk * svh + jl[:, None] * svt + d[None, :]  # (BN,BD)
     feature_base = FEATURE + tl.load(E + b) - m0  # the feature at query m0, key 0
     inv = tl.load(INV + b * inv_stride_b + tl.minimum(i, TQ - 1))  # (BM,) padded rows: the last query's
-    bounds = INV_BOUNDS + b * bounds_stride_b + 2 * tl.program_id(0)
-    inv_lo, inv_hi = tl.load(bounds), tl.load(bounds + 1)
+    block = b * NQ + tl.program_id(0)
+    segs = SEGS + block * NK * 2
     slope_row, intercept_row = SLOPE + h * (n_knots + 1), INTERCEPT + h * (n_knots + 1)
     best = tl.full((BM,), float("-inf"), tl.float32)
     total = tl.zeros((BM,), tl.float32)
     acc = tl.zeros((BM, BD), tl.float32)
     interior = _interior_end(m0, TQ, TK, CAUSAL, BM, BN)
-    acc, best, total = _fwd_tiles(acc, best, total, q, k_ptrs, v_ptrs, feature_base, inv, inv_lo, inv_hi, KNOTS,
-                                  n_knots, slope_row, intercept_row, i, 0, interior, TQ, TK, qk_scale, skt, svt,
-                                  d_ok, CAUSAL, False, BD == D, BM, BN, STEPS, PRECISION, UPCAST)
-    acc, best, total = _fwd_tiles(acc, best, total, q, k_ptrs, v_ptrs, feature_base, inv, inv_lo, inv_hi, KNOTS,
-                                  n_knots, slope_row, intercept_row, i, interior, _key_end(m0, TQ, TK, CAUSAL, BM),
-                                  TQ, TK, qk_scale, skt, svt, d_ok, CAUSAL, True, BD == D, BM, BN, STEPS, PRECISION,
-                                  UPCAST)
+    fast_end = tl.minimum(tl.load(SPLIT + block) * BN, interior)
+    acc, best, total = _fwd_tiles(acc, best, total, q, k_ptrs, v_ptrs, feature_base, inv, segs, KNOTS, slope_row,
+                                  intercept_row, i, 0, fast_end, TQ, TK, qk_scale, skt, svt, d_ok, CAUSAL, False,
+                                  True, BD == D, BM, BN, PRECISION, UPCAST)
+    acc, best, total = _fwd_tiles(acc, best, total, q, k_ptrs, v_ptrs, feature_base, inv, segs, KNOTS, slope_row,
+                                  intercept_row, i, fast_end, interior, TQ, TK, qk_scale, skt, svt, d_ok, CAUSAL,
+                                  False, False, BD == D, BM, BN, PRECISION, UPCAST)
+    acc, best, total = _fwd_tiles(acc, best, total, q, k_ptrs, v_ptrs, feature_base, inv, segs, KNOTS, slope_row,
+                                  intercept_row, i, interior, _key_end(m0, TQ, TK, CAUSAL, BM), TQ, TK, qk_scale, skt,
+                                  svt, d_ok, CAUSAL, True, False, BD == D, BM, BN, PRECISION, UPCAST)
     acc = acc / total[:, None]
     tl.store(OUT + b * sob + h * soh + i[:, None] * sot + d[None, :], acc.to(OUT.dtype.element_ty),
              mask=i_ok[:, None] & d_ok[None, :])
@@ -171,12 +190,12 @@ def _forward(Q, K, V, OUT, LSE, FEATURE, E, INV, INV_BOUNDS, KNOTS, SLOPE, INTER
 
 
 @triton.jit
-def _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, inv_ptrs, bounds, feature_base, KNOTS,
-                n_knots, slope_row, intercept_row, j, m_start, m_end, TQ, TK, qk_scale, sqt, sdot, d_ok,
-                CAUSAL: tl.constexpr, MASKED: tl.constexpr, EVEN_D: tl.constexpr, BM: tl.constexpr,
-                BN: tl.constexpr, STEPS: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+def _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, inv_ptrs, segs, feature_base, KNOTS,
+                slope_row, intercept_row, j, m_start, m_end, TQ, TK, NK, qk_scale, sqt, sdot, d_ok,
+                CAUSAL: tl.constexpr, MASKED: tl.constexpr, FAST: tl.constexpr, EVEN_D: tl.constexpr,
+                BM: tl.constexpr, BN: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """Query tiles [m_start, m_end) against one key block, in the transposed tile (keys x queries);
-    feature_base: the feature at key n0, query 0."""
+    feature_base: the feature at key n0, query 0; segs: the segment table at query block 0 and this key block."""
     q_ptrs += m_start * sqt
     do_ptrs += m_start * sdot
     lse_ptrs += m_start
@@ -199,12 +218,12 @@ def _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, inv_ptrs, b
             lse = tl.load(lse_ptrs)
             delta = tl.load(delta_ptrs)
         inv = tl.load(inv_ptrs + tl.minimum(i, TQ - 1))  # (BM,)
-        inv_lo, inv_hi = tl.load(bounds + 2 * (m0 // BM)), tl.load(bounds + 2 * (m0 // BM) + 1)
         s_t = _dot(k, q_t, PRECISION, UPCAST)  # (BN,BM)
         tile = feature_base - m0 + (tl.arange(0, BN)[:, None] - tl.arange(0, BM)[None, :])  # (BN,BM)
         f_t = _bias(tile, UPCAST)
-        s_lo, s_hi = _segments(feature_base, -m0 - (BM - 1), BN - 1 - m0, inv_lo, inv_hi, KNOTS, n_knots, STEPS)
-        s_t = _biased(s_t, qk_scale, f_t, inv[None, :], s_lo, s_hi, KNOTS, slope_row, intercept_row)
+        seg = segs + (m0 // BM) * NK * 2
+        s_lo, s_hi = _index(seg, UPCAST), _index(seg + 1, UPCAST)
+        s_t = _biased(s_t, qk_scale, f_t, inv[None, :], s_lo, s_hi, KNOTS, slope_row, intercept_row, FAST, UPCAST)
         p_t = tl.exp2(s_t - lse[None, :])
         if MASKED:
             p_t = tl.where(_valid(i[None, :], j[:, None], TQ, TK, CAUSAL), p_t, 0.0)
@@ -220,13 +239,13 @@ def _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, inv_ptrs, b
 
 
 @triton.jit(do_not_specialize=["n_knots"])  # 1 knot would make it a constant
-def _dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, FEATURE, E, INV, INV_BOUNDS, KNOTS, SLOPE, INTERCEPT,
+def _dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, FEATURE, E, INV, SEGS, SPLIT, KNOTS, SLOPE, INTERCEPT,
           sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdob, sdoh, sdot,
-          H, GROUP, TQ, TK, inv_stride_b, bounds_stride_b, n_knots, qk_scale, scale,
+          H, GROUP, TQ, TK, inv_stride_b, NQ, NK, n_knots, qk_scale, scale,
           D: tl.constexpr, CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
-          STEPS: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """dK, dV of one key block for query head h into DK/DV contiguous (B,H,Tk,Dh); INV_BOUNDS per block of BM
-    queries (this kernel's BM)."""
+          PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """dK, dV of one key block for query head h into DK/DV contiguous (B,H,Tk,Dh); SEGS (B, NQ, NK, 2) for this
+    kernel's tiles, SPLIT (B, NK): one past the last query block whose tile crosses more than one knot."""
     n0 = tl.program_id(0) * BN
     h = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
@@ -245,7 +264,7 @@ def _dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, FEATURE, E, INV, INV_BOUNDS, KNOTS, S
     delta_ptrs = DELTA + bh * TQ + il
     feature_base = FEATURE + tl.load(E + b) + n0  # the feature at key n0, query 0
     inv_ptrs = INV + b * inv_stride_b
-    bounds = INV_BOUNDS + b * bounds_stride_b
+    segs = SEGS + (b * NQ * NK + tl.program_id(0)) * 2
     slope_row, intercept_row = SLOPE + h * (n_knots + 1), INTERCEPT + h * (n_knots + 1)
     dk = tl.zeros((BN, BD), tl.float32)
     dv = tl.zeros((BN, BD), tl.float32)
@@ -256,40 +275,52 @@ def _dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, FEATURE, E, INV, INV_BOUNDS, KNOTS, S
         full = tl.minimum(tl.cdiv(tl.maximum(n0 + BN - 1 - (TK - TQ), 0), BM) * BM, TQ // BM * BM)
         full = tl.maximum(full, first)
     last = tl.maximum(TQ // BM * BM, full)
-    dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, inv_ptrs, bounds, feature_base, KNOTS,
-                         n_knots, slope_row, intercept_row, j, first, full, TQ, TK, qk_scale, sqt, sdot, d_ok,
-                         CAUSAL, True, BD == D, BM, BN, STEPS, PRECISION, UPCAST)
-    dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, inv_ptrs, bounds, feature_base, KNOTS,
-                         n_knots, slope_row, intercept_row, j, full, last, TQ, TK, qk_scale, sqt, sdot, d_ok,
-                         CAUSAL, False, BD == D, BM, BN, STEPS, PRECISION, UPCAST)
-    dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, inv_ptrs, bounds, feature_base, KNOTS,
-                         n_knots, slope_row, intercept_row, j, last, TQ, TQ, TK, qk_scale, sqt, sdot, d_ok,
-                         CAUSAL, True, BD == D, BM, BN, STEPS, PRECISION, UPCAST)
+    fast_start = tl.minimum(tl.maximum(tl.load(SPLIT + b * NK + tl.program_id(0)) * BM, full), last)
+    dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, inv_ptrs, segs, feature_base, KNOTS,
+                         slope_row, intercept_row, j, first, full, TQ, TK, NK, qk_scale, sqt, sdot, d_ok, CAUSAL,
+                         True, False, BD == D, BM, BN, PRECISION, UPCAST)
+    dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, inv_ptrs, segs, feature_base, KNOTS,
+                         slope_row, intercept_row, j, full, fast_start, TQ, TK, NK, qk_scale, sqt, sdot, d_ok,
+                         CAUSAL, False, False, BD == D, BM, BN, PRECISION, UPCAST)
+    dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, inv_ptrs, segs, feature_base, KNOTS,
+                         slope_row, intercept_row, j, fast_start, last, TQ, TK, NK, qk_scale, sqt, sdot, d_ok,
+                         CAUSAL, False, True, BD == D, BM, BN, PRECISION, UPCAST)
+    dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, inv_ptrs, segs, feature_base, KNOTS,
+                         slope_row, intercept_row, j, last, TQ, TQ, TK, NK, qk_scale, sqt, sdot, d_ok, CAUSAL,
+                         True, False, BD == D, BM, BN, PRECISION, UPCAST)
     out = (bh * TK + j[:, None]) * D + d[None, :]
     tl.store(DK + out, (dk * scale).to(DK.dtype.element_ty), mask=kv_mask)
     tl.store(DV + out, dv.to(DV.dtype.element_ty), mask=kv_mask)
 
 
 @triton.jit
-def _segment_sums(seg_ds, seg_dsx, ds, dsx, x, s_lo, s_hi, KNOTS, SEGMENTS: tl.constexpr):
+def _segment_sums(seg_ds, seg_dsx, ds, dsx, x, s_lo, s_hi, KNOTS, SEGMENTS: tl.constexpr, FAST: tl.constexpr,
+                  UPCAST: tl.constexpr):
     """Add the tile's dS and dS x per segment: all to s_lo, then what lies above each crossed knot moves up one."""
     index = tl.arange(0, SEGMENTS)
     seg_ds += tl.where(index == s_lo, tl.sum(tl.sum(ds, 1), 0), 0.0)
     seg_dsx += tl.where(index == s_lo, tl.sum(tl.sum(dsx, 1), 0), 0.0)
-    for knot in range(s_lo, s_hi):
-        above = x > tl.load(KNOTS + knot)
-        moved = tl.sum(tl.sum(tl.where(above, ds, 0.0), 1), 0)
-        moved_x = tl.sum(tl.sum(tl.where(above, dsx, 0.0), 1), 0)
-        seg_ds += tl.where(index == knot + 1, moved, tl.where(index == knot, -moved, 0.0))
-        seg_dsx += tl.where(index == knot + 1, moved_x, tl.where(index == knot, -moved_x, 0.0))
+    if FAST:  # no knot crossed: +inf moves nothing, and to s_lo itself
+        at, seg = _fast_knot(s_lo, s_hi, KNOTS, UPCAST)
+        moved = tl.sum(tl.sum(tl.where(x > at, ds, 0.0), 1), 0)
+        moved_x = tl.sum(tl.sum(tl.where(x > at, dsx, 0.0), 1), 0)
+        seg_ds += tl.where(index == seg, moved, tl.where(index == s_lo, -moved, 0.0))
+        seg_dsx += tl.where(index == seg, moved_x, tl.where(index == s_lo, -moved_x, 0.0))
+    else:
+        for knot in range(s_lo, s_hi):
+            above = x > _scalar(KNOTS + knot, UPCAST)
+            moved = tl.sum(tl.sum(tl.where(above, ds, 0.0), 1), 0)
+            moved_x = tl.sum(tl.sum(tl.where(above, dsx, 0.0), 1), 0)
+            seg_ds += tl.where(index == knot + 1, moved, tl.where(index == knot, -moved, 0.0))
+            seg_dsx += tl.where(index == knot + 1, moved_x, tl.where(index == knot, -moved_x, 0.0))
     return seg_ds, seg_dsx
 
 
 @triton.jit
-def _dq_tiles(dq, carry, d_inv, seg_ds, seg_dsx, q, do, lse, delta, k_ptrs, v_ptrs, feature_base, inv, inv_lo,
-              inv_hi, KNOTS, n_knots, slope_row, intercept_row, diag, i, n_start, n_end, TQ, TK, qk_scale, skt, svt,
-              d_ok, CAUSAL: tl.constexpr, MASKED: tl.constexpr, PARAM_GRAD: tl.constexpr, EVEN_D: tl.constexpr,
-              BM: tl.constexpr, BN: tl.constexpr, STEPS: tl.constexpr, SEGMENTS: tl.constexpr,
+def _dq_tiles(dq, carry, d_inv, seg_ds, seg_dsx, q, do, lse, delta, k_ptrs, v_ptrs, feature_base, inv, segs,
+              KNOTS, slope_row, intercept_row, diag, i, n_start, n_end, TQ, TK, qk_scale, skt, svt, d_ok,
+              CAUSAL: tl.constexpr, MASKED: tl.constexpr, FAST: tl.constexpr, PARAM_GRAD: tl.constexpr,
+              EVEN_D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SEGMENTS: tl.constexpr,
               PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """Key tiles [n_start, n_end) of one query block: dQ and (PARAM_GRAD) the bias's gradient sums."""
     k_ptrs += n_start * skt
@@ -310,12 +341,12 @@ def _dq_tiles(dq, carry, d_inv, seg_ds, seg_dsx, q, do, lse, delta, k_ptrs, v_pt
         tile = feature_base + n0 + (tl.arange(0, BN)[None, :] - tl.arange(0, BM)[:, None])
         f = _bias(tile, UPCAST)
         x = f * inv[:, None]  # (BM,BN)
-        s_lo, s_hi = _segments(feature_base, n0 - (BM - 1), n0 + BN - 1, inv_lo, inv_hi, KNOTS, n_knots, STEPS)
+        s_lo, s_hi = _index(segs + 2 * (n0 // BN), UPCAST), _index(segs + 2 * (n0 // BN) + 1, UPCAST)
         if PARAM_GRAD:
-            a, bias = _slope_and_bias_of(x, s_lo, s_hi, KNOTS, slope_row, intercept_row)
+            a, bias = _slope_and_bias_of(x, s_lo, s_hi, KNOTS, slope_row, intercept_row, FAST, UPCAST)
             s = tl.fma(s, qk_scale, bias)
         else:
-            s = _biased(s, qk_scale, f, inv[:, None], s_lo, s_hi, KNOTS, slope_row, intercept_row)
+            s = _biased(s, qk_scale, f, inv[:, None], s_lo, s_hi, KNOTS, slope_row, intercept_row, FAST, UPCAST)
         p = tl.exp2(s - lse[:, None])
         if MASKED:
             p = tl.where(_valid(i[:, None], j[None, :], TQ, TK, CAUSAL), p, 0.0)
@@ -328,19 +359,18 @@ def _dq_tiles(dq, carry, d_inv, seg_ds, seg_dsx, q, do, lse, delta, k_ptrs, v_pt
             low, high = _diagonal_sums(dx * inv[:, None], BM, BN)
             tl.store(diag + n0 + tl.arange(0, BN), low + carry)
             carry = high
-            seg_ds, seg_dsx = _segment_sums(seg_ds, seg_dsx, ds, dsx, x, s_lo, s_hi, KNOTS, SEGMENTS)
+            seg_ds, seg_dsx = _segment_sums(seg_ds, seg_dsx, ds, dsx, x, s_lo, s_hi, KNOTS, SEGMENTS, FAST, UPCAST)
         k_ptrs += BN * skt
         v_ptrs += BN * svt
     return dq, carry, d_inv, seg_ds, seg_dsx
 
 
 @triton.jit(do_not_specialize=["n_knots"])  # 1 knot would make it a constant
-def _dq(Q, K, V, DO, LSE, DELTA, DQ, FEATURE, E, INV, INV_BOUNDS, KNOTS, SLOPE, INTERCEPT, DIAG, DINV, SEG,
+def _dq(Q, K, V, DO, LSE, DELTA, DQ, FEATURE, E, INV, SEGS, SPLIT, KNOTS, SLOPE, INTERCEPT, DIAG, DINV, SEG,
         sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdob, sdoh, sdot,
-        H, GROUP, TQ, TK, inv_stride_b, bounds_stride_b, n_knots, diag_len, qk_scale, scale,
+        H, GROUP, TQ, TK, inv_stride_b, NQ, NK, n_knots, diag_len, qk_scale, scale,
         D: tl.constexpr, CAUSAL: tl.constexpr, PARAM_GRAD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-        BD: tl.constexpr, STEPS: tl.constexpr, SEGMENTS: tl.constexpr, PRECISION: tl.constexpr,
-        UPCAST: tl.constexpr):
+        BD: tl.constexpr, SEGMENTS: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """dQ of one query block (DQ contiguous (B,H,Tq,Dh)) and, if PARAM_GRAD: DIAG[b, h, block, c] as the row
     kernel's (of dx * inv), DINV[b, h, i] = sum_j dx x / inv, SEG[b, h, block, 0 or 1, s] = the sums of dS and
     dS x over segment s (BM <= BN for the diagonal sums)."""
@@ -362,8 +392,8 @@ def _dq(Q, K, V, DO, LSE, DELTA, DQ, FEATURE, E, INV, INV_BOUNDS, KNOTS, SLOPE, 
     v_ptrs = V + b * svb + hk * svh + jl[None, :] * svt + d[:, None]
     feature_base = FEATURE + tl.load(E + b) - m0  # the feature at query m0, key 0
     inv = tl.load(INV + b * inv_stride_b + tl.minimum(i, TQ - 1))  # (BM,)
-    bounds = INV_BOUNDS + b * bounds_stride_b + 2 * tl.program_id(0)
-    inv_lo, inv_hi = tl.load(bounds), tl.load(bounds + 1)
+    block = b * NQ + tl.program_id(0)
+    segs = SEGS + block * NK * 2
     slope_row, intercept_row = SLOPE + h * (n_knots + 1), INTERCEPT + h * (n_knots + 1)
     program = bh * tl.num_programs(0) + tl.program_id(0)
     diag = DIAG + program * diag_len
@@ -374,14 +404,19 @@ def _dq(Q, K, V, DO, LSE, DELTA, DQ, FEATURE, E, INV, INV_BOUNDS, KNOTS, SLOPE, 
     dq = tl.zeros((BM, BD), tl.float32)
     interior = _interior_end(m0, TQ, TK, CAUSAL, BM, BN)
     end = _key_end(m0, TQ, TK, CAUSAL, BM)
+    fast_end = tl.minimum(tl.load(SPLIT + block) * BN, interior)
     dq, carry, d_inv, seg_ds, seg_dsx = _dq_tiles(
-        dq, carry, d_inv, seg_ds, seg_dsx, q, do, lse, delta, k_ptrs, v_ptrs, feature_base, inv, inv_lo, inv_hi,
-        KNOTS, n_knots, slope_row, intercept_row, diag, i, 0, interior, TQ, TK, qk_scale, skt, svt, d_ok, CAUSAL,
-        False, PARAM_GRAD, BD == D, BM, BN, STEPS, SEGMENTS, PRECISION, UPCAST)
+        dq, carry, d_inv, seg_ds, seg_dsx, q, do, lse, delta, k_ptrs, v_ptrs, feature_base, inv, segs, KNOTS,
+        slope_row, intercept_row, diag, i, 0, fast_end, TQ, TK, qk_scale, skt, svt, d_ok, CAUSAL, False, True,
+        PARAM_GRAD, BD == D, BM, BN, SEGMENTS, PRECISION, UPCAST)
     dq, carry, d_inv, seg_ds, seg_dsx = _dq_tiles(
-        dq, carry, d_inv, seg_ds, seg_dsx, q, do, lse, delta, k_ptrs, v_ptrs, feature_base, inv, inv_lo, inv_hi,
-        KNOTS, n_knots, slope_row, intercept_row, diag, i, interior, end, TQ, TK, qk_scale, skt, svt, d_ok, CAUSAL,
-        True, PARAM_GRAD, BD == D, BM, BN, STEPS, SEGMENTS, PRECISION, UPCAST)
+        dq, carry, d_inv, seg_ds, seg_dsx, q, do, lse, delta, k_ptrs, v_ptrs, feature_base, inv, segs, KNOTS,
+        slope_row, intercept_row, diag, i, fast_end, interior, TQ, TK, qk_scale, skt, svt, d_ok, CAUSAL, False, False,
+        PARAM_GRAD, BD == D, BM, BN, SEGMENTS, PRECISION, UPCAST)
+    dq, carry, d_inv, seg_ds, seg_dsx = _dq_tiles(
+        dq, carry, d_inv, seg_ds, seg_dsx, q, do, lse, delta, k_ptrs, v_ptrs, feature_base, inv, segs, KNOTS,
+        slope_row, intercept_row, diag, i, interior, end, TQ, TK, qk_scale, skt, svt, d_ok, CAUSAL, True, False,
+        PARAM_GRAD, BD == D, BM, BN, SEGMENTS, PRECISION, UPCAST)
     if PARAM_GRAD:
         tl.store(diag + tl.cdiv(end, BN) * BN + tl.arange(0, BN), carry)
         tl.store(DINV + bh * TQ + i, d_inv / inv, mask=i_ok)
