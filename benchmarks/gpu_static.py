@@ -92,6 +92,30 @@ def loop_instructions(sass: str) -> int:
     return best
 
 
+def straight_instructions(sass: str) -> int:
+    """loop_instructions' loop without what its forward branches jump over: the path a tile takes when every
+    branch skips (FIRE's: a tile that crosses no knot). Equal to loop_instructions for a loop without branches."""
+    instructions = [(int(m.group(1), 16), m.group(3), m.group(4)) for m in _INSTRUCTION.finditer(sass)]
+    address_index = {a: n for n, (a, _, _) in enumerate(instructions)}
+    best: tuple[int, int] | None = None
+    for n, (_, op, rest) in enumerate(instructions):
+        target = re.search(r"0x([0-9a-f]+)", rest) if op.startswith("BRA") else None
+        if target is None or (start := address_index.get(int(target.group(1), 16))) is None or start > n:
+            continue
+        if any(o.startswith(("HGMMA", "HMMA", "WARPGROUP")) for _, o, _ in instructions[start : n + 1]):
+            best = (start, n) if best is None or n - start < best[1] - best[0] else best
+    if best is None:
+        return 0
+    count, n = 0, best[0]
+    while n <= best[1]:
+        _, op, rest = instructions[n]
+        count += 1
+        target = re.search(r"0x([0-9a-f]+)", rest) if op.startswith("BRA") else None
+        skip = address_index.get(int(target.group(1), 16)) if target else None
+        n = skip if skip is not None and n < skip <= best[1] else n + 1
+    return count
+
+
 @contextlib.contextmanager
 def _tf32() -> Iterator[None]:
     saved = torch.get_float32_matmul_precision()
@@ -248,13 +272,22 @@ def piecewise_records(dtypes: list[str], head_dims: list[int], workdir: Path,
                         record = asdict(analyse(launch, label, workdir))
                         record["kernel"] = f"pieces {name}"
                         if name == "forward":
-                            row = next(x for x in attention_launches(DTYPES[dtype], head_dim, causal, False)
-                                       if _name(x.kernel) == "forward")
-                            plain = analyse(without_bias(row), setting, workdir)
+                            plain = analyse(_plain_row_forward(launch, dtype, head_dim, causal), setting, workdir)
                             record["plain_loop_instructions"] = plain.loop_instructions
                             record["bias_ratio"] = record["loop_instructions"] / max(plain.loop_instructions, 1)
+                            compiled = _compile(launch.kernel, launch.args, launch.options)
+                            straight = straight_instructions(_resources(compiled.asm["cubin"], workdir)[2])
+                            record["no_knot_ratio"] = straight / max(plain.loop_instructions, 1)
                         records.append(record)
     return records
+
+
+def _plain_row_forward(launch: _Launch, dtype: str, head_dim: int, causal: bool) -> _Launch:
+    """The row kernel's forward without a bias, at the tiles, warps and stages of FIRE's forward launch."""
+    row = next(x for x in attention_launches(DTYPES[dtype], head_dim, causal, False) if _name(x.kernel) == "forward")
+    keep = ("BM", "BN", "num_warps", "num_stages")
+    return _Launch(row.kernel, row.grid, row.args,
+                   {**row.options, "HAS_BIAS": False, **{k: launch.options[k] for k in keep if k in launch.options}})
 
 
 def rotary_records(dtypes: list[str], workdir: Path) -> list[dict]:
@@ -269,7 +302,7 @@ def rotary_records(dtypes: list[str], workdir: Path) -> list[dict]:
 
 
 COLUMNS = ("kernel", "setting", "tiles", "registers", "spilled_bytes", "shared_bytes", "loop_instructions",
-           "plain_loop_instructions", "bias_ratio")
+           "plain_loop_instructions", "bias_ratio", "no_knot_ratio")
 
 
 def markdown(records: list[dict]) -> str:
@@ -281,7 +314,9 @@ def markdown(records: list[dict]) -> str:
             "registers per thread; spilled bytes of local memory per thread; shared memory per block (an H100 "
             f"block may use {H100_SHARED_BYTES // 1024} KB); loop instructions: SASS instructions in the hot "
             "(unmasked) loop's body, per tile and warp; bias ratio: a biased forward's loop against the same "
-            "forward compiled without the bias (target <= 1.20).\n\n" + table(rows))
+            "forward compiled without the bias (target <= 1.20); for FIRE's (pieces) forward, against the row kernel's "
+            "forward without a bias at FIRE's tiles, and no-knot ratio: the same for a tile that crosses no knot "
+            "(the branch for a crossing skipped).\n\n" + table(rows))
 
 
 def main(argv: list[str] | None = None) -> int:

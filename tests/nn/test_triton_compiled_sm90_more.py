@@ -57,3 +57,18 @@ def test_loop_finder_reads_a_back_edge_around_a_product():
         /*0160*/                   BRA 0x150 ;
     """
     assert gpu_static.loop_instructions(sass) == 3  # the loop without a product does not count
+
+
+def test_straight_path_skips_what_forward_branches_jump_over():
+    """FIRE's no-knot path: the loop's instructions less a branch's skipped body (a crossing)."""
+    sass = """
+        /*0100*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], RZ ;
+        /*0110*/              @P1  BRA 0x140 ;
+        /*0120*/                   FFMA R3, R4, R5, R6 ;
+        /*0130*/                   FSEL R3, R4, R5, P2 ;
+        /*0140*/                   FADD R3, R4, R5 ;
+        /*0150*/              @P0  BRA 0x100 ;
+        /*0160*/                   EXIT ;
+    """
+    assert gpu_static.loop_instructions(sass) == 6
+    assert gpu_static.straight_instructions(sass) == 4

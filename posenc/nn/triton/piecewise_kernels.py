@@ -52,27 +52,21 @@ def _index(ptr, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def _fast_knot(s_lo, s_hi, KNOTS, UPCAST: tl.constexpr):
-    """A FAST tile crosses at most one knot (the host's promise): the knot, +inf for none, and the segment above."""
-    above = tl.minimum(s_lo + 1, s_hi)  # s_lo itself when no knot is crossed: the same line, never chosen
-    return tl.where(s_lo < s_hi, _scalar(KNOTS + s_lo, UPCAST), float("inf")), above
-
-
-@triton.jit
 def _biased(s, qk_scale, f, inv, s_lo, s_hi, KNOTS, slope_row, intercept_row, FAST: tl.constexpr,
             UPCAST: tl.constexpr):
     """s qk_scale + slope[seg] x + intercept[seg], x = f inv, for a tile whose segments lie in [s_lo, s_hi]; inv
     broadcasts along the tile's query axis. A tile on one segment: two fused multiply-adds per pair (the slope
     times inv once per query). The scores, not the bias, are carried through the knot loop: they keep the dot's
-    layout (a carried bias tile went through shared memory on every tile). FAST: no knot loop, one predicated
-    crossing; Triton's pipeliner leaves a loop that holds a loop alone (K and V loads no longer in flight)."""
+    layout (a carried bias tile went through shared memory on every tile). FAST: at most one knot crossed (the
+    host's promise), a branch instead of the knot loop: Triton's pipeliner leaves a loop that holds a loop alone
+    (the K and V loads no longer in flight), and a tile on one segment skips the crossing's instructions."""
     slope = tl.broadcast_to(_scalar(slope_row + s_lo, UPCAST) * inv, f.shape)
     biased = tl.fma(s, qk_scale, tl.fma(f, slope, _scalar(intercept_row + s_lo, UPCAST)))
     if FAST:
-        at, seg = _fast_knot(s_lo, s_hi, KNOTS, UPCAST)
-        line = tl.fma(f, tl.broadcast_to(_scalar(slope_row + seg, UPCAST) * inv, f.shape),
-                      _scalar(intercept_row + seg, UPCAST))
-        biased = tl.where(f * inv > at, tl.fma(s, qk_scale, line), biased)
+        if s_lo < s_hi:
+            line = tl.fma(f, tl.broadcast_to(_scalar(slope_row + s_lo + 1, UPCAST) * inv, f.shape),
+                          _scalar(intercept_row + s_lo + 1, UPCAST))
+            biased = tl.where(f * inv > _scalar(KNOTS + s_lo, UPCAST), tl.fma(s, qk_scale, line), biased)
     else:
         for knot in range(s_lo, s_hi):
             line = tl.fma(f, tl.broadcast_to(_scalar(slope_row + knot + 1, UPCAST) * inv, f.shape),
@@ -87,11 +81,11 @@ def _slope_and_bias_of(x, s_lo, s_hi, KNOTS, slope_row, intercept_row, FAST: tl.
     a = _scalar(slope_row + s_lo, UPCAST) + tl.zeros(x.shape, tl.float32)
     bias = a * x + _scalar(intercept_row + s_lo, UPCAST)
     if FAST:
-        at, seg = _fast_knot(s_lo, s_hi, KNOTS, UPCAST)
-        above = x > at
-        a_next = _scalar(slope_row + seg, UPCAST)
-        a = tl.where(above, a_next, a)
-        bias = tl.where(above, a_next * x + _scalar(intercept_row + seg, UPCAST), bias)
+        if s_lo < s_hi:
+            above = x > _scalar(KNOTS + s_lo, UPCAST)
+            a_next = _scalar(slope_row + s_lo + 1, UPCAST)
+            a = tl.where(above, a_next, a)
+            bias = tl.where(above, a_next * x + _scalar(intercept_row + s_lo + 1, UPCAST), bias)
     else:
         for knot in range(s_lo, s_hi):
             above = x > _scalar(KNOTS + knot, UPCAST)
@@ -300,12 +294,13 @@ def _segment_sums(seg_ds, seg_dsx, ds, dsx, x, s_lo, s_hi, KNOTS, SEGMENTS: tl.c
     index = tl.arange(0, SEGMENTS)
     seg_ds += tl.where(index == s_lo, tl.sum(tl.sum(ds, 1), 0), 0.0)
     seg_dsx += tl.where(index == s_lo, tl.sum(tl.sum(dsx, 1), 0), 0.0)
-    if FAST:  # no knot crossed: +inf moves nothing, and to s_lo itself
-        at, seg = _fast_knot(s_lo, s_hi, KNOTS, UPCAST)
-        moved = tl.sum(tl.sum(tl.where(x > at, ds, 0.0), 1), 0)
-        moved_x = tl.sum(tl.sum(tl.where(x > at, dsx, 0.0), 1), 0)
-        seg_ds += tl.where(index == seg, moved, tl.where(index == s_lo, -moved, 0.0))
-        seg_dsx += tl.where(index == seg, moved_x, tl.where(index == s_lo, -moved_x, 0.0))
+    if FAST:  # at most one knot: a branch, not a loop (see _biased)
+        if s_lo < s_hi:
+            above = x > _scalar(KNOTS + s_lo, UPCAST)
+            moved = tl.sum(tl.sum(tl.where(above, ds, 0.0), 1), 0)
+            moved_x = tl.sum(tl.sum(tl.where(above, dsx, 0.0), 1), 0)
+            seg_ds += tl.where(index == s_lo + 1, moved, tl.where(index == s_lo, -moved, 0.0))
+            seg_dsx += tl.where(index == s_lo + 1, moved_x, tl.where(index == s_lo, -moved_x, 0.0))
     else:
         for knot in range(s_lo, s_hi):
             above = x > _scalar(KNOTS + knot, UPCAST)
