@@ -20,7 +20,8 @@ from posenc.nn.attention_core import attend
 from posenc.registry import build
 from posenc.scheme import Dims, materialises_bias
 
-ROW_SCHEMES = {"alibi", "kerple", "sandwich", "relative"}  # the Triton row kernel: no (T, T) tensor anywhere
+# Triton kernels that build the bias per tile, no (T, T) tensor anywhere: the row kernel and FIRE's
+TILED_SCHEMES = {"alibi", "kerple", "sandwich", "relative", "fire"}
 SQUARE_MAX_T = 4096  # other schemes' GPU paths still build (1, H, T, T) pieces in fwd+bwd: longer is an OOM
 MATERIALISED_MAX_T = 8192  # the materialised (1, H, T, T) bias peer
 Sink = Callable[[str, dict], None]
@@ -157,7 +158,7 @@ def attention_rows(schemes: list[str], lengths: list[int], head_dims: list[int],
                               "H:Hkv": f"{heads}:{heads // group}", "B": batch, "T": t}
                     sink("attention", {**common, "path": f"causal SDPA ({backend})", "ms": _ms(base), "x SDPA": 1.0})
                     for name in schemes:
-                        if name not in ROW_SCHEMES and t > SQUARE_MAX_T:
+                        if name not in TILED_SCHEMES and t > SQUARE_MAX_T:
                             continue
                         for path, fn in attention_cells(name, q, k, v, device, backward, peers).items():
                             result = timed(fn, device, repeats)
