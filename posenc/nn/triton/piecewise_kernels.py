@@ -10,11 +10,11 @@ non-increasing in r = e - i + j and inv is positive, so every x of a tile lies b
 its queries' inv extremes, and the host turns those into each tile's segment range [s_lo, s_hi] (one table per
 kernel's tiles, piecewise_attention._segment_table; torch.searchsorted over the knots). A tile starts on segment
 s_lo's line and switches to the next line where x passes each knot of its range. A query block's key tiles before
-the first that crosses more than one knot (dK/dV: a key block's query tiles after the last) run FAST: a branch for the one crossing, no knot loop, so Triton's
-pipeliner keeps the K and V loads in flight (it leaves a loop holding a loop alone); the rest, and the masked
-diagonal tiles, loop over their knots. A tile on one segment costs a load and two fused multiply-adds per pair
-(the row kernel's: a load and one). Slopes and intercepts come multiplied by log2(e) (the host's job), so the
-bias is in the base-2 units of the softmax.
+the first that crosses more than one knot (dK/dV: a key block's query tiles after the last) run FAST: a branch
+for the one crossing, no knot loop, so Triton's pipeliner keeps the K and V loads in flight (it leaves a loop
+holding a loop alone); the rest, and the masked diagonal tiles, loop over their knots. A tile on one segment
+costs a load and two fused multiply-adds per pair (the row kernel's: a load and one). Slopes and intercepts
+come multiplied by log2(e) (the host's job), so the bias is in the base-2 units of the softmax.
 
 The loop structure, offsets, masks and padding are the row kernel's (attention_kernels.py, whose helpers these
 kernels call): the feature comes padded on both sides with its own end values, so every tile reads it unmasked
