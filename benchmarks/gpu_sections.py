@@ -20,9 +20,9 @@ from posenc.nn.attention_core import attend
 from posenc.registry import build
 from posenc.scheme import Dims, materialises_bias
 
-# Triton kernels, no (T, T) tensor anywhere: rows per head (triton/attention.py), rows per query
-# (triton/relative.py), CoPE (triton/cope.py)
-TILED_SCHEMES = {"alibi", "kerple", "sandwich", "relative", "shaw", "transformer_xl", "cope"}
+# Triton kernels that build the bias per tile, no (T, T) tensor anywhere: rows per head (triton/attention.py),
+# FIRE's pieces (triton/piecewise_attention.py), rows per query (triton/relative.py), CoPE (triton/cope.py)
+TILED_SCHEMES = {"alibi", "kerple", "sandwich", "relative", "fire", "shaw", "transformer_xl", "cope"}
 SQUARE_MAX_T = 4096  # other schemes' GPU paths still build (1, H, T, T) pieces in fwd+bwd: longer is an OOM
 MATERIALISED_MAX_T = 8192  # the materialised (1, H, T, T) bias peer
 Sink = Callable[[str, dict], None]

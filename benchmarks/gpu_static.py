@@ -92,6 +92,30 @@ def loop_instructions(sass: str) -> int:
     return best
 
 
+def straight_instructions(sass: str) -> int:
+    """loop_instructions' loop without what its forward branches jump over: the path a tile takes when every
+    branch skips (FIRE's: a tile that crosses no knot). Equal to loop_instructions for a loop without branches."""
+    instructions = [(int(m.group(1), 16), m.group(3), m.group(4)) for m in _INSTRUCTION.finditer(sass)]
+    address_index = {a: n for n, (a, _, _) in enumerate(instructions)}
+    best: tuple[int, int] | None = None
+    for n, (_, op, rest) in enumerate(instructions):
+        target = re.search(r"0x([0-9a-f]+)", rest) if op.startswith("BRA") else None
+        if target is None or (start := address_index.get(int(target.group(1), 16))) is None or start > n:
+            continue
+        if any(o.startswith(("HGMMA", "HMMA", "WARPGROUP")) for _, o, _ in instructions[start : n + 1]):
+            best = (start, n) if best is None or n - start < best[1] - best[0] else best
+    if best is None:
+        return 0
+    count, n = 0, best[0]
+    while n <= best[1]:
+        _, op, rest = instructions[n]
+        count += 1
+        target = re.search(r"0x([0-9a-f]+)", rest) if op.startswith("BRA") else None
+        skip = address_index.get(int(target.group(1), 16)) if target else None
+        n = skip if skip is not None and n < skip <= best[1] else n + 1
+    return count
+
+
 @contextlib.contextmanager
 def _tf32() -> Iterator[None]:
     saved = torch.get_float32_matmul_precision()
@@ -143,6 +167,25 @@ def attention_launches(dtype: torch.dtype, head_dim: int, causal: bool, row_grad
         e = torch.full((batch,), length, device="meta", dtype=torch.int64)
         out = attend_rows(q, k, v, rows, e, causal)
         torch.autograd.grad(out, [q, k, v, *([rows] if row_grad else [])], torch.empty_like(out))
+    return launches
+
+
+def piecewise_launches(dtype: torch.dtype, head_dim: int, causal: bool, param_grad: bool, *, batch: int = 2,
+                       heads: int = 8, kv_heads: int = 2, length: int = 1024, knots: int = 32) -> list[_Launch]:
+    """Forward and backward of posenc's piecewise-bias attention (FIRE, its MLP 32 wide: 32 knots) on meta
+    tensors, as launched on a GPU; param_grad: the pieces' own gradients too (dQ's PARAM_GRAD variant)."""
+    from posenc.nn.triton.piecewise_attention import attend_pieces
+
+    with recorded_launches() as launches, _tf32():
+        q = torch.empty(batch, heads, length, head_dim, device="meta", dtype=dtype, requires_grad=True)
+        k, v = (torch.empty(batch, kv_heads, length, head_dim, device="meta", dtype=dtype, requires_grad=True)
+                for _ in range(2))
+        feature = torch.empty(2 * length, device="meta", requires_grad=param_grad)
+        lines = [torch.empty(heads, knots + 1, device="meta", requires_grad=param_grad) for _ in range(2)]
+        e = torch.full((batch,), length, device="meta", dtype=torch.int64)
+        out = attend_pieces(q, k, v, feature, torch.empty(1, length, device="meta"), torch.empty(knots, device="meta"),
+                            *lines, e, causal)
+        torch.autograd.grad(out, [q, k, v, *([feature, *lines] if param_grad else [])], torch.empty_like(out))
     return launches
 
 
@@ -246,6 +289,46 @@ def attention_records(dtypes: list[str], head_dims: list[int], workdir: Path, ca
     return records
 
 
+def piecewise_records(dtypes: list[str], head_dims: list[int], workdir: Path,
+                      causal_options=(True, False)) -> list[dict]:
+    """Every kernel the piecewise-bias attention (FIRE) launches, compiled and read; each forward against the row
+    kernel's forward compiled without a bias (the same tiles), as the row kernel's own forward is."""
+    from posenc.nn.triton.attention import FP32_MAX_HEAD_DIM
+
+    records = []
+    for dtype in dtypes:
+        for head_dim in head_dims:
+            if dtype == "fp32" and head_dim > FP32_MAX_HEAD_DIM:
+                continue
+            for causal in causal_options:
+                setting = f"{dtype} Dh={head_dim} {'causal' if causal else 'full'}"
+                for param_grad in (True, False):
+                    for launch in piecewise_launches(DTYPES[dtype], head_dim, causal, param_grad):
+                        name = _name(launch.kernel)
+                        if name == "row_reduce" or (name != "dq" and not param_grad):
+                            continue  # the forward and dK/dV do not depend on the pieces' gradients: once
+                        label = f"{setting}{' pieces grad' if param_grad and name == 'dq' else ''}"
+                        record = asdict(analyse(launch, label, workdir))
+                        record["kernel"] = f"pieces {name}"
+                        if name == "forward":
+                            plain = analyse(_plain_row_forward(launch, dtype, head_dim, causal), setting, workdir)
+                            record["plain_loop_instructions"] = plain.loop_instructions
+                            record["bias_ratio"] = record["loop_instructions"] / max(plain.loop_instructions, 1)
+                            compiled = _compile(launch.kernel, launch.args, launch.options)
+                            straight = straight_instructions(_resources(compiled.asm["cubin"], workdir)[2])
+                            record["no_knot_ratio"] = straight / max(plain.loop_instructions, 1)
+                        records.append(record)
+    return records
+
+
+def _plain_row_forward(launch: _Launch, dtype: str, head_dim: int, causal: bool) -> _Launch:
+    """The row kernel's forward without a bias, at the tiles, warps and stages of FIRE's forward launch."""
+    row = next(x for x in attention_launches(DTYPES[dtype], head_dim, causal, False) if _name(x.kernel) == "forward")
+    keep = ("BM", "BN", "num_warps", "num_stages")
+    return _Launch(row.kernel, row.grid, row.args,
+                   {**row.options, "HAS_BIAS": False, **{k: launch.options[k] for k in keep if k in launch.options}})
+
+
 def relative_records(dtypes: list[str], head_dims: list[int], workdir: Path, causal_options=(True, False)
                      ) -> list[dict]:
     """Every kernel the rows-per-query attention launches (Shaw with its value table, Transformer-XL without), at
@@ -292,7 +375,7 @@ def rotary_records(dtypes: list[str], workdir: Path) -> list[dict]:
 
 
 COLUMNS = ("kernel", "setting", "tiles", "registers", "spilled_bytes", "shared_bytes", "loop_instructions",
-           "plain_loop_instructions", "bias_ratio")
+           "plain_loop_instructions", "bias_ratio", "no_knot_ratio")
 
 
 def markdown(records: list[dict]) -> str:
@@ -304,7 +387,9 @@ def markdown(records: list[dict]) -> str:
             "registers per thread; spilled bytes of local memory per thread; shared memory per block (an H100 "
             f"block may use {H100_SHARED_BYTES // 1024} KB); loop instructions: SASS instructions in the hot "
             "(unmasked) loop's body, per tile and warp; bias ratio: a biased forward's loop against the same "
-            "forward compiled without the bias (target <= 1.20).\n\n" + table(rows))
+            "forward compiled without the bias (target <= 1.20); for FIRE's (pieces) forward, against the row kernel's "
+            "forward without a bias at FIRE's tiles, and no-knot ratio: the same for a tile that crosses no knot "
+            "(the branch for a crossing skipped).\n\n" + table(rows))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -317,9 +402,11 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory() as workdir:
         dtypes = args.dtypes.split(",")
-        records = attention_records(dtypes, [int(d) for d in args.head_dims.split(",")], Path(workdir))
-        records += relative_records(dtypes, [int(d) for d in args.head_dims.split(",")], Path(workdir))
-        records += cope_records(dtypes, [int(d) for d in args.head_dims.split(",")], Path(workdir))
+        head_dims = [int(d) for d in args.head_dims.split(",")]
+        records = attention_records(dtypes, head_dims, Path(workdir))
+        records += piecewise_records(dtypes, head_dims, Path(workdir))
+        records += relative_records(dtypes, head_dims, Path(workdir))
+        records += cope_records(dtypes, head_dims, Path(workdir))
         records += rotary_records(dtypes, Path(workdir))
     text = markdown(records)
     print(text)

@@ -30,7 +30,7 @@ whose class gives no score_mod.
     distance    cpu     float32                     rows_decode        native_rows
     distance    cuda    bfloat16 float16 float32    rows_decode        triton_rows
     piecewise   cpu     float32                     pieces_decode      native_pieces
-    piecewise   cuda    bfloat16 float16 float32    pieces_decode      -
+    piecewise   cuda    bfloat16 float16 float32    pieces_decode      triton_pieces
     contextual  cpu     float32                     native_contextual  native_contextual
     contextual  cuda    bfloat16 float16 float32    triton_contextual  triton_contextual
     relative    cpu     float32                     relative_decode    native_relative
@@ -79,6 +79,7 @@ KERNELS: dict[str, Callable[[Call], Tensor | None]] = {
     "triton_rows": row_paths.triton_rows,  # triton/attention.py, rows per head
     "pieces_decode": row_paths.pieces_decode,  # SDPA with FIRE's one bias row as the mask
     "native_pieces": row_paths.native_pieces,  # csrc, FIRE's MLP per block of scores
+    "triton_pieces": row_paths.triton_pieces,  # triton/piecewise_attention.py, FIRE's MLP per tile
     "native_contextual": row_paths.native_contextual,  # csrc/cope.cpp
     "triton_relative": row_paths.triton_relative,  # triton/relative.py, rows per query formed per tile
     "triton_contextual": row_paths.triton_contextual,  # triton/cope.py
@@ -100,7 +101,7 @@ FAST_RULES: tuple[tuple[str, str, tuple[torch.dtype, ...], tuple[str, ...], tupl
     ("distance", "cpu", (torch.float32,), ("rows_decode",), ("native_rows",)),
     ("distance", "cuda", HALF_AND_FLOAT, ("rows_decode",), ("triton_rows",)),
     ("piecewise", "cpu", (torch.float32,), ("pieces_decode",), ("native_pieces",)),
-    ("piecewise", "cuda", HALF_AND_FLOAT, ("pieces_decode",), ()),
+    ("piecewise", "cuda", HALF_AND_FLOAT, ("pieces_decode",), ("triton_pieces",)),
     ("contextual", "cpu", (torch.float32,), ("native_contextual",), ("native_contextual",)),
     ("contextual", "cuda", HALF_AND_FLOAT, ("triton_contextual",), ("triton_contextual",)),
     ("relative", "cpu", (torch.float32,), ("relative_decode",), ("native_relative",)),

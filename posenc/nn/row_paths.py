@@ -6,9 +6,9 @@ Notation as in attention.py.
 
 Each kernel here takes a posenc.nn.dispatch.Call and returns the output or None (it does not serve); which of
 them runs for which scheme, device, dtype, gradient and decode step is decided in posenc.nn.dispatch alone.
-On a CUDA device (posenc.nn.triton, when triton imports) rows per head, rows per query (Shaw, Transformer-XL,
-from their tables) and CoPE (triton/cope.py) run in Triton kernels, training included; FIRE's pieces have no GPU
-kernel yet (the dispatch's flex or chunked path serves them), except FIRE's decode step, which needs one bias row.
+On a CUDA device (posenc.nn.triton, when triton imports) rows per head, FIRE's pieces (its MLP per tile), rows
+per query (Shaw, Transformer-XL, from their tables) and CoPE run in Triton kernels, training included; FIRE's
+decode step takes one bias row and SDPA.
 
 Rows are indexed by r = n - m (key minus query). They serve when every row of positions counts up by one
 (n - m = j - i - delta for key j, query i): the usual training, prompt and cached-decoding layout. Any other
@@ -195,6 +195,17 @@ def native_pieces(call: Call) -> Tensor | None:
                                             call.causal)
 
 
+def triton_pieces(call: Call) -> Tensor | None:
+    """FIRE's pieces evaluated per tile inside the Triton kernel (triton/piecewise_attention.py), forward and
+    backward."""
+    if not _on_gpu(call) or (span := _span(call)) is None or (pieces := _pieces(call, span)) is None:
+        return None
+    from posenc.nn.triton.piecewise_attention import attend_pieces  # imports triton: only for a GPU tensor
+
+    return attend_pieces(call.q, call.k, call.v, pieces.feature, pieces.divisor, pieces.knots, pieces.slopes,
+                         pieces.intercepts, -span.offsets.delta - pieces.low, call.causal)
+
+
 def native_contextual(call: Call) -> Tensor | None:
     """CoPE in the native CPU kernel (causal only; it reads no positions)."""
     if call.dropout != 0.0 or not call.causal or not _native(call):
@@ -287,4 +298,4 @@ def _rows_as_mask(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, offsets: Offset
 
 __all__ = ["Offsets", "native_contextual", "native_pieces", "native_relative", "native_rows",
            "pieces_decode", "position_offsets", "relative_decode", "relative_span", "rows_decode",
-           "triton_contextual", "triton_relative", "triton_rows"]
+           "triton_contextual", "triton_pieces", "triton_relative", "triton_rows"]

@@ -66,3 +66,22 @@ def check_cope(dtype: str, head_dim: int) -> None:
             assert record.shared_bytes <= gpu_static.H100_SHARED_BYTES, f"{what}: {record.shared_bytes} B shared"
             assert record.spilled_bytes == 0, f"{what}: {record.spilled_bytes} B spilled per thread"
             assert record.loop_instructions > 0, f"{what}: no hot loop found"
+
+
+def check_piecewise(dtype: str, head_dim: int, causal: bool) -> None:
+    """Every kernel the piecewise-bias attention (FIRE) launches for this setting (forward, dK/dV, dQ with and
+    without the pieces' gradients) compiles for sm_90, fits an H100 block's shared memory and spills nothing."""
+    with tempfile.TemporaryDirectory() as workdir:
+        launches = {}
+        for param_grad in (True, False):
+            for launch in gpu_static.piecewise_launches(gpu_static.DTYPES[dtype], head_dim, causal, param_grad):
+                name = gpu_static._name(launch.kernel)
+                launches[f"{name}{' grad' if name == 'dq' and param_grad else ''}"] = launch
+        launches.pop("row_reduce")  # the row kernel's own reduction, checked there
+        assert set(launches) == {"forward", "dkdv", "dq", "dq grad"}, sorted(launches)
+        for name, launch in launches.items():
+            record = gpu_static.analyse(launch, f"{dtype} Dh={head_dim}", Path(workdir))
+            what = f"pieces {name} {dtype} Dh={head_dim} {'causal' if causal else 'full'} ({record.tiles})"
+            assert record.shared_bytes <= gpu_static.H100_SHARED_BYTES, f"{what}: {record.shared_bytes} B shared"
+            assert record.spilled_bytes == 0, f"{what}: {record.spilled_bytes} B spilled per thread"
+            assert record.loop_instructions > 0, f"{what}: no hot loop found"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import gpu_static
-from tests.nn.sm90_support import check_attention, check_cope, check_relative, needs_compiler
+from tests.nn.sm90_support import check_attention, check_cope, check_piecewise, check_relative, needs_compiler
 
 pytestmark = needs_compiler
 
@@ -29,6 +29,12 @@ def test_fp32_attention_kernels_compile_fit_and_do_not_spill(head_dim):
 @pytest.mark.parametrize("head_dim", [16, 32, 256])
 def test_other_head_dims_compile_fit_and_do_not_spill(head_dim):
     check_attention("bf16", head_dim, True)
+
+
+def test_fire_piecewise_kernels_compile_fit_and_do_not_spill():
+    """FIRE's kernels (its MLP per tile) at bf16, Dh 128, causal: the widest tiles of the table at the common head
+    dim (python -m benchmarks.gpu_static reads every other setting)."""
+    check_piecewise("bf16", 128, True)
 
 
 def test_shaw_kernels_compile_fit_and_do_not_spill():
@@ -63,3 +69,18 @@ def test_loop_finder_reads_a_back_edge_around_a_product():
         /*0160*/                   BRA 0x150 ;
     """
     assert gpu_static.loop_instructions(sass) == 3  # the loop without a product does not count
+
+
+def test_straight_path_skips_what_forward_branches_jump_over():
+    """FIRE's no-knot path: the loop's instructions less a branch's skipped body (a crossing)."""
+    sass = """
+        /*0100*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], RZ ;
+        /*0110*/              @P1  BRA 0x140 ;
+        /*0120*/                   FFMA R3, R4, R5, R6 ;
+        /*0130*/                   FSEL R3, R4, R5, P2 ;
+        /*0140*/                   FADD R3, R4, R5 ;
+        /*0150*/              @P0  BRA 0x100 ;
+        /*0160*/                   EXIT ;
+    """
+    assert gpu_static.loop_instructions(sass) == 6
+    assert gpu_static.straight_instructions(sass) == 4

@@ -20,8 +20,8 @@ from posenc.nn import triton as gpu
 from tests.conftest import tiny_config
 from tests.nn.triton_support import run_interpreted
 
-CASES = [Path(__file__).with_name(name)
-         for name in ("triton_cases.py", "triton_relative_cases.py", "triton_cope_cases.py")]
+CASES = [Path(__file__).with_name(name) for name in (
+    "triton_cases.py", "triton_pieces_cases.py", "triton_relative_cases.py", "triton_cope_cases.py")]
 
 
 def test_triton_kernels_under_the_interpreter():

@@ -24,9 +24,9 @@ def run_interpreted(*test_files: Path, timeout: float = TIMEOUT) -> None:
     """Run the files' tests under the interpreter in one fresh process; fail with its report if any fails."""
     pytest.importorskip("triton")
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    names = ", ".join(f.name for f in test_files)
     command = [sys.executable, "-m", "pytest", "-v", "-x", "-p", "no:cacheprovider", "-p", "no:xdist",
                "--durations=5", *map(str, test_files)]
-    names = ", ".join(f.name for f in test_files)
     try:
         result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as err:

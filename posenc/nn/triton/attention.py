@@ -85,6 +85,19 @@ _BY_HEAD_DIM = {
     "dq_rows": {16: Tiles(32, 32, 4, 2), 32: Tiles(32, 32, 4, 2), 64: Tiles(32, 32, 8, 2),
                 128: Tiles(32, 32, 8, 2), 256: Tiles(16, 32, 8, 2)},
     **RELATIVE_BY_HEAD_DIM,
+    # The piecewise bias (piecewise_attention.py: FIRE); pieces_dq_grad needs BM <= BN like dq_rows. Sweeps at
+    # bf16, causal (registers / spilled bytes / hot-loop instructions, a knot crossing's branch included): forward
+    # 128x64 8 warps 253/0/542 at Dh 64, 255/8 B at 128 (128x32: 243/0/401), 4 warps 208-312 B at 16-32; dkdv
+    # 64x128 spilled 272 B at 64, 32x128 241/0/399 at 64, 200 B at 128 (32x32: 185/0/308); dq 128x32 220/0/301
+    # and dq_grad 32x32 218/0/561 at 64.
+    "pieces_forward": {16: Tiles(128, 64, 8, 3), 32: Tiles(128, 64, 8, 3), 64: Tiles(128, 64, 8, 3),
+                       128: Tiles(128, 32, 8, 3), 256: Tiles(64, 32, 8, 2)},
+    "pieces_dkdv": {16: Tiles(32, 128, 8, 2), 32: Tiles(32, 128, 8, 2), 64: Tiles(32, 128, 8, 2),
+                    128: Tiles(32, 32, 8, 2), 256: Tiles(32, 32, 8, 2)},
+    "pieces_dq": {16: Tiles(128, 32, 4, 2), 32: Tiles(128, 32, 4, 2), 64: Tiles(128, 32, 8, 2),
+                  128: Tiles(128, 32, 8, 2), 256: Tiles(32, 32, 8, 2)},
+    "pieces_dq_grad": {16: Tiles(32, 32, 4, 2), 32: Tiles(32, 32, 4, 2), 64: Tiles(32, 32, 8, 2),
+                       128: Tiles(32, 32, 8, 2), 256: Tiles(16, 32, 8, 2)},
 }
 # float32 runs as TF32 (4-byte operands: half the tile of a 16-bit type for the same shared memory), and only up to
 # Dh 128: at 256 every tile spilled 100-2800 B. Sweeps with TF32 (registers / spilled bytes): forward 128x32 8 warps
@@ -97,6 +110,13 @@ _FP32_BY_HEAD_DIM = {
     "dq": dict.fromkeys((16, 32, 64, 128), Tiles(64, 32, 8, 2)),
     "dq_rows": dict.fromkeys((16, 32, 64, 128), Tiles(32, 32, 4, 2)),
     **RELATIVE_FP32_BY_HEAD_DIM,
+    # FIRE's with TF32: dkdv 32x64 spilled 80 B at 64 (32x32: 186/0), dq 64x32 272 B at 128, dq_grad 32x32 4 warps
+    # 56 B at 128 (8 warps: 220/0).
+    "pieces_forward": dict.fromkeys((16, 32, 64, 128), Tiles(128, 32, 8, 2)),
+    "pieces_dkdv": dict.fromkeys((16, 32, 64, 128), Tiles(32, 32, 8, 2)),
+    "pieces_dq": {16: Tiles(64, 32, 8, 2), 32: Tiles(64, 32, 8, 2), 64: Tiles(64, 32, 8, 2), 128: Tiles(32, 32, 8, 2)},
+    "pieces_dq_grad": {16: Tiles(32, 32, 4, 2), 32: Tiles(32, 32, 4, 2), 64: Tiles(32, 32, 4, 2),
+                       128: Tiles(32, 32, 8, 2)},
 }
 FP32_MAX_HEAD_DIM = 128
 TILES = {(kernel, dim, dtype): t

@@ -1,0 +1,184 @@
+"""Attention with a piecewise-linear bias (Scheme.piecewise_bias: FIRE) on the GPU, forward and backward, through
+the Triton kernels in piecewise_kernels.py; the bias is evaluated per tile from positions, no (B, H, Tq, Tk)
+tensor exists, in training either.
+
+    bias(b, h, i, j) = slopes[h, s] x + intercepts[h, s],  x = feature[e[b] - i + j] / divisor[b, i],
+    s = the number of knots below x
+
+the form the native CPU kernel reads (posenc.nn.fused_attention.attend_piecewise), with the same indexing as the
+row kernel (attention.py): the feature must cover every key a query sees and must not grow with its index
+(posenc.nn.row_paths builds it so); the divisor must be positive. Gradients reach q, k, v, the feature, the
+divisor, the slopes and the intercepts, so FIRE's c, L and MLP weights train through them (relu_mlp_pieces and
+the scheme's own formulas carry them on in autograd). Every sum over pairs is written once per program and added
+up in a fixed order: no atomics, results repeat bit for bit.
+
+Tiles, warps and stages: attention.TILES (the "pieces_*" kernels), chosen by the static table
+(benchmarks/gpu_static.py); launches go through attention.launch, which the static check replaces.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from torch import Tensor
+
+from posenc.nn.fused_attention import per_batch_row
+from posenc.nn.triton import attention
+from posenc.nn.triton import attention_kernels as row_kernels
+from posenc.nn.triton import piecewise_kernels as kernels
+
+KERNELS = ("pieces_forward", "pieces_dkdv", "pieces_dq", "pieces_dq_grad")
+MAX_FAST_CROSSINGS = 1  # knots a tile of the kernels' FAST loops may cross (a static, predicated step each)
+
+
+def _padded_feature(feature: Tensor, pad: int) -> Tensor:
+    """(S,) -> (S + 2 pad,) padded with the end values: every index a tile forms lies inside, and the padded
+    feature still does not grow with its index (the segment table's bounds hold)."""
+    return torch.cat((feature[:1].expand(pad), feature, feature[-1:].expand(pad)))
+
+
+def _inverse_bounds(inv: Tensor, bm: int) -> Tensor:
+    """(B|1,Tq) -> (B|1, ceil(Tq / bm), 2): the smallest and largest inv of each block of bm queries."""
+    tq = inv.shape[1]
+    blocks = triton.cdiv(tq, bm)
+    padded = torch.cat((inv, inv[:, -1:].expand(-1, blocks * bm - tq)), 1).view(inv.shape[0], blocks, bm)
+    return torch.stack((padded.amin(-1), padded.amax(-1)), -1)
+
+
+def _segment_table(padded: Tensor, pad: int, e: Tensor, inv: Tensor, knots: Tensor, t: attention.Tiles, tq: int,
+                   tk: int, keys_outer: bool) -> tuple[Tensor, Tensor]:
+    """(B, NQ, NK, 2) int32: the segment range [s_lo, s_hi] of every tile of BM queries and BN keys, and where a
+    kernel's loop may run FAST (at most MAX_FAST_CROSSINGS knots per tile): (B, NQ) the first key tile that
+    crosses more, or (keys_outer: dK/dV's loop over queries) (B, NK) one past the last query tile that does.
+    x = f inv lies between the tile's corner features times its queries' inv extremes (the feature does not grow
+    with r = e - i + j; inv > 0), products the kernel's own rounding cannot leave."""
+    nq, nk = triton.cdiv(tq, t.bm), triton.cdiv(tk, t.bn)
+    m0 = torch.arange(nq, device=e.device)[None, :, None] * t.bm
+    n0 = torch.arange(nk, device=e.device)[None, None, :] * t.bn
+    r = e[:, None, None] - m0 + n0  # (B,NQ,NK): r at the tile's first query and key
+    f_high, f_low = (padded[(x + pad).clamp(0, padded.shape[0] - 1)] for x in (r - (t.bm - 1), r + t.bn - 1))
+    bounds = _inverse_bounds(inv, t.bm)  # (B|1,NQ,2)
+    lo, hi = bounds[..., :1], bounds[..., 1:]
+    x_lo = torch.minimum(f_low * lo, f_low * hi).contiguous()
+    x_hi = torch.maximum(f_high * lo, f_high * hi).contiguous()
+    s_lo, s_hi = torch.searchsorted(knots, x_lo), torch.searchsorted(knots, x_hi)  # knots below x
+    heavy = s_hi - s_lo > MAX_FAST_CROSSINGS
+    if keys_outer:
+        split = torch.where(heavy, torch.arange(1, nq + 1, device=e.device)[:, None], 0).amax(1)
+    else:
+        split = torch.where(heavy, torch.arange(nk, device=e.device), nk).amin(2)
+    return torch.stack((s_lo, s_hi), -1).to(torch.int32).contiguous(), split.to(torch.int32).contiguous()
+
+
+def _batch_stride(t: Tensor) -> int:
+    return t.stride(0) if t.shape[0] > 1 else 0
+
+
+class _PiecewiseAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, feature: Tensor, inv: Tensor, slopes: Tensor,
+                intercepts: Tensor, knots: Tensor, e: Tensor, causal: bool) -> Tensor:
+        """slopes, intercepts (H,K+1) in base-2 units (times log2 e); inv (B|1,Tq) = 1 / divisor."""
+        q, k, v = attention._dense_last(q), attention._dense_last(k), attention._dense_last(v)
+        attention._check_sizes(q, k, v)
+        b, h, tq, d = q.shape
+        tile_sets = {name: attention.tiles(name, d, q.device, q.dtype) for name in KERNELS}
+        pad = attention._pad(*tile_sets.values())
+        padded = _padded_feature(feature, pad)
+        knots = knots.contiguous()
+        extended = torch.cat((knots, torch.full((1,), float("inf"), device=knots.device)))  # +inf: "no knot"
+        t = tile_sets["pieces_forward"]
+        segs, split = _segment_table(padded, pad, e, inv, knots, t, tq, k.shape[2], keys_outer=False)
+        # Trained pieces in 16 bits: the output stays in float32 for the backward's rowsum(dO * O). Rounded, it
+        # leaves sum_j dS = 0 by ~2^-9 per query, and the slopes' and intercepts' gradients add dS over whole
+        # segments, where that error adds up (6x the materialised bf16 path's error on FIRE's MLP, measured).
+        exact_out = q.dtype != torch.float32 and any(ctx.needs_input_grad[3:7])
+        out = torch.empty(q.shape, device=q.device, dtype=torch.float32 if exact_out else q.dtype)  # (B,H,Tq,Dh)
+        lse = torch.empty(b, h, tq, device=q.device, dtype=torch.float32)  # base 2
+        attention.launch(kernels._forward, (triton.cdiv(tq, t.bm), h, b),
+                         q, k, v, out, lse, padded[pad:], e, inv, segs, split, extended, slopes, intercepts,
+                         *attention._bhd(q), *attention._bhd(k), *attention._bhd(v), *attention._bhd(out),
+                         h, h // k.shape[1], tq, k.shape[2], _batch_stride(inv), segs.shape[1], segs.shape[2],
+                         knots.shape[0], d**-0.5 * row_kernels.LOG2E, D=d, CAUSAL=causal, BM=t.bm, BN=t.bn,
+                         BD=attention.padded_head_dim(d), **attention._options(t, q.dtype, q.device))
+        ctx.save_for_backward(q, k, v, out, lse, padded, inv, slopes, intercepts, knots, extended, e)
+        ctx.causal, ctx.tile_sets, ctx.pad, ctx.feature_len = causal, tile_sets, pad, feature.shape[0]
+        return out.to(q.dtype)
+
+    @staticmethod
+    def backward(ctx, dout: Tensor):
+        q, k, v, out, lse, padded, inv, slopes, intercepts, knots, extended, e = ctx.saved_tensors
+        dout = attention._dense_last(dout)
+        b, h, tq, d = q.shape
+        hkv, tk = k.shape[1], k.shape[2]
+        group, n_knots, pad = h // hkv, knots.shape[0], ctx.pad
+        delta = (dout.float() * out.float()).sum(-1)  # (B,H,Tq): rowsum(dO * O), FlashAttention-2's D
+        strides = (*attention._bhd(q), *attention._bhd(k), *attention._bhd(v), *attention._bhd(dout))
+        scales = (d**-0.5 * row_kernels.LOG2E, d**-0.5)
+        shape = dict(D=d, CAUSAL=ctx.causal, BD=attention.padded_head_dim(d))
+        kv_dtype = k.dtype if group == 1 else torch.float32  # GQA: each query head's, added up after
+        dk_heads = torch.empty(b, h, tk, d, device=q.device, dtype=kv_dtype)
+        dv_heads = torch.empty(b, h, tk, d, device=q.device, dtype=kv_dtype)
+        t = ctx.tile_sets["pieces_dkdv"]
+        segs, split = _segment_table(padded, pad, e, inv, knots, t, tq, tk, keys_outer=True)
+        attention.launch(kernels._dkdv, (triton.cdiv(tk, t.bn), h, b), q, k, v, dout, lse, delta, dk_heads, dv_heads,
+                         padded[pad:], e, inv, segs, split, extended, slopes, intercepts, *strides, h, group, tq, tk,
+                         _batch_stride(inv), segs.shape[1], segs.shape[2], n_knots, *scales, BM=t.bm, BN=t.bn,
+                         **shape, **attention._options(t, q.dtype, q.device))
+        dk, dv = dk_heads, dv_heads
+        if group > 1:
+            dk = dk_heads.view(b, hkv, group, tk, d).sum(2).to(k.dtype)
+            dv = dv_heads.view(b, hkv, group, tk, d).sum(2).to(v.dtype)
+        param_grad = any(ctx.needs_input_grad[3:7])
+        t = ctx.tile_sets["pieces_dq_grad" if param_grad else "pieces_dq"]
+        segs, split = _segment_table(padded, pad, e, inv, knots, t, tq, tk, keys_outer=False)
+        q_blocks, diag_len = triton.cdiv(tq, t.bm), triton.cdiv(tk, t.bn) * t.bn + t.bn
+        segments = triton.next_power_of_2(n_knots + 1)
+        diag = torch.zeros(b * h, q_blocks, diag_len if param_grad else 1, device=q.device, dtype=torch.float32)
+        d_inv = torch.empty(b, h, tq, device=q.device, dtype=torch.float32) if param_grad else diag
+        sums = torch.empty(b, h, q_blocks, 2 * segments if param_grad else 1, device=q.device, dtype=torch.float32)
+        dq = torch.empty(b, h, tq, d, device=q.device, dtype=q.dtype)
+        attention.launch(kernels._dq, (q_blocks, h, b), q, k, v, dout, lse, delta, dq, padded[pad:], e, inv, segs,
+                         split, extended, slopes, intercepts, diag, d_inv, sums, *strides, h, group, tq, tk,
+                         _batch_stride(inv), segs.shape[1], segs.shape[2], n_knots, diag.shape[-1], *scales,
+                         PARAM_GRAD=param_grad, BM=t.bm, BN=t.bn, SEGMENTS=segments, **shape,
+                         **attention._options(t, q.dtype, q.device))
+        if not param_grad:
+            return dq, dk, dv, None, None, None, None, None, None, None
+        ln2 = 1.0 / row_kernels.LOG2E  # the bias is in base-2 units: d loss / d (base-2 bias) = ln 2 dS
+        d_feature = torch.empty(h, ctx.feature_len, device=q.device, dtype=torch.float32)
+        attention.launch(row_kernels._row_reduce, (h, triton.cdiv(ctx.feature_len, attention.REDUCE_BLOCK)), diag,
+                         e, d_feature, b, h, q_blocks, diag_len, ctx.feature_len, BM=t.bm, BR=attention.REDUCE_BLOCK)
+        d_inv = d_inv.sum(1) if inv.shape[0] > 1 else d_inv.sum((0, 1))[None]  # (B|1,Tq)
+        sums = sums.view(b, h, q_blocks, 2, segments).sum((0, 2))[..., : n_knots + 1]  # (H,2,K+1)
+        return (dq, dk, dv, d_feature.sum(0) * ln2, d_inv * ln2, sums[:, 1] * ln2, sums[:, 0] * ln2,
+                None, None, None)
+
+
+def attend_pieces(q: Tensor, k: Tensor, v: Tensor, feature: Tensor, divisor: Tensor, knots: Tensor, slopes: Tensor,
+                  intercepts: Tensor, e: Tensor, causal: bool) -> Tensor:
+    """q (B,H,Tq,Dh), k/v (B,Hkv,Tk,Dh) in bf16, fp16 or fp32 (one dtype), feature (S,) not growing with its
+    index, divisor (B|1,Tq) positive, knots (K,) ascending, slopes/intercepts (H,K+1), e (B|1,) -> (B,H,Tq,Dh) in
+    q's dtype, accumulated in float32. Causal needs Tq <= Tk (queries are the last keys)."""
+    b, h, tq, _ = q.shape
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k, v dtypes: {q.dtype}, {k.dtype}, {v.dtype}; expected one dtype")
+    if h % k.shape[1] != 0:
+        raise ValueError(f"query heads H={h}: expected a multiple of the key heads Hkv={k.shape[1]}")
+    if causal and tq > k.shape[2]:
+        raise ValueError(f"causal attention with Tq={tq} queries: expected Tq <= Tk={k.shape[2]}")
+    if feature.dim() != 1 or feature.shape[0] < 1:
+        raise ValueError(f"piecewise feature {tuple(feature.shape)}: expected (S,) with S >= 1")
+    if divisor.dim() != 2 or divisor.shape[0] not in (1, b) or divisor.shape[1] != tq:
+        raise ValueError(f"piecewise divisor {tuple(divisor.shape)}: expected (B|1, Tq) = ({b}|1, {tq})")
+    if knots.dim() != 1 or slopes.shape != (h, knots.shape[0] + 1) or intercepts.shape != slopes.shape:
+        raise ValueError(f"piecewise slopes {tuple(slopes.shape)}, intercepts {tuple(intercepts.shape)}, knots "
+                         f"{tuple(knots.shape)}: expected (H, K+1), (H, K+1), (K,) with H={h}")
+    float32 = (feature.float(), divisor.float(), knots.float().contiguous())
+    scaled = (t.float().contiguous() * row_kernels.LOG2E for t in (slopes, intercepts))  # base-2 units
+    inv = (1.0 / float32[1]).contiguous()  # autograd carries the divisor's gradient
+    return _PiecewiseAttention.apply(q, k, v, float32[0].contiguous(), inv, *scaled, float32[2],
+                                     per_batch_row(e.to(q.device), q), causal)
+
+
+__all__ = ["KERNELS", "attend_pieces"]

@@ -1,0 +1,186 @@
+"""The Triton kernel for a piecewise bias (FIRE) equals the float64 reference path: attention with FIRE's own dense
+bias (Scheme.bias, its MLP evaluated on every pair), outputs and the gradients of q, k, v and every learnable FIRE
+parameter (its c, its threshold L, both MLP layers).
+
+Not collected by `make test` directly: tests/nn/test_triton_kernels.py runs this file with triton_cases.py in one
+fresh process (TRITON_INTERPRET=1 without a GPU: tiny shapes, and tiles forced small so that a query block meets
+interior tiles, diagonal tiles and a ragged end; compiled on a CUDA machine at the GPU's own tiles).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+
+from posenc.contract.models import perturb_scheme_parameters
+from posenc.nn import dispatch
+from posenc.nn import triton as gpu
+from posenc.nn.attention_core import attend
+from posenc.registry import build
+from tests.conftest import tiny_config
+from tests.nn.triton_support import patch_interpreter_for_numpy
+
+pytestmark = pytest.mark.skipif(not gpu.installed(), reason="triton is not installed")
+INTERPRETED = gpu.interpreting()
+DEVICE = "cpu" if INTERPRETED else "cuda"
+if INTERPRETED:
+    patch_interpreter_for_numpy()
+elif not torch.cuda.is_available():
+    pytest.skip("no CUDA device and TRITON_INTERPRET is not set", allow_module_level=True)
+
+from posenc.nn.triton import attention, piecewise_attention  # noqa: E402  (after the interpreter's setting)
+
+SCALE = 1 if INTERPRETED else 16  # sequence lengths: tiny under the interpreter, real on a GPU
+if not INTERPRETED:
+    torch.set_float32_matmul_precision("high")  # float32 runs as TF32 on a GPU (attention.serves_float32)
+TOLERANCE = {torch.float32: 2e-5 if INTERPRETED else 5e-3, torch.bfloat16: 3e-2}
+# FIRE's own parameters in bf16: their gradients add dS over whole segments of pairs, where each query's dS sums
+# to 0 only up to bf16's rounding of P before P V (measured on causal_gqa_bf16: 4.5e-2 on the MLP's output layer,
+# where the materialised bias in bf16 autograd errs by 2.0e-2 and q, k, v stay within 3e-2).
+PARAMETER_TOLERANCE_BF16 = 6e-2
+# Tiles forced down under the interpreter: BM != BN both ways, BM <= BN where the diagonal sums need it.
+SMALL = {"pieces_forward": attention.Tiles(32, 16, 4, 2), "pieces_dkdv": attention.Tiles(16, 32, 4, 2),
+         "pieces_dq": attention.Tiles(16, 16, 4, 2), "pieces_dq_grad": attention.Tiles(16, 32, 4, 2)}
+
+CASES = {  # name: (B, H, Hkv, Dh, Tq, Tk, causal, dtype, knot spread: see fire())
+    "causal_gqa": (1, 2, 1, 16, 48, 48, True, torch.float32, 1.5),
+    "after_cache": (2, 2, 1, 32, 13, 40, True, torch.float32, 1.0),
+    "encoder": (1, 2, 2, 16, 33, 33, False, torch.float32, 1.5),
+    "causal_gqa_bf16": (1, 2, 1, 16, 48, 48, True, torch.bfloat16, 1.0),
+}
+
+
+def close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype, what: str, tolerance=None) -> None:
+    error = (actual.double() - expected).abs().max().item()
+    bound = (tolerance or TOLERANCE[dtype]) * max(1.0, expected.abs().max().item())
+    assert error <= bound, f"{what}: max error {error:.3g} > {bound:.3g}"
+
+
+def fire(heads: int, head_dim: int, threshold: float, spread: float = 1.0):
+    """FIRE with perturbed weights and a threshold L inside the sequence (queries on both sides of max(L, i));
+    spread > 1 moves its knots -b1 / w1 apart, so that tiles this small cross at most one (the kernels' fast loop)."""
+    cfg = tiny_config("fire", n_head=heads, d_model=heads * head_dim, fire_init_threshold=threshold)
+    torch.manual_seed(0)
+    scheme = build("fire", dataclasses.replace(cfg.dims(), n_kv_head=heads // 2), cfg.options)
+    holder = torch.nn.Module()
+    holder.positions = torch.nn.ModuleList([scheme])
+    perturb_scheme_parameters(holder)
+    with torch.no_grad():
+        scheme.mlp[0].bias.mul_(spread)
+    return scheme.to(DEVICE)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_fire_kernel_equals_the_float64_dense_bias_with_every_gradient(case, monkeypatch):
+    b, h, hkv, dh, tq, tk, causal, dtype, spread = CASES[case]
+    tq, tk = tq * SCALE, tk * SCALE
+    if INTERPRETED:
+        monkeypatch.setattr(attention, "tiles", lambda kernel, head_dim, device, dtype_: SMALL[kernel])
+    calls = []
+    kernel = piecewise_attention.attend_pieces
+    monkeypatch.setattr(piecewise_attention, "attend_pieces", lambda *a: calls.append(1) or kernel(*a))
+    scheme = fire(h, dh, threshold=tk - tq / 2, spread=spread)  # half the queries below L
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(b, h, tq, dh, generator=g)
+    k, v = (torch.randn(b, hkv, tk, dh, generator=g) for _ in range(2))
+    q, k, v = (t.to(DEVICE, dtype).requires_grad_() for t in (q, k, v))
+    k_pos = (torch.arange(tk) + 7).expand(b, tk).to(DEVICE)  # a cache offset: queries are the last tq keys
+    q_pos, k_pos = scheme.frame(k_pos[:, tk - tq:], k_pos)
+    out = dispatch.fast_attention(q, k, v, scheme, q_pos, k_pos, causal)
+    assert calls, "the dispatch must run FIRE through the Triton kernel"
+    exact = copy.deepcopy(scheme).double()
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    reference = attend(q64, k64, v64, exact.bias(q_pos, k_pos, q64, k64), causal)
+    close(out, reference, dtype, f"{case} output")
+    grad = torch.randn(out.shape, generator=g, dtype=torch.float64).to(DEVICE)
+    names = ["dq", "dk", "dv", *(f"d{n}" for n, p in scheme.named_parameters())]
+    fast = torch.autograd.grad(out, [q, k, v, *scheme.parameters()], grad.to(dtype))
+    slow = torch.autograd.grad(reference, [q64, k64, v64, *exact.parameters()], grad)
+    assert slow[4].abs().max() > 0 and slow[3].abs().max() > 0, "L and c must both receive a gradient here"
+    for n, (what, a, b_) in enumerate(zip(names, fast, slow, strict=True)):
+        parameter = n >= 3 and dtype == torch.bfloat16
+        close(a, b_, dtype, f"{case} {what}", PARAMETER_TOLERANCE_BF16 if parameter else None)
+
+
+def dense_pieces(feature, divisor, knots, slopes, intercepts, e, tq, tk):
+    """The piecewise bias (B,H,Tq,Tk) written out pair by pair (Scheme.piecewise_bias's definition)."""
+    r = e[:, None, None] - torch.arange(tq, device=e.device)[:, None] + torch.arange(tk, device=e.device)
+    x = feature[r.clamp(0, feature.shape[0] - 1)] / divisor[:, :, None]  # (B,Tq,Tk); clamped: masked pairs
+    segment = torch.searchsorted(knots, x.detach().contiguous())  # knots below x
+    return (slopes[:, segment] * x + intercepts[:, segment]).transpose(0, 1)
+
+
+def test_pieces_kernel_loops_equal_the_dense_formula_with_every_gradient(monkeypatch):
+    """Pieces built so that tiles cross no knot, one knot (the fast loops' branch) and two (the knot loops), with
+    two batch rows at different offsets: the kernel equals the dense formula in float64, gradients of the feature,
+    the divisor, the slopes and the intercepts included."""
+    if INTERPRETED:  # 16 x 16 everywhere: the knots below are placed for these tiles
+        monkeypatch.setattr(attention, "tiles", lambda *a: attention.Tiles(16, 16, 4, 2))
+    tables = []
+    table = piecewise_attention._segment_table
+    monkeypatch.setattr(piecewise_attention, "_segment_table", lambda *a, **kw: tables.append(table(*a, **kw))
+                        or tables[-1])
+    b, h, tq, tk = 2, 2, 48 * SCALE, 48 * SCALE
+    g = torch.Generator().manual_seed(4)
+    size = tq + tk + 4
+    feature = 1.0 - torch.arange(size, dtype=torch.float64) / size  # x falls slowly: few knots per tile
+    divisor = 1.0 + 0.01 * torch.arange(tq, dtype=torch.float64).expand(b, tq)
+    # Interior tiles span x of about [0.35, 0.62] to [0.48, 0.76]: 0.45 is crossed alone, 0.75 and 0.755 together
+    knots = torch.tensor([0.4513, 0.7511, 0.7557], dtype=torch.float64)  # no x = (100 - r) / (100 + i) lands on one
+    slopes = 3 * torch.randn(h, 4, generator=g, dtype=torch.float64)
+    intercepts = torch.zeros(h, 4, dtype=torch.float64)
+    for s in range(3):  # continuous at the knots, as a ReLU MLP is: rounding at a knot moves nothing
+        intercepts[:, s + 1] = intercepts[:, s] + (slopes[:, s] - slopes[:, s + 1]) * knots[s]
+    e = torch.tensor([tq - 1, tq + 1])
+    q, k, v = (torch.randn(b, h, tq, 16, generator=g, dtype=torch.float64) for _ in range(3))
+    leaves = [t.to(DEVICE).requires_grad_() for t in (q, k, v, feature, divisor, slopes, intercepts)]
+    fast_in = [t.float().detach().requires_grad_() for t in leaves]
+    out = piecewise_attention.attend_pieces(*fast_in[:4], fast_in[4], knots.float().to(DEVICE), *fast_in[5:],
+                                            e.to(DEVICE), True)
+    bias = dense_pieces(leaves[3], leaves[4], knots.to(DEVICE), leaves[5], leaves[6], e.to(DEVICE), tq, tk)
+    reference = attend(*leaves[:3], bias, True)
+    close(out, reference, torch.float32, "output")
+    grad = torch.randn(out.shape, generator=g, dtype=torch.float64).to(DEVICE)
+    names = ("dq", "dk", "dv", "dfeature", "ddivisor", "dslopes", "dintercepts")
+    for what, a, b_ in zip(names, torch.autograd.grad(out, fast_in, grad.float()),
+                           torch.autograd.grad(reference, leaves, grad), strict=True):
+        close(a, b_, torch.float32, what)
+    crossed = torch.cat([(segs[..., 1] - segs[..., 0]).flatten() for segs, _ in tables])
+    assert {0, 1} <= set(crossed.tolist()) and crossed.max() > 1, f"tiles crossing {sorted(set(crossed.tolist()))}"
+
+
+def test_fire_kernel_without_parameter_gradients_and_its_bias_matters(monkeypatch):
+    """Frozen FIRE (no parameter needs a gradient): dQ takes the plain variant; the output moves when the MLP does."""
+    if INTERPRETED:
+        monkeypatch.setattr(attention, "tiles", lambda kernel, head_dim, device, dtype_: SMALL[kernel])
+    scheme = fire(2, 16, threshold=8.0).requires_grad_(False)
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, 2, 32 * SCALE, 16, generator=g).to(DEVICE).requires_grad_() for _ in range(3))
+    pos = torch.arange(32 * SCALE, device=DEVICE)[None]
+    out = dispatch.fast_attention(q, k, v, scheme, pos, pos, True)
+    exact = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    reference = attend(*exact, scheme.bias(pos, pos).double(), True)
+    close(out, reference, torch.float32, "output")
+    for what, a, b_ in zip(("dq", "dk", "dv"), torch.autograd.grad(out.square().sum(), [q, k, v]),
+                           torch.autograd.grad(reference.square().sum(), exact), strict=True):
+        close(a, b_, torch.float32, what)
+    with torch.no_grad():
+        scheme.mlp[2].weight.mul_(3.0)
+        assert (dispatch.fast_attention(q, k, v, scheme, pos, pos, True) - out).abs().max() > 1e-2
+
+
+def test_bad_pieces_are_refused_in_one_line():
+    q = torch.zeros(1, 2, 5, 16, device=DEVICE)
+    e = torch.tensor([4], device=DEVICE)
+    feature, knots = torch.zeros(9, device=DEVICE), torch.zeros(3, device=DEVICE)
+    lines = torch.zeros(2, 4, device=DEVICE)
+    with pytest.raises(ValueError, match="divisor"):
+        piecewise_attention.attend_pieces(q, q, q, feature, torch.ones(1, 4, device=DEVICE), knots, lines, lines, e,
+                                          True)
+    with pytest.raises(ValueError, match="slopes"):
+        piecewise_attention.attend_pieces(q, q, q, feature, torch.ones(1, 5, device=DEVICE), knots,
+                                          torch.zeros(3, 4, device=DEVICE), lines, e, True)
+
