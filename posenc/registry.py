@@ -1,9 +1,11 @@
-"""The one place a scheme name maps to code. Names follow NeMo/Megatron.
+"""The one place a name maps to code: schemes (names follow NeMo/Megatron) and attention position maps
+(the `type` of `attention_extension`).
 
 A user's own scheme joins with `posenc.register("my_scheme", MyScheme)` from their code, or through
 the entry-point group `posenc.schemes` of an installed package (`my_scheme = "pkg.module:MyScheme"`);
 it is then a name like any other: every model accepts it, and `posenc compare`, `posenc tasks` and
-`posenc check` run it.
+`posenc check` run it. A user's own position map (a PositionMap dataclass with its `name`) joins the
+same way: `register_position_map(MyMap)`, or the entry-point group `posenc.position_maps`.
 """
 
 from __future__ import annotations
@@ -31,7 +33,14 @@ from posenc.bias.t5 import T5RelativeBias
 from posenc.content.cope import CoPE
 from posenc.content.shaw import Shaw
 from posenc.content.transformer_xl import TransformerXL
-from posenc.errors import ConfigError, bad_value, unknown_name
+from posenc.errors import ConfigError, bad_value, unknown_key, unknown_name
+from posenc.position_map import PositionMap
+from posenc.position_maps.attention_sinks import AttentionSinks
+from posenc.position_maps.base import FIELD
+from posenc.position_maps.dual_chunk import DualChunk
+from posenc.position_maps.lm_infinite import LMInfinite
+from posenc.position_maps.self_extend import SelfExtend
+from posenc.position_maps.string_map import String
 from posenc.rotary.p_rope import PRoPE
 from posenc.rotary.rope import RoPE
 from posenc.rotary.xpos import XPos
@@ -57,6 +66,11 @@ SCHEMES: dict[str, type[Scheme]] = {
 }
 BUILTIN = frozenset(SCHEMES)
 ENTRY_POINT_GROUP = "posenc.schemes"
+POSITION_MAPS: dict[str, type[PositionMap]] = {
+    cls.name: cls for cls in (SelfExtend, DualChunk, LMInfinite, AttentionSinks, String)
+}
+BUILTIN_MAPS = frozenset(POSITION_MAPS)
+MAP_ENTRY_POINT_GROUP = "posenc.position_maps"
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # no '+' or ',': leaderboard entries use them
 _state = {"entry_points_loaded": False}
 _plugin_modules: list[str] = []  # modules that registered schemes: re-imported by spawned workers
@@ -98,22 +112,48 @@ def register(name: str, cls: type[Scheme], *, replace: bool = False) -> type[Sch
         raise bad_value("scheme name", name, f"a new name: {name!r} is {why}")
     _check_options_class(name, cls)
     SCHEMES[name] = cls
-    if cls.__module__ not in ("__main__", "__mp_main__") and cls.__module__ not in _plugin_modules:
-        _plugin_modules.append(cls.__module__)
+    _remember_module(cls)
     return cls
 
 
+def register_position_map(cls: type[PositionMap], *, replace: bool = False) -> type[PositionMap]:
+    """Make `cls.name` a `type` of attention_extension in every model config and `posenc extend`'s maps; returns
+    cls (usable as a class decorator). A built-in name cannot be replaced; a user name only with replace=True."""
+    if not isinstance(cls, type) or not issubclass(cls, PositionMap) or cls is PositionMap \
+            or not dataclasses.is_dataclass(cls):
+        raise bad_value("position map", cls, "a dataclass subclass of posenc.position_map.PositionMap")
+    name = getattr(cls, "name", None)
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise bad_value(f"{cls.__name__}.name", name, "letters, digits and '_', not starting with a digit")
+    if name in POSITION_MAPS and POSITION_MAPS[name] is not cls and (name in BUILTIN_MAPS or not replace):
+        why = "a built-in position map" if name in BUILTIN_MAPS else "registered already (pass replace=True)"
+        raise bad_value("position map name", name, f"a new name: {name!r} is {why}")
+    POSITION_MAPS[name] = cls
+    _remember_module(cls)
+    return cls
+
+
+def _remember_module(cls: type) -> None:
+    """Spawned worker processes import the modules that registered names (plugin_modules)."""
+    if cls.__module__ not in ("__main__", "__mp_main__") and cls.__module__ not in _plugin_modules:
+        _plugin_modules.append(cls.__module__)
+
+
 def _load_entry_points() -> None:
-    """Installed packages' schemes (entry-point group posenc.schemes), once per process."""
+    """Installed packages' schemes and position maps (entry-point groups posenc.schemes and
+    posenc.position_maps), once per process."""
     if _state["entry_points_loaded"]:
         return
     _state["entry_points_loaded"] = True
-    for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-        try:
-            register(entry.name, entry.load())
-        except Exception as err:  # a broken plugin must not break posenc; its name stays unknown
-            warnings.warn(f"posenc: scheme {entry.name!r} from entry point {entry.value!r} not loaded: {err}",
-                          stacklevel=2)
+    adders = {ENTRY_POINT_GROUP: ("scheme", lambda entry: register(entry.name, entry.load())),
+              MAP_ENTRY_POINT_GROUP: ("position map", lambda entry: register_position_map(entry.load()))}
+    for group, (kind, add) in adders.items():
+        for entry in importlib.metadata.entry_points(group=group):
+            try:
+                add(entry)
+            except Exception as err:  # a broken plugin must not break posenc; its name stays unknown
+                warnings.warn(f"posenc: {kind} {entry.name!r} from entry point {entry.value!r} not loaded: {err}",
+                              stacklevel=2)
 
 
 def import_plugins(modules: Iterable[str]) -> None:
@@ -189,3 +229,33 @@ def build(name: str, dims: Dims, options: Mapping[str, Any] | Any = None) -> Sch
     if options is None or isinstance(options, Mapping):
         options = options_for(name, options or {})
     return cls(dims, options)
+
+
+def position_maps() -> dict[str, type[PositionMap]]:
+    """Every registered position map by name (the built-ins first, then a user's own)."""
+    _load_entry_points()
+    return dict(POSITION_MAPS)
+
+
+def build_position_map(spec: Mapping[str, Any] | None, max_seq_len: int) -> PositionMap | None:
+    """The attention_extension config dict -> its PositionMap (defaults resolved), or None for None."""
+    if spec is None:
+        return None
+    _load_entry_points()
+    if not isinstance(spec, Mapping):
+        raise bad_value(FIELD, spec, f"None or a dict with a 'type' ({', '.join(sorted(POSITION_MAPS))})")
+    kind = spec.get("type")
+    if kind not in POSITION_MAPS:
+        raise unknown_name(f"{FIELD}.type", kind, POSITION_MAPS)
+    cls = POSITION_MAPS[kind]
+    names = {f.name for f in dataclasses.fields(cls)}
+    for key in spec:
+        if key != "type" and key not in names:
+            raise unknown_key(FIELD, key, names | {"type"})
+    try:
+        built = cls(**{k: v for k, v in spec.items() if k != "type"})
+    except TypeError:  # a required option left out
+        missing = sorted(f.name for f in dataclasses.fields(cls) if f.name not in spec
+                         and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+        raise bad_value(FIELD, dict(spec), f"{kind} needs {', '.join(missing)}") from None
+    return built.resolved(max_seq_len)

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import posenc
 from posenc.nn.mapped_attention import mapped_attention
-from posenc.position_maps import build_position_map
+from posenc.registry import build_position_map
 
 SPECS = {"self_extend": {"type": "self_extend", "group_size": 8, "window": 1024}, "dual_chunk": {"type": "dual_chunk"},
          "lm_infinite": {"type": "lm_infinite"}, "attention_sinks": {"type": "attention_sinks"}}

@@ -105,31 +105,13 @@ def _yaml_value(value: Any) -> str:
     return repr(value) if isinstance(value, str) else str(value)
 
 
-def _resumed_config(run_dir: Path) -> ExtendConfig:
-    """The settings an unfinished run was started with (its run.json, or an older folder's config.json)."""
-    from posenc.experiments.extend.run import stored_extend_run
-
-    stored = stored_extend_run(run_dir) if run_dir.is_dir() else None
-    if stored is None or stored.get("command") != "extend":
-        raise bad_value("resume", str(run_dir), "an extend run folder (holding run.json)")
-    return config_loader.build(ExtendConfig, stored["config"])
-
-
-def _resumed_with(args: argparse.Namespace, stored: ExtendConfig) -> ExtendConfig:
-    """The stored settings with whatever else was asked applied on top: run() then refuses, naming the key, any
-    change the run rule does not allow (a setting given with --resume is never silently dropped)."""
-    if args.quick or args.preset is not None:
-        raise bad_value("--preset" if args.preset is not None else "--quick", args.preset or True,
-                        "no preset with --resume: the run keeps the settings it was started with")
-    asked = _asked(args)
-    return config_loader.load(ExtendConfig, args.config, asked, base=stored) if asked or args.config else stored
-
-
 def main(args: argparse.Namespace) -> int:
+    from posenc.experiments.extend.resume import resumed_config, resumed_with
     from posenc.experiments.extend.run import run
 
     if args.resume:
         run_dir = Path(args.resume)
-        return run(_resumed_with(args, _resumed_config(run_dir)), run_dir)
-    cfg = config_from_args(args)  # every bad option fails here, before the model loads
-    return run(cfg, None)
+        preset = ("--preset", args.preset) if args.preset is not None else ("--quick", True) if args.quick else None
+        stored = resumed_config(run_dir, preset)  # the folder first; a preset with --resume is refused
+        return run(resumed_with(stored, args.config, _asked(args)), run_dir)
+    return run(config_from_args(args), None)  # every bad option fails in config_from_args, before the model loads

@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from posenc.experiments.compare.ladder_config import LadderConfig
 from posenc.experiments.config import loader as config_loader
+from posenc.experiments.ladder.config import LadderConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from posenc.experiments.compare.ladder import run
+    from posenc.experiments.ladder.run import run
 
     cfg = config_loader.load(LadderConfig, args.config, args.overrides)  # every bad option fails here
     return run(cfg, Path(args.run_dir) if args.run_dir else None)

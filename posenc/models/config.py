@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from posenc.errors import bad_value
+from posenc.models.attention_extension import check_position_map
 from posenc.models.random_positions import check_randomized_positions
 from posenc.models.scheme_config import SchemeConfig
-from posenc.position_maps.scheme import check_position_map
 from posenc.registry import scheme_class
 from posenc.scheme import Dims
 from posenc.validators import number_in, positive_int

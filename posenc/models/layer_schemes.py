@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from posenc.models.llama_config import LlamaConfig
 from posenc.models.positions import SchemeStack
-from posenc.position_maps import build_position_map
 from posenc.position_maps.scheme import PositionMapped
 from posenc.position_maps.window import Unmapped, Windowed
+from posenc.registry import build_position_map
 from posenc.scheme import Scheme
 
 

@@ -16,11 +16,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from posenc.models.attention_extension import wrap
 from posenc.models.inputs import check_positions, check_token_ids
 from posenc.models.limits import check_fits
 from posenc.models.random_positions import random_positions
 from posenc.nn.kv_cache import KVCache
-from posenc.position_maps.scheme import wrap
 from posenc.registry import scheme_class
 from posenc.scheme import Dims, Scheme
 

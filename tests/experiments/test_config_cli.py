@@ -28,9 +28,9 @@ def test_overrides_are_typed_and_layered_over_yaml(tmp_path):
 @pytest.mark.parametrize("preset", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_preset_parses(preset):
     from posenc.experiments.compare.config import CompareConfig
-    from posenc.experiments.compare.ladder_config import LadderConfig
     from posenc.experiments.config import loader as config_loader
     from posenc.experiments.finetune.config import FinetuneConfig
+    from posenc.experiments.ladder.config import LadderConfig
     from posenc.experiments.tasks.config import TasksConfig
 
     schemas = {"compare": CompareConfig, "tasks": TasksConfig, "finetune": FinetuneConfig, "ladder": LadderConfig,

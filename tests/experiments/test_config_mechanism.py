@@ -45,7 +45,7 @@ def test_help_of_compare_and_tasks_documents_the_task_model():
 
 
 def test_compare_trains_the_task_model_it_is_told_to(tmp_path, capsys, monkeypatch):
-    import posenc.experiments.compare.run as compare_run
+    import posenc.experiments.training.scheme_units as compare_run
 
     seen = []
     real = compare_run.train_on_task

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from posenc.experiments.compare.config import CompareConfig
-from posenc.experiments.compare.run import preflight_all
 from posenc.experiments.config.sections import TrainerConfig, run_device
 from posenc.experiments.config.training_run import from_plain, load_config
 from posenc.experiments.training.language_model import train
+from posenc.experiments.training.scheme_units import preflight_all
 
 
 @pytest.fixture

@@ -21,14 +21,14 @@ import pytest
 from posenc.errors import ConfigError
 from posenc.experiments.compare.config import RULE as COMPARE_RULE
 from posenc.experiments.compare.config import CompareConfig
-from posenc.experiments.compare.ladder_config import RULE as LADDER_RULE
-from posenc.experiments.compare.ladder_config import LadderConfig
 from posenc.experiments.config import loader
 from posenc.experiments.config.training_run import load_config
 from posenc.experiments.extend.config import RULE as EXTEND_RULE
 from posenc.experiments.extend.config import load_extend_config
 from posenc.experiments.finetune.config import RULE as FINETUNE_RULE
 from posenc.experiments.finetune.config import load_finetune_config
+from posenc.experiments.ladder.config import RULE as LADDER_RULE
+from posenc.experiments.ladder.config import LadderConfig
 from posenc.experiments.runs import manifest
 from posenc.experiments.runs.rule import RunRule
 from posenc.experiments.tasks.config import RULE as TASKS_RULE
@@ -305,7 +305,7 @@ def test_repeats_options_not_selected_and_degenerate_values_are_one_line(name, o
 
 
 def test_eval_refuses_a_stride_its_mode_does_not_read():
-    from posenc.commands.eval import EvalOptions
+    from posenc.experiments.training.evaluate_run import EvalOptions
 
     with pytest.raises(ConfigError, match=r"^eval\.stride=4 is not allowed: not used here"):
         loader.load(EvalOptions, None, ["eval.stride=4"])

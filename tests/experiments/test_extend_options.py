@@ -57,7 +57,7 @@ def test_flat_keys_of_earlier_versions_still_work_with_a_note(capsys):
 
 
 def test_a_folder_from_before_run_json_resumes_with_its_own_settings_and_time(tmp_path):
-    from posenc.commands.extend import _resumed_config
+    from posenc.experiments.extend.resume import resumed_config as _resumed_config
     from posenc.experiments.extend.run import stored_extend_run
 
     old = {"task": "ppl", "lengths": [64, 128], "passkey_lengths": None, "scalings": ["none", "yarn"],

@@ -137,6 +137,29 @@ def test_posenc_report_on_a_stopped_run_marks_the_units_not_run_and_never_comple
     assert "Stopped before the end: 2 of 6 units finished" in (run / "tables.md").read_text()
 
 
+def test_an_interrupted_run_writes_the_report_of_what_finished_marked_incomplete(finished, tmp_path, capsys,
+                                                                                   monkeypatch):
+    """The same hook as compare, ladder and tasks (runs.lifecycle's on_stop): before it, a stopped finetune left
+    results.json's finished units and a report of the previous session."""
+    from posenc.errors import Interrupted
+    from posenc.experiments.finetune import run as study
+
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
+    results = json.loads((run / "results.json").read_text())
+    (run / "tables.md").unlink()
+
+    def stopped(cfg, run_dir, opened, bases):  # one unit finished (results.json rewritten), then Ctrl-C
+        (run_dir / "results.json").write_text(json.dumps(results | {"units": results["units"][:1], "complete": False}))
+        raise Interrupted("stopped by Ctrl-C", signum=2)
+
+    monkeypatch.setattr(study, "_finetune", stopped)
+    code, _, _ = cli(capsys, "finetune", "--run-dir", run)
+    assert code == 130
+    assert json.loads((run / "results.json").read_text())["complete"] is False
+    assert "Stopped before the end: 1 of 6 units finished" in (run / "tables.md").read_text()
+
+
 def test_a_hand_edited_results_json_is_one_line_and_nothing_is_rewritten(finished, tmp_path, capsys):
     """Issue 36: '"range": "zero"' in results.json gave a TypeError from `posenc report`."""
     run = tmp_path / "run"

@@ -93,3 +93,31 @@ def test_a_study_command_only_parses_and_hands_over(command):
     source = (PACKAGE / "commands" / f"{command}.py").read_text()
     assert "posenc.experiments.runs" not in source and "report_writer" not in source
     assert len(source.splitlines()) <= 50
+
+
+def test_the_ladder_is_a_study_of_its_own():
+    """It lived inside compare (its config, runner and report beside compare's); the rules above now see it."""
+    assert "ladder" in studies() and not list((EXPERIMENTS / "compare").glob("ladder*"))
+
+
+def test_posenc_report_finds_every_study_through_one_table():
+    """No special case: the study recorded in run.json is looked up in REPORTS, one entry per study folder."""
+    from posenc.commands.report import REPORTS
+
+    def defines_rerender(study: str) -> bool:
+        tree = ast.parse((EXPERIMENTS / study / "report.py").read_text(encoding="utf-8"))
+        return any(isinstance(node, ast.FunctionDef) and node.name == "rerender" for node in tree.body)
+
+    assert sorted(REPORTS) == studies()
+    assert all(REPORTS[s] == f"posenc.experiments.{s}.report" and defines_rerender(s) for s in studies())
+
+
+LIFECYCLE = ("lifecycle", "lock", "files", "manifest", "rule", "checkpoint")  # what a run folder's life is made of
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "commands").glob("*.py")), ids=lambda p: p.stem)
+def test_no_command_holds_a_run_folders_lifecycle(path):
+    """Creating, locking, resuming and reporting a run folder live in experiments/ (a study's run.py, training/,
+    runs/): a command file parses its arguments and hands them over."""
+    held = [m for part in LIFECYCLE for m in reaches(path, f"posenc.experiments.runs.{part}")]
+    assert held == [] and reaches(path, "posenc.experiments.training.ddp") == []

@@ -9,10 +9,10 @@ import re
 
 import pytest
 
-from posenc.experiments.compare.ladder_config import LadderConfig
-from posenc.experiments.compare.ladder_report import rung, verdict
 from posenc.experiments.config.loader import load
 from posenc.experiments.evaluation.statistics import Spread
+from posenc.experiments.ladder.config import LadderConfig
+from posenc.experiments.ladder.report import rung, verdict
 from tests.experiments.cli_helpers import TINY, cli, one_line
 
 
@@ -99,7 +99,7 @@ def test_a_tiny_ladder_runs_every_size_and_prints_its_verdict(tmp_path, capsys):
 def test_a_stopped_ladder_is_reported_as_incomplete_never_as_a_mean_over_seeds():
     """Issue 36: a stopped ladder showed one seed's number under 'mean ± std over seeds', marked nothing
     incomplete, and had params nan where the subject's unit had not run."""
-    from posenc.experiments.compare.ladder_report import report
+    from posenc.experiments.ladder.report import report
 
     cfg = load(LadderConfig, None, ["compare.schemes=[none,rope]", "compare.seeds=[0,1]", "ladder.sizes=[1x16,1x32]"])
 
@@ -121,7 +121,7 @@ def test_a_stopped_ladder_is_reported_as_incomplete_never_as_a_mean_over_seeds()
 
 def test_an_interrupted_ladder_writes_the_report_of_what_finished_marked_incomplete(tmp_path, capsys, monkeypatch):
     from posenc.errors import Interrupted
-    from posenc.experiments.compare import ladder as study
+    from posenc.experiments.ladder import run as study
 
     def stopped(cfg, run_dir, on_unit):
         on_unit([{"size": "1x8", "scheme": "none", "seed": 0, "status": "ok", "params": 1, "ppl": {1: 5.0, 2: 6.0}}])

@@ -9,7 +9,7 @@ import torch
 
 import posenc.hf
 from posenc.models import Llama
-from posenc.position_maps import POSITION_MAPS
+from posenc.registry import POSITION_MAPS
 from tests.models.family_checkpoints import FAMILIES, VOCAB, build, load_hf
 
 pytest.importorskip("transformers")

@@ -14,9 +14,8 @@ from posenc.models import GPT
 from posenc.nn import bias_paths, dispatch, fused_attention
 from posenc.nn import triton as gpu
 from posenc.nn.attention_core import attend
-from posenc.position_maps import POSITION_MAPS, build_position_map
 from posenc.position_maps.scheme import PositionMapped
-from posenc.registry import SCHEMES
+from posenc.registry import POSITION_MAPS, SCHEMES, build_position_map
 from posenc.scheme import Scheme
 from tests.conftest import tiny_config
 from tests.nn.test_fast_paths import build, qkv

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from posenc.nn.mapped_attention import mapped_attention
-from posenc.position_maps import build_position_map
+from posenc.registry import build_position_map
 from tests.position_maps import reference
 from tests.position_maps.tiny import TRAINED, tiny_llama, token_ids
 

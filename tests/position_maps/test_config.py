@@ -9,7 +9,7 @@ import torch
 from posenc.errors import ConfigError
 from posenc.models import GPTConfig
 from posenc.models.llama import Llama, LlamaConfig
-from posenc.position_maps import POSITION_MAPS, build_position_map
+from posenc.registry import POSITION_MAPS, build_position_map
 from tests.position_maps.tiny import tiny_llama, token_ids
 
 TINY = dict(vocab_size=61, n_layer=1, n_head=4, n_kv_head=2, d_model=32, ffn_hidden_size=64, max_seq_len=64)

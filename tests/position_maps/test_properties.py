@@ -188,7 +188,7 @@ def test_cuda_fused_and_eager_agree_with_the_cpu(spec, fused, budget):
 def test_plain_within_is_exactly_the_length_up_to_which_the_map_is_plain_rope(spec):
     """plain_within is a promise a sweep relies on to share forwards: it must hold up to its length, and
     not be vacuous (these maps change the scores within T)."""
-    from posenc.position_maps import build_position_map
+    from posenc.registry import build_position_map
     from tests.position_maps.tiny import TRAINED
 
     within = build_position_map(spec, TRAINED).plain_within

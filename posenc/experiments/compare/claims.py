@@ -13,11 +13,10 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from posenc.experiments.evaluation.verdict import Verdict
+from posenc.experiments.evaluation.verdict import CLOSE, Verdict
 
 FLAT = 1.10  # ppl@Nx / ppl@1x at or below this: "about flat"
 EXPLODES = 2.0  # ppl@Nx / ppl@1x at or above this: "explodes"
-CLOSE = 1.10  # within 10% of the best scheme at the training length: "comes close"
 AT_OR_BELOW = 1.02  # "at or below": within 2% above, or lower
 
 # scheme -> per seed -> {length multiplier: perplexity}

@@ -12,13 +12,14 @@ from typing import Any
 
 from posenc.data.tokens import SOURCES
 from posenc.experiments import report_writer
-from posenc.experiments.compare.claims import CLOSE, converged_schemes, judge_all
+from posenc.experiments.compare.claims import converged_schemes, judge_all
 from posenc.experiments.compare.config import CompareConfig
-from posenc.experiments.compare.results import DIVERGED, load_units
 from posenc.experiments.config import loader as config_loader
 from posenc.experiments.evaluation.perplexity import BEYOND_TABLE, NOT_FINITE
 from posenc.experiments.evaluation.statistics import Spread, ratios, tied_ranks
+from posenc.experiments.evaluation.verdict import CLOSE
 from posenc.experiments.report_writer import Plot, Report, Table, is_number
+from posenc.experiments.runs.units import DIVERGED, load_units
 
 NOT_CONVERGED = "not converged"
 NOT_RUN = "not run"  # an interrupted run: no seed of the scheme finished

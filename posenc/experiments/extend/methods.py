@@ -23,7 +23,7 @@ from typing import Any
 
 from posenc.errors import bad_value, unknown_name
 from posenc.experiments.extend.scalings import PRESETS, Target
-from posenc.position_maps import build_position_map
+from posenc.registry import build_position_map
 from posenc.rotary.scaling import SEQ_LEN_DEPENDENT, rope_type
 
 ALIASES = {"dca": "dual_chunk"}  # the name the ChunkLlama paper and vLLM use

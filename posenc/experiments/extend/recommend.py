@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from posenc.experiments.extend.methods import EXTENSIONS
-from posenc.position_maps import POSITION_MAPS
+from posenc.registry import POSITION_MAPS
 
 RULE = ("At each length past the trained context, among the methods measured there (with every prompt and task of the "
         "run at that length: in a stopped run, those with fewer do not compete): (1) keep those with the most "

@@ -61,8 +61,11 @@ def _check_passkey_lengths(cfg: FinetuneConfig, retrieval: Retrieval) -> None:
 
 
 def run(cfg: FinetuneConfig, run_dir: Path | None) -> int:
+    """`posenc finetune`: the bases, then every (seed, method) unit in a run folder, then the report; a stopped
+    run leaves the report of the units that finished, marked incomplete."""
     corpus = preflight_all(cfg)
-    with run_folder(run_dir, cfg.out_dir, RULE, cfg.to_dict(), corpus) as opened:
+    stopped = lambda opened: _report_saved(cfg, opened)
+    with run_folder(run_dir, cfg.out_dir, RULE, cfg.to_dict(), corpus, on_stop=stopped) as opened:
         run_dir = opened.path
         _check_kept(cfg, run_dir)
         bases = _bases(cfg, run_dir, opened)
@@ -75,6 +78,16 @@ def run(cfg: FinetuneConfig, run_dir: Path | None) -> int:
         raise RunFailed(f"{', '.join(diverged)} diverged (reported as such, with no numbers after it); the other "
                         f"units' results are in {run_dir}")
     return 0
+
+
+def _report_saved(cfg: FinetuneConfig, opened: Run) -> None:
+    """The report of the units saved so far (results.json, rewritten after each unit), marked incomplete;
+    nothing when no unit finished."""
+    path = opened.path / "results.json"
+    if path.is_file():
+        units, bases = stored.results(path)  # checked as a whole, as `posenc report` reads it
+        report_writer.write(opened.path, finetune_report(cfg, units, bases, opened.wall_seconds), markdown=MARKDOWN,
+                            echo=False)
 
 
 def _check_kept(cfg: FinetuneConfig, run_dir: Path) -> None:

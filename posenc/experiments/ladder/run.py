@@ -1,7 +1,7 @@
-"""`posenc ladder`: compare's units (scheme x seed) at every model size of `ladder.sizes`, trained by the
-same recipe, in one pool of processes (largest models first, so the short ones fill the end). Each rung
-is a compare run in `RUN_DIR/size-LxD/`; a unit records its size, parameter count, held-out perplexity
-per length and its perplexity on the training text (the memorising check)."""
+"""`posenc ladder`: compare's units (scheme x seed: training/scheme_units.py) at every model size of
+`ladder.sizes`, trained by the same recipe, in one pool of processes (largest models first, so the short ones
+fill the end). Each rung is a compare run in `RUN_DIR/size-LxD/`; a unit records its size, parameter count,
+held-out perplexity per length and its perplexity on the training text (the memorising check)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,11 @@ from typing import Any
 from tqdm import tqdm
 
 from posenc.experiments import report_writer
-from posenc.experiments.compare.ladder_config import RULE, LadderConfig
-from posenc.experiments.compare.results import RESULTS, load_units, save_units
-from posenc.experiments.compare.run import finished, preflight_all, run_unit
+from posenc.experiments.ladder.config import RULE, LadderConfig
 from posenc.experiments.runs.lifecycle import run_folder
-from posenc.experiments.runs.rule import Run
+from posenc.experiments.runs.units import finished, report_saved, save_units
 from posenc.experiments.training.parallel import default_workers, run_units
+from posenc.experiments.training.scheme_units import preflight_all, run_unit
 
 
 def preflight_ladder(cfg: LadderConfig) -> dict[str, str]:
@@ -60,15 +59,10 @@ def ladder(cfg: LadderConfig, run_dir: Path, on_unit=None) -> list[dict[str, Any
 def run(cfg: LadderConfig, run_dir: Path | None) -> int:
     """`posenc ladder`: every rung's units in one run folder, then the report; a stopped run leaves the report of
     the units that finished, marked incomplete (numbers over fewer seeds say so)."""
-    from posenc.experiments.compare.ladder_report import report
+    from posenc.experiments.ladder.report import report
 
     corpus = preflight_ladder(cfg)  # every size's models checked before any training
-
-    def stopped(opened: Run) -> None:
-        if (opened.path / RESULTS).is_file():
-            units = load_units(opened.path, cfg.compare)
-            report_writer.write(opened.path, report(units, cfg, opened.wall_seconds), echo=False)
-
+    stopped = lambda opened: report_saved(opened.path, cfg, report, opened.wall_seconds)
     with run_folder(run_dir, cfg.out_dir, RULE, cfg.to_dict(), corpus, on_stop=stopped) as opened:
         units = ladder(cfg, opened.path, on_unit=lambda done: (opened.tick(force=True), save_units(opened.path, done)))
         files = report_writer.write(opened.path, report(units, cfg, opened.wall_seconds))

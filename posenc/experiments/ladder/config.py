@@ -1,7 +1,7 @@
 """The config of `posenc ladder`: compare's run (schemes x seeds, one recipe) repeated at several model
 sizes (`ladder.sizes`), to ask whether a scheme's gap to the best at the training length shrinks with
 size (Haviv et al. 2022 saw NoPE close to the others at 125 M - 1.3 B parameters; posenc's 0.8 M models
-did not). The ladder belongs to compare: every size is a compare run, unit for unit."""
+did not). Every size is a compare run, unit for unit (config.scheme_study, training.scheme_units)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from typing import ClassVar
 import torch
 
 from posenc.errors import bad_value
-from posenc.experiments.compare.config import CompareConfig, CompareSchemes
 from posenc.experiments.config.fields import name_list
+from posenc.experiments.config.scheme_study import CompareConfig, CompareSchemes
 from posenc.experiments.runs.rule import RunRule
 from posenc.models import GPT
 

@@ -1,6 +1,7 @@
-"""The one owner of compare's results.json format: what a unit (scheme x seed) holds, and how it is
-saved and read back. JSON keys are strings; a unit's per-length, per-offset and per-size tables
-are keyed by ints everywhere else, so they are restored here, once, for every reader."""
+"""The one owner of the results.json format of the scheme x seed studies (compare, and the ladder, whose units
+carry their size): what a unit holds, how it is saved and read back, and what a run of units ends with. JSON
+keys are strings; a unit's per-length, per-offset and per-size tables are keyed by ints everywhere else, so they
+are restored here, once, for every reader."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from posenc.atomic_files import write_json
-from posenc.errors import bad_value
+from posenc.errors import RunFailed, bad_value
+from posenc.experiments import report_writer
 from posenc.experiments.evaluation.perplexity import BEYOND_TABLE, NOT_FINITE
 
 DIVERGED = "diverged"  # a training loss that stopped being finite: the unit has no results
@@ -82,3 +84,18 @@ def _checked_unit(path: Path, index: int, unit: Any) -> dict[str, Any]:
 def failed(units: list[dict[str, Any]]) -> list[str]:
     """`scheme seed N` of every unit whose model or task model diverged."""
     return [f"{u['scheme']} seed {u['seed']}" for u in units if DIVERGED in (u["status"], u.get("task_status"))]
+
+
+def finished(units: list, path: Path, files: list) -> int:
+    """Print where the run and its report are; a diverged model fails the command (compare and ladder alike)."""
+    print(f"run folder: {path}\nreport:     {files[-1]}")
+    if failed(units):
+        raise RunFailed(f"{', '.join(failed(units))} diverged (reported as '{DIVERGED}', with no numbers); "
+                        f"the other models' results are in {path}")
+    return 0
+
+
+def report_saved(run_dir: Path, cfg: Any, report: Any, wall_seconds: float) -> None:
+    """The report of the units saved so far (a stopped run), marked incomplete; nothing when none finished."""
+    if (Path(run_dir) / RESULTS).is_file():
+        report_writer.write(run_dir, report(load_units(run_dir, cfg.compare), cfg, wall_seconds), echo=False)

@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from posenc.experiments import report_writer
-from posenc.experiments.compare.claims import CLOSE
-from posenc.experiments.compare.ladder_config import LadderConfig
-from posenc.experiments.compare.results import DIVERGED, load_units
 from posenc.experiments.config import loader as config_loader
 from posenc.experiments.evaluation.statistics import Spread, ratios
+from posenc.experiments.evaluation.verdict import CLOSE
+from posenc.experiments.ladder.config import LadderConfig
 from posenc.experiments.report_writer import Plot, Report, Table, is_number
+from posenc.experiments.runs.units import DIVERGED, load_units
 
 RULE = ("held: the ratio's mean falls at every step up the ladder by more than the seed std of the two rungs added "
         "(mean_k - mean_k+1 > std_k + std_k+1); failed: the largest size's mean is not below the smallest's; "
