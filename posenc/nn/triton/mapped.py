@@ -1,0 +1,104 @@
+"""Attention under a position map on the GPU, one launch per call (mapped_kernels.py): prefill and decode,
+inference only. The caller (posenc.nn.mapped_gpu) builds the cos/sin rows of every map from the scheme's own
+rotation; this module checks shapes, picks tiles and launches.
+
+Prefill takes the keys rotated by the host, once per distinct key position tensor (a pass over K, in its dtype):
+the loop then reads a tile as plain flash attention does. A decode step takes cos/sin rows per key (kept by the KV
+cache, so only the new key's are computed) and rotates each key tile in the kernel: rotating every cached key on
+the host would cost more than the step's attention.
+
+Tiles per (decode, padded head dim): a prefill tile holds M rotated query copies (M <= 3 maps) next to the
+accumulator, so BM is 64 where the head dim is 128 and above; decoding has one query per row, so BM is the
+smallest tile tl.dot takes (16) and BN is long. Justified by the static table (benchmarks/gpu_static.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from torch import Tensor
+
+from posenc.nn.triton import mapped_kernels as kernels
+from posenc.nn.triton.attention import GRID_AXIS_LIMIT, Tiles, precision
+from posenc.nn.triton.attention_kernels import LOG2E
+from posenc.position_map import PAIR_RULES, PairRule
+
+MAX_MAPS = 3  # query copies held per program (DCA's three)
+# Sweeps at bf16, DCA (three maps: the most registers), registers / spilled bytes / loop instructions: Dh 128
+# 128x32 8 warps 254/0/1233; 128x64 8 warps 255/608/2902; 64x64 4 warps 255/584/2994. Self-Extend at 128: 128x32
+# 227/0/726, 128x64 256 B spilled. Dh 64: 128x64 8 warps 328 B spilled.
+_PREFILL = {16: Tiles(128, 32, 8, 2), 32: Tiles(128, 32, 8, 2), 64: Tiles(128, 32, 8, 2),
+            128: Tiles(128, 32, 8, 2), 256: Tiles(64, 32, 8, 2)}
+_DECODE = {16: Tiles(16, 64, 4, 2), 32: Tiles(16, 64, 4, 2), 64: Tiles(16, 64, 4, 2),
+           128: Tiles(16, 64, 4, 2), 256: Tiles(16, 32, 4, 2)}
+INTERPRETED_TILES = Tiles(16, 16, 1, 1)
+
+
+def launch(kernel, grid: tuple[int, ...], *args, **options) -> None:
+    """Every launch of this module (the static check, benchmarks/gpu_static.py, records these instead)."""
+    kernel[grid](*args, **options)
+
+
+def padded(n: int) -> int:
+    return max(16, triton.next_power_of_2(max(1, n)))
+
+
+def gpu_tiles(decode: bool, head_dim: int) -> Tiles:
+    return (_DECODE if decode else _PREFILL)[padded(head_dim)]
+
+
+def tiles(decode: bool, head_dim: int, device: torch.device) -> Tiles:
+    """The interpreter's small tiles on a CPU, else the GPU table by padded head dim (the static check replaces
+    this function to compile the GPU's)."""
+    return INTERPRETED_TILES if device.type == "cpu" else gpu_tiles(decode, head_dim)
+
+
+def attend_mapped(q: Tensor, k: Tensor, v: Tensor, q_cos: Tensor, q_sin: Tensor, key_rows: tuple[Tensor, Tensor] | None,
+                  key_maps: tuple[int, ...], q_pos: Tensor, k_pos: Tensor, rule: PairRule, causal: bool,
+                  score_scale: float, interleaved: bool) -> Tensor:
+    """q (B,H,Tq,Dh) unrotated; q_cos/q_sin (M,B,Tq,R/2) float32, the rotation at each map's query positions;
+    key_rows: (k_cos, k_sin) (Mk,B,Tk,R/2), the rotation of each distinct key position tensor, with k (B,Hkv,Tk,Dh)
+    unrotated (the kernel rotates each key tile), or None with k (Mk,B,Hkv,Tk,Dh) already rotated per key table;
+    v (B,Hkv,Tk,Dh); key_maps[m] the key table of map m (key_maps[0] == 0); q_pos (B,Tq), k_pos (B,Tk) integers;
+    rule: which map scores a pair -> (B,H,Tq,Dh) in q's dtype."""
+    rotated = key_rows is None
+    b, h, tq, dh = q.shape
+    hkv, tk = v.shape[1], v.shape[2]
+    n_maps, half = q_cos.shape[0], q_cos.shape[-1]
+    n_keys = k.shape[0] if rotated else key_rows[0].shape[0]
+    if not 1 <= n_maps <= MAX_MAPS or len(key_maps) != n_maps or key_maps[0] != 0 or max(key_maps) >= n_keys:
+        raise ValueError(f"position map tables: {n_maps} maps with key tables {key_maps} of {n_keys}; expected 1 to "
+                         f"{MAX_MAPS} maps, one key table index each, map 0 on key table 0")
+    if q_cos.shape != (n_maps, b, tq, half) or 2 * half > dh or k.dim() != 4 + rotated or k.shape[-4:] != v.shape or (
+            not rotated and key_rows[0].shape != (n_keys, b, tk, half)):
+        raise ValueError(f"position map tables {tuple(q_cos.shape)}, keys {tuple(k.shape)}: expected (M,{b},{tq},R/2)"
+                         f" with R <= {dh}, keys (B,Hkv,Tk,Dh) with (Mk,{b},{tk},R/2) tables or (Mk,B,Hkv,Tk,Dh)")
+    if rule.kind not in PAIR_RULES or (rule.kind == PAIR_RULES[-1] and rule.a < 1):
+        raise ValueError(f"pair rule {rule}: expected a kind in {PAIR_RULES} (chunks of a >= 1 positions)")
+    if h > GRID_AXIS_LIMIT or b > GRID_AXIS_LIMIT or h % hkv:
+        raise ValueError(f"mapped attention on the GPU: B={b}, H={h}, Hkv={hkv}; expected H a multiple of Hkv and "
+                         f"each at most {GRID_AXIS_LIMIT}")
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    k_tables = (q_cos, q_sin) if rotated else key_rows  # unread when rotated
+    tables = [t.to(device=q.device, dtype=torch.float32).contiguous() for t in (q_cos, q_sin, *k_tables)]
+    q_pos, k_pos = (p.expand(b, n).to(device=q.device, dtype=torch.int32).contiguous()
+                    for p, n in ((q_pos, tq), (k_pos, tk)))
+    out = torch.empty(b, h, tq, dh, device=q.device, dtype=q.dtype)
+    t = tiles(tq == 1, dh, q.device)
+    interpreted = q.device.type == "cpu"
+    options = {"PRECISION": precision(q.dtype, interpreted), "UPCAST": interpreted}
+    if not interpreted:
+        options.update(num_warps=t.warps, num_stages=t.stages)
+    rest = dh - 2 * half
+    k_strides = k.stride()[:4] if rotated else (0, *k.stride()[:3])
+    launch(kernels._mapped_forward, (triton.cdiv(tq, t.bm), h, b), q, k, v, out, q_pos, k_pos, *tables,
+           *q.stride()[:3], *k_strides, *v.stride()[:3], *out.stride()[:3],
+           b, h // hkv, tq, tk, score_scale * dh**-0.5 * LOG2E, rule.a, rule.b, rule.window,
+           D=dh, HALF=half, REST=rest, INTERLEAVED=interleaved, KIND=rule.kind, WINDOWED=rule.window > 0,
+           N_MAPS=n_maps, KEY_MAP1=key_maps[1] if n_maps > 1 else 0, KEY_MAP2=key_maps[2] if n_maps > 2 else 0,
+           ROTATED=rotated, CAUSAL=causal, BM=t.bm, BN=t.bn, BP=padded(half), BR=padded(rest), BD=padded(dh),
+           **options)
+    return out
+
+
+__all__ = ["MAX_MAPS", "attend_mapped", "gpu_tiles", "launch", "tiles"]
