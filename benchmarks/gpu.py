@@ -46,7 +46,7 @@ def plan(quick: bool) -> dict:
     if quick:
         return {"attention": ["alibi", "kerple"], "lengths": [64], "head_dims": [16], "kv_groups": [1, 2],
                 "tokens": 64, "repeats": 1, "rope": [(1, 2, 32, 16)], "decode": ["none", "alibi"], "context": 32,
-                "train": ["none", "rope", "alibi"], "model": (2, 64, 2, 32, 2), "maps": list(gpu_sections.MAP_SPECS),
+                "train": ["none", "rope", "alibi"], "model": (2, 64, 2, 32, 2), "maps": ["self_extend", "dual_chunk"],
                 "map_length": 64, "map_heads": (16, 4, 2), "map_context": 64}
     return {"attention": ATTENTION, "lengths": [1024, 4096, 16384], "head_dims": [64, 128], "kv_groups": [1, 4],
             "tokens": 16384, "repeats": 10, "rope": [(1, 32, 4096, 128), (4, 32, 4096, 128), (1, 8, 16384, 256)],

@@ -121,7 +121,7 @@ def recorded_launches() -> Iterator[list[_Launch]]:
     saved_tiles = attention.tiles, mapped.tiles
     attention.launch = rotary.launch = mapped.launch = record
     attention.tiles = lambda kernel, head_dim, device, dtype: attention.gpu_tiles(kernel, head_dim, dtype)
-    mapped.tiles = lambda decode, head_dim, device: mapped.gpu_tiles(decode, head_dim)
+    mapped.tiles = lambda decode, head_dim, device, dtype: mapped.gpu_tiles(decode, head_dim, dtype)
     try:
         yield launches
     finally:

@@ -43,14 +43,19 @@ def padded(n: int) -> int:
     return max(16, triton.next_power_of_2(max(1, n)))
 
 
-def gpu_tiles(decode: bool, head_dim: int) -> Tiles:
-    return (_DECODE if decode else _PREFILL)[padded(head_dim)]
+# float32 (TF32) decoding at Dh 128: 16x64 spilled 16 B; 16x32 does not.
+_FP32_DECODE = {**_DECODE, 128: Tiles(16, 32, 4, 2)}
 
 
-def tiles(decode: bool, head_dim: int, device: torch.device) -> Tiles:
+def gpu_tiles(decode: bool, head_dim: int, dtype: torch.dtype) -> Tiles:
+    table = (_FP32_DECODE if dtype == torch.float32 else _DECODE) if decode else _PREFILL
+    return table[padded(head_dim)]
+
+
+def tiles(decode: bool, head_dim: int, device: torch.device, dtype: torch.dtype) -> Tiles:
     """The interpreter's small tiles on a CPU, else the GPU table by padded head dim (the static check replaces
     this function to compile the GPU's)."""
-    return INTERPRETED_TILES if device.type == "cpu" else gpu_tiles(decode, head_dim)
+    return INTERPRETED_TILES if device.type == "cpu" else gpu_tiles(decode, head_dim, dtype)
 
 
 def attend_mapped(q: Tensor, k: Tensor, v: Tensor, q_cos: Tensor, q_sin: Tensor, key_rows: tuple[Tensor, Tensor] | None,
@@ -84,7 +89,7 @@ def attend_mapped(q: Tensor, k: Tensor, v: Tensor, q_cos: Tensor, q_sin: Tensor,
     q_pos, k_pos = (p.expand(b, n).to(device=q.device, dtype=torch.int32).contiguous()
                     for p, n in ((q_pos, tq), (k_pos, tk)))
     out = torch.empty(b, h, tq, dh, device=q.device, dtype=q.dtype)
-    t = tiles(tq == 1, dh, q.device)
+    t = tiles(tq == 1, dh, q.device, q.dtype)
     interpreted = q.device.type == "cpu"
     options = {"PRECISION": precision(q.dtype, interpreted), "UPCAST": interpreted}
     if not interpreted:
