@@ -7,9 +7,13 @@ the loop then reads a tile as plain flash attention does. A decode step takes co
 cache, so only the new key's are computed) and rotates each key tile in the kernel: rotating every cached key on
 the host would cost more than the step's attention.
 
-Tiles per (decode, padded head dim): a prefill tile holds M rotated query copies (M <= 3 maps) next to the
-accumulator, so BM is 64 where the head dim is 128 and above; decoding has one query per row, so BM is the
-smallest tile tl.dot takes (16) and BN is long. Justified by the static table (benchmarks/gpu_static.py).
+Where the grid has fewer programs than about two per SM (a decode step, a short chunk after a long cache), the keys
+are split into shares, one program each, and the shares' outputs merged by their log-sum-exps (flash-decoding):
+torch operations on the device, no value read back by the host.
+
+Tiles per (decode, padded head dim): a prefill program holds M rotated query copies (M <= 3 maps) next to the
+accumulator, so its key tiles are short (BN 32); decoding has one query per row, so BM is the smallest tile tl.dot
+takes (16). Justified by the static table (benchmarks/gpu_static.py).
 """
 
 from __future__ import annotations
@@ -43,8 +47,8 @@ def padded(n: int) -> int:
     return max(16, triton.next_power_of_2(max(1, n)))
 
 
-# float32 (TF32) decoding at Dh 128: 16x64 spilled 16 B; 16x32 does not.
-_FP32_DECODE = {**_DECODE, 128: Tiles(16, 32, 4, 2)}
+# float32 (TF32) decoding at Dh 128: 16x64 4 warps spilled 16 B, 16x32 4 warps 8 B (self-extend); 16x32 8 warps none.
+_FP32_DECODE = {**_DECODE, 128: Tiles(16, 32, 8, 2)}
 
 
 def gpu_tiles(decode: bool, head_dim: int, dtype: torch.dtype) -> Tiles:
@@ -56,6 +60,27 @@ def tiles(decode: bool, head_dim: int, device: torch.device, dtype: torch.dtype)
     """The interpreter's small tiles on a CPU, else the GPU table by padded head dim (the static check replaces
     this function to compile the GPU's)."""
     return INTERPRETED_TILES if device.type == "cpu" else gpu_tiles(decode, head_dim, dtype)
+
+
+SPLIT_MIN_TILES = 4  # key tiles per share at least: fewer, and the merge costs more than the parallelism gives
+INTERPRETED_SPLITS = 2
+
+
+def key_splits(programs: int, tk: int, bn: int, device: torch.device) -> int:
+    """Shares of the keys per query block: 1 where the grid already fills the GPU (prefill), else enough programs
+    for about two per SM, each over SPLIT_MIN_TILES key tiles or more (decoding against a long cache). The
+    interpreter splits in two where the grid has two programs at most (the tests' decoding takes the merge)."""
+    tiles = triton.cdiv(tk, bn)
+    if device.type == "cpu":
+        return INTERPRETED_SPLITS if programs <= 2 and tiles >= 2 else 1
+    wanted = 2 * _sm_count(device) // programs
+    return max(1, min(wanted, tiles // SPLIT_MIN_TILES))
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 132  # the static check's meta tensors: an H100
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def attend_mapped(q: Tensor, k: Tensor, v: Tensor, q_cos: Tensor, q_sin: Tensor, key_rows: tuple[Tensor, Tensor] | None,
@@ -88,22 +113,32 @@ def attend_mapped(q: Tensor, k: Tensor, v: Tensor, q_cos: Tensor, q_sin: Tensor,
     tables = [t.to(device=q.device, dtype=torch.float32).contiguous() for t in (q_cos, q_sin, *k_tables)]
     q_pos, k_pos = (p.expand(b, n).to(device=q.device, dtype=torch.int32).contiguous()
                     for p, n in ((q_pos, tq), (k_pos, tk)))
-    out = torch.empty(b, h, tq, dh, device=q.device, dtype=q.dtype)
     t = tiles(tq == 1, dh, q.device, q.dtype)
+    q_blocks = triton.cdiv(tq, t.bm)
+    splits = key_splits(q_blocks * h * b, tk, t.bn, q.device)
+    if splits > 1:  # flash-decoding: partial outputs and log-sum-exps per share of the keys, merged below
+        out = torch.empty(splits, b, h, tq, dh, device=q.device, dtype=torch.float32)
+        lse = torch.empty(splits, b, h, tq, device=q.device, dtype=torch.float32)
+    else:
+        out = torch.empty(b, h, tq, dh, device=q.device, dtype=q.dtype)
+        lse = out  # unread
     interpreted = q.device.type == "cpu"
     options = {"PRECISION": precision(q.dtype, interpreted), "UPCAST": interpreted}
     if not interpreted:
         options.update(num_warps=t.warps, num_stages=t.stages)
     rest = dh - 2 * half
     k_strides = k.stride()[:4] if rotated else (0, *k.stride()[:3])
-    launch(kernels._mapped_forward, (triton.cdiv(tq, t.bm), h, b), q, k, v, out, q_pos, k_pos, *tables,
-           *q.stride()[:3], *k_strides, *v.stride()[:3], *out.stride()[:3],
-           b, h // hkv, tq, tk, score_scale * dh**-0.5 * LOG2E, rule.a, rule.b, rule.window,
+    launch(kernels._mapped_forward, (q_blocks * splits, h, b), q, k, v, out, lse, q_pos, k_pos, *tables,
+           *q.stride()[:3], *k_strides, *v.stride()[:3], *out.stride()[-4:-1],
+           b, h, h // hkv, tq, tk, splits, score_scale * dh**-0.5 * LOG2E, rule.a, rule.b, rule.window,
            D=dh, HALF=half, REST=rest, INTERLEAVED=interleaved, KIND=rule.kind, WINDOWED=rule.window > 0,
            N_MAPS=n_maps, KEY_MAP1=key_maps[1] if n_maps > 1 else 0, KEY_MAP2=key_maps[2] if n_maps > 2 else 0,
            ROTATED=rotated, CAUSAL=causal, BM=t.bm, BN=t.bn, BP=padded(half), BR=padded(rest), BD=padded(dh),
-           **options)
-    return out
+           SPLIT=splits > 1, **options)
+    if splits == 1:
+        return out
+    weights = torch.exp2(lse - lse.amax(0, keepdim=True))  # (S,B,H,Tq): 0 for a share with no key attended
+    return ((weights[..., None] * out).sum(0) / weights.sum(0)[..., None]).to(q.dtype)
 
 
-__all__ = ["MAX_MAPS", "attend_mapped", "gpu_tiles", "launch", "tiles"]
+__all__ = ["MAX_MAPS", "attend_mapped", "gpu_tiles", "key_splits", "launch", "tiles"]

@@ -9,7 +9,8 @@ key is loaded (LM-Infinite's and the sinks' middle). For each map present in the
 that map's positions (cos/sin rows per key, the scheme's own tables, so every rope_scaling, p-RoPE's cut and
 xPos's scale are in them) and scored against the queries rotated at the map's query positions (once per
 program, kept in registers); the pair takes its map's score. One online softmax (base 2) runs over every pair:
-no pass per map, no log-sum-exp merge, nothing read back by the host.
+no pass per map, no merge of maps, nothing read back by the host. (A decode step splits its keys into shares, the
+shares merged after by log-sum-exp: SPLIT.)
 
 Pairs: half-split (x[p], x[p + R/2]) or interleaved (x[2p], x[2p + 1]); dims past R are not rotated and enter the
 score as a third product (REST > 0). Causality by index, as posenc.masks: query i (of the last Tq keys) sees keys
@@ -85,18 +86,22 @@ def _map_scores(qa, qb, qr, k_base, skt, j, j_ok, first, second, r, CK, SK, cols
 
 
 @triton.jit
-def _mapped_forward(Q, K, V, OUT, QPOS, KPOS, CQ, SQ, CK, SK,
+def _mapped_forward(Q, K, V, OUT, LSE, QPOS, KPOS, CQ, SQ, CK, SK,
                     sqb, sqh, sqt, skm, skb, skh, skt, svb, svh, svt, sob, soh, sot,
-                    B, GROUP, TQ, TK, qk_scale, rule_a, rule_b, window,
+                    B, H, GROUP, TQ, TK, SPLITS, qk_scale, rule_a, rule_b, window,
                     D: tl.constexpr, HALF: tl.constexpr, REST: tl.constexpr, INTERLEAVED: tl.constexpr,
                     KIND: tl.constexpr, WINDOWED: tl.constexpr, N_MAPS: tl.constexpr,
                     KEY_MAP1: tl.constexpr, KEY_MAP2: tl.constexpr, ROTATED: tl.constexpr, CAUSAL: tl.constexpr,
                     BM: tl.constexpr, BN: tl.constexpr, BP: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr,
-                    PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+                    SPLIT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """One program per (query block, head, batch row). Tables: CQ/SQ (M,B,Tq,HALF), CK/SK (Mk,B,Tk,HALF) float32;
     map m reads query table m and key table KEY_MAP<m> (map 0: key table 0). Positions (B,Tq), (B,Tk) int32.
-    ROTATED: K holds the keys already rotated, one copy per key table, skm elements apart (CK/SK unread)."""
-    m0 = tl.program_id(0) * BM
+    ROTATED: K holds the keys already rotated, one copy per key table, skm elements apart (CK/SK unread).
+    SPLIT (decoding: few rows, many keys): axis 0 holds SPLITS programs per query block, each over its share of the
+    keys, writing its normalised output to OUT (SPLITS,B,H,Tq,Dh) float32 and its log-sum-exp (base 2) to LSE
+    (SPLITS,B,H,Tq); the host merges them (flash-decoding)."""
+    split = tl.program_id(0) % SPLITS
+    m0 = tl.program_id(0) // SPLITS * BM
     h = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
     hk = h // GROUP  # GQA: GROUP query heads share a key/value head
@@ -139,7 +144,12 @@ def _mapped_forward(Q, K, V, OUT, QPOS, KPOS, CQ, SQ, CK, SK,
     if CAUSAL:
         n_end = tl.minimum(TK, m0 + BM + TK - TQ)
     k_base = K + b * skb + hk * skh
-    for n0 in range(0, n_end, BN):
+    n_start = 0
+    if SPLIT:  # this program's share of the key tiles
+        share = tl.cdiv(tl.cdiv(n_end, SPLITS), BN) * BN
+        n_start = split * share
+        n_end = tl.minimum(n_end, n_start + share)
+    for n0 in range(n_start, n_end, BN):
         j = n0 + tl.arange(0, BN)
         j_ok = j < TK
         kp = tl.load(KPOS + b * TK + j, mask=j_ok, other=0)
@@ -177,6 +187,10 @@ def _mapped_forward(Q, K, V, OUT, QPOS, KPOS, CQ, SQ, CK, SK,
             acc = acc * correction[:, None] + _dot(prob.to(v.dtype), v, PRECISION, UPCAST)
             best = new_best
     acc = acc / tl.where(total > 0, total, 1.0)[:, None]
-    tl.store(OUT + b * sob + h * soh + i[:, None] * sot + d[None, :], acc.to(OUT.dtype.element_ty),
-             mask=i_ok[:, None] & (d[None, :] < D))
+    out_ptrs = OUT + b * sob + h * soh + i[:, None] * sot + d[None, :]
+    if SPLIT:
+        out_ptrs += split.to(tl.int64) * B * sob
+        lse = tl.where(total > 0, best + tl.log2(total), float("-inf"))  # -inf: no key of this share attended
+        tl.store(LSE + ((split * B + b) * H + h) * TQ + i, lse, mask=i_ok)
+    tl.store(out_ptrs, acc.to(OUT.dtype.element_ty), mask=i_ok[:, None] & (d[None, :] < D))
 
