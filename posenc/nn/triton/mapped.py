@@ -33,7 +33,8 @@ MAX_MAPS = 3  # query copies held per program (DCA's three)
 # 227/0/726, 128x64 256 B spilled. Dh 64: 128x64 8 warps 328 B spilled.
 _PREFILL = {16: Tiles(128, 32, 8, 2), 32: Tiles(128, 32, 8, 2), 64: Tiles(128, 32, 8, 2),
             128: Tiles(128, 32, 8, 2), 256: Tiles(64, 32, 8, 2)}
-_DECODE = {16: Tiles(16, 64, 4, 2), 32: Tiles(16, 64, 4, 2), 64: Tiles(16, 64, 4, 2),
+# Decoding (keys split into shares): Dh 32 16x64 4 warps spilled 8 B (stack), 8 warps none.
+_DECODE = {16: Tiles(16, 64, 8, 2), 32: Tiles(16, 64, 8, 2), 64: Tiles(16, 64, 4, 2),
            128: Tiles(16, 64, 4, 2), 256: Tiles(16, 32, 4, 2)}
 INTERPRETED_TILES = Tiles(16, 16, 1, 1)
 
@@ -48,7 +49,8 @@ def padded(n: int) -> int:
 
 
 # float32 (TF32) decoding at Dh 128: 16x64 4 warps spilled 16 B, 16x32 4 warps 8 B (self-extend); 16x32 8 warps none.
-_FP32_DECODE = {**_DECODE, 128: Tiles(16, 32, 8, 2)}
+# At Dh 16, 16x64 8 warps spilled 8 B (DCA), 4 warps none.
+_FP32_DECODE = {**_DECODE, 16: Tiles(16, 64, 4, 2), 128: Tiles(16, 32, 8, 2)}
 
 
 def gpu_tiles(decode: bool, head_dim: int, dtype: torch.dtype) -> Tiles:
