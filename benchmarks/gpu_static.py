@@ -161,11 +161,14 @@ MAP_RULES = {"self_extend": (0, 2, 2), "dual_chunk": (2, 3, 1), "lm_infinite": (
              "string": (0, 2, 1)}
 
 
-def mapped_launches(dtype: torch.dtype, head_dim: int, decode: bool, rule: str = "dual_chunk", *,
+def mapped_launches(dtype: torch.dtype, head_dim: int, decode: bool, rule: str = "dual_chunk",
+                    keys_in_kernel: bool = False, *,
                     batch: int = 1, heads: int = 32, kv_heads: int = 8, length: int = 1024) -> list[_Launch]:
     """The one-pass position-map attention (posenc.nn.triton.mapped) on meta tensors, prefill or a decode step;
     DCA by default (three maps: the most query copies a program holds). Llama's 32:8 heads: the prefill grid fills
-    an H100 (one share of the keys per program), the decode step splits the keys (flash-decoding)."""
+    an H100 (one share of the keys per program), the decode step splits the keys (flash-decoding). keys_in_kernel:
+    the kernel rotates the key tiles (one query without a KV cache), else they come rotated (a prefill, a cached
+    decode step)."""
     from posenc.nn.triton.mapped import attend_mapped
     from posenc.position_map import PairRule
 
@@ -176,12 +179,12 @@ def mapped_launches(dtype: torch.dtype, head_dim: int, decode: bool, rule: str =
         k, v = (torch.empty(batch, kv_heads, length, head_dim, device="meta", dtype=dtype) for _ in range(2))
         q_rows = torch.empty(n_maps, batch, tq, head_dim // 2, device="meta")
         k_rows = torch.empty(n_keys, batch, length, head_dim // 2, device="meta")  # decode: rotated in the kernel
-        if not decode:  # prefill: the keys rotated by the host, one copy per key table
-            k = torch.empty(n_keys, batch, kv_heads, length, head_dim, device="meta", dtype=dtype)
+        if not keys_in_kernel:  # the keys rotated by the host, one copy per key table
+            k = tuple(torch.empty_like(k) for _ in range(n_keys))
         q_pos = torch.empty(batch, tq, device="meta", dtype=torch.int64)
         k_pos = torch.empty(batch, length, device="meta", dtype=torch.int64)
         key_maps = tuple(min(m, n_keys - 1) for m in range(n_maps))
-        attend_mapped(q, k, v, q_rows, q_rows, (k_rows, k_rows) if decode else None, key_maps, q_pos, k_pos,
+        attend_mapped(q, k, v, q_rows, q_rows, (k_rows, k_rows) if keys_in_kernel else None, key_maps, q_pos, k_pos,
                       PairRule(kind, 64, 4), True, 1.0, False)
     return launches
 
@@ -259,9 +262,10 @@ def mapped_records(dtypes: list[str], head_dims: list[int], workdir: Path) -> li
             if dtype == "fp32" and head_dim > FP32_MAX_HEAD_DIM:
                 continue
             for rule in MAP_RULES:
-                for decode in (False, True):
-                    setting = f"{dtype} Dh={head_dim} {rule} {'decode' if decode else 'prefill'}"
-                    for launch in mapped_launches(DTYPES[dtype], head_dim, decode, rule):
+                for decode, in_kernel, label in ((False, False, "prefill"), (True, False, "decode"),
+                                                 (True, True, "decode, keys rotated in the kernel")):
+                    setting = f"{dtype} Dh={head_dim} {rule} {label}"
+                    for launch in mapped_launches(DTYPES[dtype], head_dim, decode, rule, in_kernel):
                         records.append(asdict(analyse(launch, setting, workdir)))
     return records
 

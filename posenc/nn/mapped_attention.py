@@ -70,17 +70,19 @@ def _rotate_queries(scheme: Scheme, q: Tensor, pos: Tensor) -> Tensor:
 
 
 def _rotate_keys(scheme: Scheme, k: Tensor, pos: Tensor, kept: dict | None = None, slot: int = 0,
-                 label: str = "rotated keys") -> Tensor:
+                 label: str = "rotated keys", dtype: torch.dtype | None = None) -> Tensor:
     """k (B,Hkv,Tk,Dh) rotated at pos (B,Tk). With a KV cache's store, the keys rotated by earlier calls are reused:
     the cache's raw keys only grow, a key's mapped position depends on its own position alone (PositionMap's
     key_positions), and the rotation of a key on its own; so only keys past the kept ones are rotated, after the
     kept positions are checked equal to pos's first ones (any mismatch: all rotated again). label: the store's key
-    (map_triton keeps its cos/sin rows, rotated unit vectors, beside these)."""
+    (map_triton keeps its own beside these). dtype: what the kept keys are stored in (None: float32 for half
+    precision, as the per-map kernels compute)."""
     if kept is None:
         return scheme.rotate(k[:, :1, :1], k, pos[:, :1], pos)[1]
     entry, tk = kept.get((label, slot)), k.shape[2]
     done = 0 if entry is None else entry.positions.length
-    dtype = torch.float32 if k.element_size() < 4 else k.dtype  # half precision: rotated in float32
+    if dtype is None:
+        dtype = torch.float32 if k.element_size() < 4 else k.dtype  # half precision: rotated in float32
     if entry is not None and not (entry.scheme is scheme and done <= tk and entry.keys.data.dtype == dtype
                                   and entry.keys.data.shape[:2] == k.shape[:2]
                                   and torch.equal(entry.positions.data[:, :done], pos[:, :done])):

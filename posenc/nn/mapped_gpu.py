@@ -6,10 +6,10 @@ The kernel needs, per map, the cos/sin of the scheme's rotation at each token's 
 the scheme's own rotate(): rotating a vector that holds 1 in the first dim of every pair and 0 elsewhere gives
 (cos, sin) in the pair's two dims, so every rope_scaling (its frequencies and attention factor), p-RoPE's cut
 frequencies and xPos's scales (queries and keys apart) come as the scheme computes them, with no formula of ours.
-A prefill rotates the keys once per distinct key position tensor, with the scheme's rotate(), and the kernel reads
-them as they are. A decode step gives the kernel the keys' cos/sin rows instead, which the KV cache's store (kept)
-keeps, so a step computes only its new key's rows (a key's mapped position depends on its own position alone:
-PositionMap.key_positions) and the kernel rotates each key tile.
+The keys are rotated once per distinct key position tensor with the scheme's rotate(), in their own dtype, and the
+kernel reads them as they are; with a KV cache's store (kept) they are kept there, so a decode step rotates only its
+new key (a key's mapped position depends on its own position alone: PositionMap.key_positions). One query without
+a cache gives the kernel the keys' cos/sin rows instead, and it rotates each key tile.
 """
 
 from __future__ import annotations
@@ -66,23 +66,23 @@ def map_triton(call: Call) -> Tensor | None:
     origin = call.k_pos[:, :1]
     q_rows = [_cos_sin(_rotate_queries(inner, _unit(inner, (p.shape[0], tq, dh), q.device), p), inner, b)
               for p in position_map.query_positions(call.q_pos, origin)]
-    decode = tq == 1
+    in_kernel = tq == 1 and call.kept is None  # one query, no cache to keep rotated keys: rotated per tile
     key_tables: dict[int, int] = {}  # id of a key position tensor -> its table (maps sharing one share it)
     keys, key_maps = [], []
     for m, p in enumerate(position_map.key_positions(call.k_pos, origin)):
         if id(p) not in key_tables:
             key_tables[id(p)] = len(keys)
-            if decode:  # cos/sin rows, kept with the cache: the kernel rotates the key tiles
+            if in_kernel:  # cos/sin rows: the kernel rotates the key tiles
                 unit = _unit(inner, (p.shape[0], tk, dh), q.device)
-                keys.append(_cos_sin(_rotate_keys(inner, unit, p, call.kept, m, "key rows"), inner, b))
-            else:  # the keys rotated once, in their dtype
-                keys.append(_rotate_keys(inner, k, p))
+                keys.append(_cos_sin(_rotate_keys(inner, unit, p), inner, b))
+            else:  # the keys rotated once, in their dtype (kept with a cache: a step rotates its new key only)
+                keys.append(_rotate_keys(inner, k, p, call.kept, m, f"rotated keys ({k.dtype})", k.dtype))
         key_maps.append(key_tables[id(p)])
     q_cos, q_sin = (torch.stack([rows[n] for rows in q_rows]) for n in (0, 1))  # (M,B,Tq,R/2)
-    if decode:
+    if in_kernel:
         key_rows = tuple(torch.stack([rows[n] for rows in keys]) for n in (0, 1))  # (Mk,B,Tk,R/2)
     else:
-        key_rows, k = None, keys[0][None] if len(keys) == 1 else torch.stack(keys)  # (Mk,B,Hkv,Tk,Dh)
+        key_rows, k = None, tuple(keys)  # Mk x (B,Hkv,Tk,Dh)
     return mapped.attend_mapped(q, k, v, q_cos, q_sin, key_rows, tuple(key_maps), call.q_pos, call.k_pos, rule,
                                 call.causal, position_map.score_scale, inner.interleaved)
 

@@ -21,11 +21,12 @@ def test_mapped_kernel_under_the_interpreter():
 
 
 @needs_compiler
-@pytest.mark.parametrize("decode", [False, True], ids=["prefill", "decode"])
-def test_mapped_kernel_compiles_for_sm90_fits_and_does_not_spill(decode):
+@pytest.mark.parametrize(("decode", "keys_in_kernel"), [(False, False), (True, False), (True, True)],
+                         ids=["prefill", "decode", "decode rotating keys"])
+def test_mapped_kernel_compiles_for_sm90_fits_and_does_not_spill(decode, keys_in_kernel):
     """DCA at Dh 128 in bf16: three maps, so three rotated query copies per program, the most registers."""
     with tempfile.TemporaryDirectory() as workdir:
-        (launch,) = gpu_static.mapped_launches(gpu_static.DTYPES["bf16"], 128, decode, "dual_chunk")
+        (launch,) = gpu_static.mapped_launches(gpu_static.DTYPES["bf16"], 128, decode, "dual_chunk", keys_in_kernel)
         record = gpu_static.analyse(launch, "", Path(workdir))
         assert record.spilled_bytes == 0, record
         assert record.shared_bytes <= gpu_static.H100_SHARED_BYTES, record

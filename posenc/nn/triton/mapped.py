@@ -2,10 +2,10 @@
 inference only. The caller (posenc.nn.mapped_gpu) builds the cos/sin rows of every map from the scheme's own
 rotation; this module checks shapes, picks tiles and launches.
 
-Prefill takes the keys rotated by the host, once per distinct key position tensor (a pass over K, in its dtype):
-the loop then reads a tile as plain flash attention does. A decode step takes cos/sin rows per key (kept by the KV
-cache, so only the new key's are computed) and rotates each key tile in the kernel: rotating every cached key on
-the host would cost more than the step's attention.
+The keys come rotated by the host, once per distinct key position tensor, in their dtype (with a KV cache, kept
+there: a decode step rotates only its new key), and the loop reads a tile as plain flash attention does; or, where
+no cache keeps them and a step would rotate every key for one query, raw with cos/sin rows per key, and the kernel
+rotates each key tile.
 
 Where the grid has fewer programs than about two per SM (a decode step, a short chunk after a long cache), the keys
 are split into shares, one program each, and the shares' outputs merged by their log-sum-exps (flash-decoding):
@@ -85,32 +85,39 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def attend_mapped(q: Tensor, k: Tensor, v: Tensor, q_cos: Tensor, q_sin: Tensor, key_rows: tuple[Tensor, Tensor] | None,
-                  key_maps: tuple[int, ...], q_pos: Tensor, k_pos: Tensor, rule: PairRule, causal: bool,
-                  score_scale: float, interleaved: bool) -> Tensor:
+def attend_mapped(q: Tensor, k: Tensor | tuple[Tensor, ...], v: Tensor, q_cos: Tensor, q_sin: Tensor,
+                  key_rows: tuple[Tensor, Tensor] | None, key_maps: tuple[int, ...], q_pos: Tensor, k_pos: Tensor,
+                  rule: PairRule, causal: bool, score_scale: float, interleaved: bool) -> Tensor:
     """q (B,H,Tq,Dh) unrotated; q_cos/q_sin (M,B,Tq,R/2) float32, the rotation at each map's query positions;
     key_rows: (k_cos, k_sin) (Mk,B,Tk,R/2), the rotation of each distinct key position tensor, with k (B,Hkv,Tk,Dh)
-    unrotated (the kernel rotates each key tile), or None with k (Mk,B,Hkv,Tk,Dh) already rotated per key table;
-    v (B,Hkv,Tk,Dh); key_maps[m] the key table of map m (key_maps[0] == 0); q_pos (B,Tq), k_pos (B,Tk) integers;
-    rule: which map scores a pair -> (B,H,Tq,Dh) in q's dtype."""
+    unrotated (the kernel rotates each key tile), or None with k a tuple of Mk key tensors (B,Hkv,Tk,Dh) already
+    rotated, one per key table; v (B,Hkv,Tk,Dh); key_maps[m] the key table of map m (key_maps[0] == 0); q_pos
+    (B,Tq), k_pos (B,Tk) integers; rule: which map scores a pair -> (B,H,Tq,Dh) in q's dtype."""
     rotated = key_rows is None
+    keys = tuple(k) if rotated else (k,)
     b, h, tq, dh = q.shape
     hkv, tk = v.shape[1], v.shape[2]
     n_maps, half = q_cos.shape[0], q_cos.shape[-1]
-    n_keys = k.shape[0] if rotated else key_rows[0].shape[0]
+    n_keys = len(keys) if rotated else key_rows[0].shape[0]
     if not 1 <= n_maps <= MAX_MAPS or len(key_maps) != n_maps or key_maps[0] != 0 or max(key_maps) >= n_keys:
         raise ValueError(f"position map tables: {n_maps} maps with key tables {key_maps} of {n_keys}; expected 1 to "
                          f"{MAX_MAPS} maps, one key table index each, map 0 on key table 0")
-    if q_cos.shape != (n_maps, b, tq, half) or 2 * half > dh or k.dim() != 4 + rotated or k.shape[-4:] != v.shape or (
+    if q_cos.shape != (n_maps, b, tq, half) or 2 * half > dh or any(t.shape != v.shape for t in keys) or (
             not rotated and key_rows[0].shape != (n_keys, b, tk, half)):
-        raise ValueError(f"position map tables {tuple(q_cos.shape)}, keys {tuple(k.shape)}: expected (M,{b},{tq},R/2)"
-                         f" with R <= {dh}, keys (B,Hkv,Tk,Dh) with (Mk,{b},{tk},R/2) tables or (Mk,B,Hkv,Tk,Dh)")
+        raise ValueError(f"position map tables {tuple(q_cos.shape)}, keys {[tuple(t.shape) for t in keys]}: expected "
+                         f"(M,{b},{tq},R/2) with R <= {dh}, keys like v {tuple(v.shape)}, with (Mk,{b},{tk},R/2) "
+                         "tables or one rotated per key table")
     if rule.kind not in PAIR_RULES or (rule.kind == PAIR_RULES[-1] and rule.a < 1):
         raise ValueError(f"pair rule {rule}: expected a kind in {PAIR_RULES} (chunks of a >= 1 positions)")
     if h > GRID_AXIS_LIMIT or b > GRID_AXIS_LIMIT or h % hkv:
         raise ValueError(f"mapped attention on the GPU: B={b}, H={h}, Hkv={hkv}; expected H a multiple of Hkv and "
                          f"each at most {GRID_AXIS_LIMIT}")
-    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    q, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, v))
+    keys = tuple(t if t.stride(-1) == 1 else t.contiguous() for t in keys)
+    if any(t.stride() != keys[0].stride() for t in keys):  # one layout for every copy: the kernel takes one set
+        keys = tuple(t.contiguous() for t in keys)
+    by_map = [keys[key_maps[m] if rotated else 0] for m in range(n_maps)]
+    by_map += [by_map[0]] * (MAX_MAPS - n_maps)  # unread
     k_tables = (q_cos, q_sin) if rotated else key_rows  # unread when rotated
     tables = [t.to(device=q.device, dtype=torch.float32).contiguous() for t in (q_cos, q_sin, *k_tables)]
     q_pos, k_pos = (p.expand(b, n).to(device=q.device, dtype=torch.int32).contiguous()
@@ -129,9 +136,8 @@ def attend_mapped(q: Tensor, k: Tensor, v: Tensor, q_cos: Tensor, q_sin: Tensor,
     if not interpreted:
         options.update(num_warps=t.warps, num_stages=t.stages)
     rest = dh - 2 * half
-    k_strides = k.stride()[:4] if rotated else (0, *k.stride()[:3])
-    launch(kernels._mapped_forward, (q_blocks * splits, h, b), q, k, v, out, lse, q_pos, k_pos, *tables,
-           *q.stride()[:3], *k_strides, *v.stride()[:3], *out.stride()[-4:-1],
+    launch(kernels._mapped_forward, (q_blocks * splits, h, b), q, *by_map, v, out, lse, q_pos, k_pos, *tables,
+           *q.stride()[:3], *keys[0].stride()[:3], *v.stride()[:3], *out.stride()[-4:-1],
            b, h, h // hkv, tq, tk, splits, score_scale * dh**-0.5 * LOG2E, rule.a, rule.b, rule.window,
            D=dh, HALF=half, REST=rest, INTERLEAVED=interleaved, KIND=rule.kind, WINDOWED=rule.window > 0,
            N_MAPS=n_maps, KEY_MAP1=key_maps[1] if n_maps > 1 else 0, KEY_MAP2=key_maps[2] if n_maps > 2 else 0,

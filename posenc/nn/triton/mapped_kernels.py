@@ -86,8 +86,8 @@ def _map_scores(qa, qb, qr, k_base, skt, j, j_ok, first, second, r, CK, SK, cols
 
 
 @triton.jit
-def _mapped_forward(Q, K, V, OUT, LSE, QPOS, KPOS, CQ, SQ, CK, SK,
-                    sqb, sqh, sqt, skm, skb, skh, skt, svb, svh, svt, sob, soh, sot,
+def _mapped_forward(Q, K0, K1, K2, V, OUT, LSE, QPOS, KPOS, CQ, SQ, CK, SK,
+                    sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot,
                     B, H, GROUP, TQ, TK, SPLITS, qk_scale, rule_a, rule_b, window,
                     D: tl.constexpr, HALF: tl.constexpr, REST: tl.constexpr, INTERLEAVED: tl.constexpr,
                     KIND: tl.constexpr, WINDOWED: tl.constexpr, N_MAPS: tl.constexpr,
@@ -96,7 +96,8 @@ def _mapped_forward(Q, K, V, OUT, LSE, QPOS, KPOS, CQ, SQ, CK, SK,
                     SPLIT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """One program per (query block, head, batch row). Tables: CQ/SQ (M,B,Tq,HALF), CK/SK (Mk,B,Tk,HALF) float32;
     map m reads query table m and key table KEY_MAP<m> (map 0: key table 0). Positions (B,Tq), (B,Tk) int32.
-    ROTATED: K holds the keys already rotated, one copy per key table, skm elements apart (CK/SK unread).
+    K0, K1, K2: the keys map 0, 1, 2 scores, of one layout (B,Hkv,Tk,Dh): the raw keys thrice, rotated by the kernel
+    at the tables' rows, or (ROTATED) each map's keys as the host rotated them (CK/SK unread).
     SPLIT (decoding: few rows, many keys): axis 0 holds SPLITS programs per query block, each over its share of the
     keys, writing its normalised output to OUT (SPLITS,B,H,Tq,Dh) float32 and its log-sum-exp (base 2) to LSE
     (SPLITS,B,H,Tq); the host merges them (flash-decoding)."""
@@ -143,7 +144,7 @@ def _mapped_forward(Q, K, V, OUT, LSE, QPOS, KPOS, CQ, SQ, CK, SK,
     n_end = TK
     if CAUSAL:
         n_end = tl.minimum(TK, m0 + BM + TK - TQ)
-    k_base = K + b * skb + hk * skh
+    k_offset = b * skb + hk * skh
     n_start = 0
     if SPLIT:  # this program's share of the key tiles
         share = tl.cdiv(tl.cdiv(n_end, SPLITS), BN) * BN
@@ -164,16 +165,16 @@ def _mapped_forward(Q, K, V, OUT, LSE, QPOS, KPOS, CQ, SQ, CK, SK,
             cols = b * TK + j  # the keys' rows in key table 0
             s = tl.zeros((BM, BN), tl.float32)
             if low == 0:
-                s = _map_scores(qa0, qb0, qr, k_base, skt, j, j_ok, first, second, r, CK, SK, cols, p, D, HALF,
+                s = _map_scores(qa0, qb0, qr, K0 + k_offset, skt, j, j_ok, first, second, r, CK, SK, cols, p, D, HALF,
                                 REST, ROTATED, PRECISION, UPCAST)
             if N_MAPS > 1:  # noqa: SIM102  (a constexpr test, then a runtime one: Triton takes no `and` of the two)
                 if (low <= 1) & (top >= 1):
-                    s1 = _map_scores(qa1, qb1, qr, k_base + KEY_MAP1 * skm, skt, j, j_ok, first, second, r, CK, SK,
+                    s1 = _map_scores(qa1, qb1, qr, K1 + k_offset, skt, j, j_ok, first, second, r, CK, SK,
                                      cols + KEY_MAP1 * B * TK, p, D, HALF, REST, ROTATED, PRECISION, UPCAST)
                     s = tl.where(sel == 1, s1, s)
             if N_MAPS > 2:  # noqa: SIM102
                 if top >= 2:
-                    s2 = _map_scores(qa2, qb2, qr, k_base + KEY_MAP2 * skm, skt, j, j_ok, first, second, r, CK, SK,
+                    s2 = _map_scores(qa2, qb2, qr, K2 + k_offset, skt, j, j_ok, first, second, r, CK, SK,
                                      cols + KEY_MAP2 * B * TK, p, D, HALF, REST, ROTATED, PRECISION, UPCAST)
                     s = tl.where(sel == 2, s2, s)
             s = tl.where(ok, s * qk_scale, float("-inf"))
