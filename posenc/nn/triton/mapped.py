@@ -49,8 +49,8 @@ def padded(n: int) -> int:
 
 
 # float32 (TF32) decoding at Dh 128: 16x64 4 warps spilled 16 B, 16x32 4 warps 8 B (self-extend); 16x32 8 warps none.
-# At Dh 16, 16x64 8 warps spilled 8 B (DCA), 4 warps none.
-_FP32_DECODE = {**_DECODE, 16: Tiles(16, 64, 4, 2), 128: Tiles(16, 32, 8, 2)}
+# At Dh 16 (DCA), 16x64 spilled 8 B with 8 warps (keys rotated in the kernel) and with 4 (keys rotated); 16x32 none.
+_FP32_DECODE = {**_DECODE, 16: Tiles(16, 32, 4, 2), 128: Tiles(16, 32, 8, 2)}
 
 
 def gpu_tiles(decode: bool, head_dim: int, dtype: torch.dtype) -> Tiles:
