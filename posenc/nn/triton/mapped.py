@@ -48,9 +48,9 @@ def padded(n: int) -> int:
     return max(16, triton.next_power_of_2(max(1, n)))
 
 
-# float32 (TF32) decoding at Dh 128: 16x64 4 warps spilled 16 B, 16x32 4 warps 8 B (self-extend); 16x32 8 warps none.
-# At Dh 16 (DCA), 16x64 spilled 8 B with 8 warps (keys rotated in the kernel) and with 4 (keys rotated); 16x32 none.
-_FP32_DECODE = {**_DECODE, 16: Tiles(16, 32, 4, 2), 128: Tiles(16, 32, 8, 2)}
+# float32 (TF32) decoding: 16x64 and 16x32 left 8-16 B of stack at Dh 16-128 in one map or another (the full sweep);
+# 16x32 4 warps at Dh 16 and 16x16 4 warps above spill nothing.
+_FP32_DECODE = {16: Tiles(16, 32, 4, 2), 32: Tiles(16, 16, 4, 2), 64: Tiles(16, 16, 4, 2), 128: Tiles(16, 16, 4, 2)}
 
 
 def gpu_tiles(decode: bool, head_dim: int, dtype: torch.dtype) -> Tiles:
