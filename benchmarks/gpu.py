@@ -6,6 +6,8 @@
     rope        half-split and interleaved against a same-bytes copy, transformers' rotate_half, Liger's kernel
     decode      one token against a 16k cache, per scheme, ratio to `none`
     train       one AdamW step of a GPT-2-small-sized model (12 layers, d_model 768, 12 heads, T = 1024), tokens/s
+    maps        each position map (Self-Extend, DCA, LM-Infinite, sinks, STRING) at 4x the trained length: a 32k
+                prompt's attention (Dh 128, GQA 32:8) and a decode step against a 32k cache, as ratios to plain RoPE
 
 Every row is appended to <out>/benchmarks/results-gpu.jsonl the moment it is measured (an OOM or a crash loses
 nothing measured before it); BENCHMARKS-gpu.md's measured section is written from those rows at the end.
@@ -37,16 +39,19 @@ TRAIN_TARGETS = {**dict.fromkeys(["rope", "xpos", "learned_absolute", "sinusoida
                  **dict.fromkeys(["alibi", "kerple", "sandwich", "relative", "fire"], 0.90),
                  **dict.fromkeys(["shaw", "transformer_xl", "cope"], 0.75)}
 ROPE_TARGET = 1.2
+MAP_TARGET, MAP_DECODE_TARGET = 1.5, 1.3  # issue 34: a prompt under a map to plain attention, a decode step
 
 
 def plan(quick: bool) -> dict:
     if quick:
         return {"attention": ["alibi", "kerple"], "lengths": [64], "head_dims": [16], "kv_groups": [1, 2],
                 "tokens": 64, "repeats": 1, "rope": [(1, 2, 32, 16)], "decode": ["none", "alibi"], "context": 32,
-                "train": ["none", "rope", "alibi"], "model": (2, 64, 2, 32, 2)}
+                "train": ["none", "rope", "alibi"], "model": (2, 64, 2, 32, 2), "maps": ["self_extend", "dual_chunk"],
+                "map_length": 64, "map_heads": (16, 4, 2), "map_context": 64}
     return {"attention": ATTENTION, "lengths": [1024, 4096, 16384], "head_dims": [64, 128], "kv_groups": [1, 4],
             "tokens": 16384, "repeats": 10, "rope": [(1, 32, 4096, 128), (4, 32, 4096, 128), (1, 8, 16384, 256)],
-            "decode": MODELS, "context": 16384, "train": MODELS, "model": (12, 768, 12, 1024, 8)}
+            "decode": MODELS, "context": 16384, "train": MODELS, "model": (12, 768, 12, 1024, 8),
+            "maps": list(gpu_sections.MAP_SPECS), "map_length": 32768, "map_heads": (128, 32, 8), "map_context": 32768}
 
 
 def _met(value, bound: float | None, higher_is_better: bool = False) -> str:
@@ -65,6 +70,12 @@ def markdown(results: dict) -> str:
                           "met": _met(row["x SDPA"], bound) if ours else ""})
     rope = [{**row, "met": _met(row["x copy"], ROPE_TARGET) if row["path"].startswith("posenc") else ""}
             for row in results.get("rope", [])]
+    maps = [{**row, "target": MAP_TARGET if row["path"].startswith("posenc") else "",
+             "met": _met(row["x rope"], MAP_TARGET) if row["path"].startswith("posenc") else ""}
+            for row in results.get("maps", [])]
+    map_decode = [{**row, "target": MAP_DECODE_TARGET if row["map"] != "rope" else "",
+                   "met": _met(row["x rope"], MAP_DECODE_TARGET) if row["map"] != "rope" else ""}
+                  for row in results.get("map decode", [])]
     train = [{**row, "target": TRAIN_TARGETS.get(row["scheme"], ""),
               "met": _met(row["x none"], TRAIN_TARGETS.get(row["scheme"]), higher_is_better=True)}
              for row in results.get("train", [])]
@@ -74,6 +85,8 @@ def markdown(results: dict) -> str:
              "### Attention (ratio to causal SDPA)\n", table(attention),
              f"### RoPE (ratio to a same-bytes copy; target <= {ROPE_TARGET})\n", table(rope),
              "### Decode step\n", table(results.get("decode", [])),
+             "### Position maps: a prompt at 4x the trained length (ratio to RoPE + causal SDPA)\n", table(maps),
+             "### Position maps: a decode step at 4x the trained length (ratio to RoPE)\n", table(map_decode),
              "### Training step, GPT-2 small (tokens/s; ratio to `none`, higher is better)\n", table(train)]
     return "\n".join(parts)
 
@@ -87,7 +100,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="toy sizes: checks the harness, measures nothing")
     parser.add_argument("--device", default="cuda", help="cuda (or cuda:N); cpu only with --quick")
     parser.add_argument("--out", default=".", help="folder for BENCHMARKS-gpu.md and benchmarks/results-gpu.jsonl")
-    parser.add_argument("--sections", default="attention,rope,decode,train")
+    parser.add_argument("--sections", default="attention,rope,decode,train,maps")
     parser.add_argument("--schemes", help="attention, decode and train schemes (default: each section's list)")
     parser.add_argument("--lengths", help="attention lengths, e.g. 1024,4096,16384")
     parser.add_argument("--head-dims", help="attention head dims, e.g. 64,128")
@@ -95,9 +108,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-peers", action="store_true",
                         help="attention against SDPA only: no flex or materialised peers (flex compiles per shape)")
     args = parser.parse_args(argv)
-    unknown = set(_csv(args.sections)) - {"attention", "rope", "decode", "train"}
+    unknown = set(_csv(args.sections)) - {"attention", "rope", "decode", "train", "maps"}
     if unknown:
-        parser.error(f"--sections {args.sections}: unknown {sorted(unknown)}; allowed: attention, rope, decode, train")
+        parser.error(f"--sections {args.sections}: unknown {sorted(unknown)}; allowed: attention, rope, decode, train, "
+                     "maps")
     if args.schemes:
         import posenc
 
@@ -147,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
                                                    device, dtype, sink),
         "train": lambda: gpu_sections.train_rows(p["train"], layers, d_model, heads, seq, batch, p["repeats"],
                                                  device, dtype, sink),
+        "maps": lambda: _maps(p, layers, device, dtype, sink),
     }
     for name, run in runs.items():
         if name in sections:
@@ -160,6 +175,14 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown(results))
     print(f"wrote {md_path} and {rows_path}")
     return 0
+
+
+def _maps(p: dict, layers: int, device, dtype, sink) -> None:
+    """The position maps' prefill attention and decode step, each against plain RoPE."""
+    head_dim, heads, kv_heads = p["map_heads"]
+    gpu_sections.map_rows(p["maps"], p["map_length"], head_dim, heads, kv_heads, p["repeats"], device, dtype, sink)
+    gpu_sections.map_decode_rows(p["maps"], p["map_context"], layers, heads * head_dim // 4, heads // 4,
+                                 p["repeats"], device, dtype, sink)
 
 
 def _short(value) -> str:

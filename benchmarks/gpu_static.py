@@ -137,20 +137,21 @@ class _Launch:
 @contextlib.contextmanager
 def recorded_launches() -> Iterator[list[_Launch]]:
     """Replace posenc's Triton launch() with a recorder while the host code runs on meta tensors."""
-    from posenc.nn.triton import attention, cope, rotary
+    from posenc.nn.triton import attention, cope, mapped, rotary
 
     launches: list[_Launch] = []
     record = lambda kernel, grid, *args, **options: launches.append(_Launch(kernel, grid, args, options))
-    saved = attention.launch, rotary.launch
-    saved_tiles = attention.tiles, cope.tiles
-    attention.launch = rotary.launch = record
+    saved = attention.launch, rotary.launch, mapped.launch
+    saved_tiles = attention.tiles, cope.tiles, mapped.tiles
+    attention.launch = rotary.launch = mapped.launch = record
     attention.tiles = lambda kernel, head_dim, device, dtype: attention.gpu_tiles(kernel, head_dim, dtype)
     cope.tiles = lambda kernel, head_dim, device, dtype: cope.gpu_tiles(kernel, head_dim, dtype)
+    mapped.tiles = lambda decode, head_dim, device, dtype: mapped.gpu_tiles(decode, head_dim, dtype)
     try:
         yield launches
     finally:
-        attention.launch, rotary.launch = saved
-        attention.tiles, cope.tiles = saved_tiles
+        attention.launch, rotary.launch, mapped.launch = saved
+        attention.tiles, cope.tiles, mapped.tiles = saved_tiles
 
 
 def attention_launches(dtype: torch.dtype, head_dim: int, causal: bool, row_grad: bool, *, batch: int = 2,
@@ -234,6 +235,39 @@ def rotary_launches(dtype: torch.dtype, head_dim: int, rotary_dim: int, interlea
         x = torch.empty(2, 8, 1024, head_dim, device="meta", dtype=dtype)
         table = torch.empty(1, 1, 1024, rotary_dim // 2, device="meta", dtype=torch.float32)
         rotate(x, table, table, interleaved)
+    return launches
+
+
+# The position maps' pair rules at the kernel (posenc.position_map.PAIR_RULES): (kind, maps, distinct key tables).
+MAP_RULES = {"self_extend": (0, 2, 2), "dual_chunk": (2, 3, 1), "lm_infinite": (1, 2, 2), "attention_sinks": (1, 2, 1),
+             "string": (0, 2, 1)}
+
+
+def mapped_launches(dtype: torch.dtype, head_dim: int, decode: bool, rule: str = "dual_chunk",
+                    keys_in_kernel: bool = False, *,
+                    batch: int = 1, heads: int = 32, kv_heads: int = 8, length: int = 1024) -> list[_Launch]:
+    """The one-pass position-map attention (posenc.nn.triton.mapped) on meta tensors, prefill or a decode step;
+    DCA by default (three maps: the most query copies a program holds). Llama's 32:8 heads: the prefill grid fills
+    an H100 (one share of the keys per program), the decode step splits the keys (flash-decoding). keys_in_kernel:
+    the kernel rotates the key tiles (one query without a KV cache), else they come rotated (a prefill, a cached
+    decode step)."""
+    from posenc.nn.triton.mapped import attend_mapped
+    from posenc.position_map import PairRule
+
+    kind, n_maps, n_keys = MAP_RULES[rule]
+    tq = 1 if decode else length
+    with recorded_launches() as launches, _tf32():
+        q = torch.empty(batch, heads, tq, head_dim, device="meta", dtype=dtype)
+        k, v = (torch.empty(batch, kv_heads, length, head_dim, device="meta", dtype=dtype) for _ in range(2))
+        q_rows = torch.empty(n_maps, batch, tq, head_dim // 2, device="meta")
+        k_rows = torch.empty(n_keys, batch, length, head_dim // 2, device="meta")  # decode: rotated in the kernel
+        if not keys_in_kernel:  # the keys rotated by the host, one copy per key table
+            k = tuple(torch.empty_like(k) for _ in range(n_keys))
+        q_pos = torch.empty(batch, tq, device="meta", dtype=torch.int64)
+        k_pos = torch.empty(batch, length, device="meta", dtype=torch.int64)
+        key_maps = tuple(min(m, n_keys - 1) for m in range(n_maps))
+        attend_mapped(q, k, v, q_rows, q_rows, (k_rows, k_rows) if keys_in_kernel else None, key_maps, q_pos, k_pos,
+                      PairRule(kind, 64, 4), True, 1.0, False)
     return launches
 
 
@@ -374,6 +408,24 @@ def rotary_records(dtypes: list[str], workdir: Path) -> list[dict]:
     return records
 
 
+def mapped_records(dtypes: list[str], head_dims: list[int], workdir: Path) -> list[dict]:
+    """The position-map kernel for every pair rule, prefill and decode."""
+    from posenc.nn.triton.attention import FP32_MAX_HEAD_DIM
+
+    records = []
+    for dtype in dtypes:
+        for head_dim in head_dims:
+            if dtype == "fp32" and head_dim > FP32_MAX_HEAD_DIM:
+                continue
+            for rule in MAP_RULES:
+                for decode, in_kernel, label in ((False, False, "prefill"), (True, False, "decode"),
+                                                 (True, True, "decode, keys rotated in the kernel")):
+                    setting = f"{dtype} Dh={head_dim} {rule} {label}"
+                    for launch in mapped_launches(DTYPES[dtype], head_dim, decode, rule, in_kernel):
+                        records.append(asdict(analyse(launch, setting, workdir)))
+    return records
+
+
 COLUMNS = ("kernel", "setting", "tiles", "registers", "spilled_bytes", "shared_bytes", "loop_instructions",
            "plain_loop_instructions", "bias_ratio", "no_knot_ratio")
 
@@ -408,6 +460,7 @@ def main(argv: list[str] | None = None) -> int:
         records += relative_records(dtypes, head_dims, Path(workdir))
         records += cope_records(dtypes, head_dims, Path(workdir))
         records += rotary_records(dtypes, Path(workdir))
+        records += mapped_records(dtypes, head_dims, Path(workdir))
     text = markdown(records)
     print(text)
     if args.markdown:

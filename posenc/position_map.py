@@ -17,11 +17,27 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from torch import Tensor
 
 from posenc.scheme import Scheme
+
+# The pair rules a GPU kernel evaluates per tile (posenc/nn/triton/mapped_kernels.py), d = i - j by position:
+SPLIT = 0  # map 0 where d < a, else map 1 (Self-Extend's neighbour window, STRING's shifted offset)
+WINDOW_AND_START = 1  # map 0 where d < a, map 1 for the first b keys from the origin, else none (LM-Infinite, sinks)
+CHUNKS = 2  # chunks of a positions: min(max(i // a - j // a, 0), 2), intra / successive / inter (DCA)
+PAIR_RULES = (SPLIT, WINDOW_AND_START, CHUNKS)
+
+
+class PairRule(NamedTuple):
+    """A selector as data: which map scores each pair, for a kernel that reads positions tile by tile. window > 0:
+    pairs at d >= window are not attended (a sliding window over the map)."""
+
+    kind: int  # one of PAIR_RULES
+    a: int
+    b: int = 0
+    window: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,6 +91,11 @@ class PositionMap:
         """(B,C), (B,Tk) -> (B,C,Tk) int8: the map scoring each pair, -1 where the key is not attended."""
         raise NotImplementedError
 
+    def pair_rule(self) -> PairRule | None:
+        """select() as data (PairRule), equal to it on every pair; None: no rule of PAIR_RULES expresses it (the
+        kernels that read one decline)."""
+        return None
+
     def spec(self) -> dict[str, Any]:
         """The config dict that builds this map again."""
         return {"type": self.name, **dataclasses.asdict(self)}
@@ -101,4 +122,5 @@ class MappedScheme(Scheme):
         return f"{self.position_map.spec()}"
 
 
-__all__ = ["MappedScheme", "PositionMap"]
+__all__ = ["CHUNKS", "PAIR_RULES", "SPLIT", "WINDOW_AND_START", "MappedScheme", "PairRule",
+           "PositionMap"]

@@ -45,13 +45,16 @@ whose class gives no score_mod.
     values weights                                      eager_weights                 eager_weights
     attends                                             scheme_attend > (the tail of the class's other form)
 
-The mapped form has a table of its own (MAP_RULES; nn/mapped_attention.py runs each map of a chunk of queries
-through the kernel named, and merges the maps by log-sum-exp):
+The mapped form has a table of its own (MAP_RULES). map_triton (nn/mapped_gpu.py, triton/mapped.py) runs every
+map in one launch, the map chosen per pair inside each tile from the map's PairRule; it is inference only (no
+backward: gradients take map_eager) and declines a map without a pair rule. map_fused and map_eager
+(nn/mapped_attention.py) run each map of a chunk of queries through a kernel and merge the maps by log-sum-exp:
 
-    form        device      no grad                 grad
-    ----------  ----------  ----------------------  -----------
-    mapped      cpu cuda    map_fused > map_eager   map_eager
-    mapped      other       map_eager               map_eager
+    form        device      no grad                              grad
+    ----------  ----------  -----------------------------------  -----------
+    mapped      cuda        map_triton > map_fused > map_eager   map_eager
+    mapped      cpu         map_fused > map_eager                map_eager
+    mapped      other       map_eager                            map_eager
 
 A kernel is a function kernel(call: Call) -> Tensor | None (posenc.nn.call, below this module and the kernels);
 KERNELS names each. Adding a kernel = its file + one KERNELS entry + its name in a rule.
@@ -66,7 +69,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from posenc.nn import bias_paths, mapped_attention, row_paths
+from posenc.nn import bias_paths, mapped_attention, mapped_gpu, row_paths
 from posenc.nn import triton as gpu
 from posenc.nn.call import Call, needs_grad
 from posenc.position_map import MappedScheme
@@ -90,6 +93,7 @@ KERNELS: dict[str, Callable[[Call], Tensor | None]] = {
     "reference": bias_paths.reference,  # the bias materialised (B|1,H,Tq,Tk), then SDPA
     "eager_weights": bias_paths.eager_weights,  # the weights materialised, then mix_values
     "scheme_attend": bias_paths.scheme_attend,  # Scheme.attend: the scheme's own attention
+    "map_triton": mapped_gpu.map_triton,  # triton/mapped.py: every map in one launch, the map chosen per pair
     "map_fused": mapped_attention.map_fused,  # per map: the CPU's flash or CUDA's efficient kernel
     "map_eager": mapped_attention.map_eager,  # per map: scores in memory (gradients, dropout)
 }
@@ -115,7 +119,7 @@ TAILS: dict[str, dict[bool, tuple[str, ...]]] = {
     **{form: BIAS_TAIL for form in ("contextual", "distance", "piecewise", "relative", "bias")},
     **{form: {False: ("eager_weights",), True: ("eager_weights",)} for form in ("values", "weights")},
 }
-MAP_RULES = {("cpu", False): ("map_fused", "map_eager"), ("cuda", False): ("map_fused", "map_eager")}
+MAP_RULES = {("cpu", False): ("map_fused", "map_eager"), ("cuda", False): ("map_triton", "map_fused", "map_eager")}
 MAP_DEFAULT = ("map_eager",)
 FORMS = ("mapped", "attends", "plain", "contextual", "distance", "piecewise", "values", "relative", "weights", "bias")
 

@@ -69,16 +69,20 @@ def _rotate_queries(scheme: Scheme, q: Tensor, pos: Tensor) -> Tensor:
     return scheme.rotate(q, q[:, :1, :1], pos, pos[:, :1])[0]
 
 
-def _rotate_keys(scheme: Scheme, k: Tensor, pos: Tensor, kept: dict | None = None, slot: int = 0) -> Tensor:
+def _rotate_keys(scheme: Scheme, k: Tensor, pos: Tensor, kept: dict | None = None, slot: int = 0,
+                 label: str = "rotated keys", dtype: torch.dtype | None = None) -> Tensor:
     """k (B,Hkv,Tk,Dh) rotated at pos (B,Tk). With a KV cache's store, the keys rotated by earlier calls are reused:
     the cache's raw keys only grow, a key's mapped position depends on its own position alone (PositionMap's
     key_positions), and the rotation of a key on its own; so only keys past the kept ones are rotated, after the
-    kept positions are checked equal to pos's first ones (any mismatch: all rotated again)."""
+    kept positions are checked equal to pos's first ones (any mismatch: all rotated again). label: the store's key
+    (map_triton keeps its own beside these). dtype: what the kept keys are stored in (None: float32 for half
+    precision, as the per-map kernels compute)."""
     if kept is None:
         return scheme.rotate(k[:, :1, :1], k, pos[:, :1], pos)[1]
-    entry, tk = kept.get(("rotated keys", slot)), k.shape[2]
+    entry, tk = kept.get((label, slot)), k.shape[2]
     done = 0 if entry is None else entry.positions.length
-    dtype = torch.float32 if k.element_size() < 4 else k.dtype  # half precision: rotated in float32
+    if dtype is None:
+        dtype = torch.float32 if k.element_size() < 4 else k.dtype  # half precision: rotated in float32
     if entry is not None and not (entry.scheme is scheme and done <= tk and entry.keys.data.dtype == dtype
                                   and entry.keys.data.shape[:2] == k.shape[:2]
                                   and torch.equal(entry.positions.data[:, :done], pos[:, :done])):
@@ -89,7 +93,7 @@ def _rotate_keys(scheme: Scheme, k: Tensor, pos: Tensor, kept: dict | None = Non
     new = scheme.rotate(fresh[:, :1, :1], fresh, pos[:, :1], pos[:, done:])[1]
     if entry is None:
         entry = _Rotated(scheme, _Grown(new, time_dim=2), _Grown(pos, time_dim=1))
-        kept[("rotated keys", slot)] = entry
+        kept[(label, slot)] = entry
     entry.positions.append(pos[:, done:])
     return entry.keys.append(new)
 

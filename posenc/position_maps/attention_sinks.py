@@ -17,6 +17,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from posenc.position_map import WINDOW_AND_START, PairRule
 from posenc.position_maps.base import PositionMap, distance, whole
 
 WINDOW, SINK = 0, 1
@@ -53,3 +54,6 @@ class AttentionSinks(PositionMap):
         recent = distance(q_pos, k_pos) < self.window  # (B,C,Tk)
         sink = (k_pos - origin < self.n_sink)[:, None, :]  # (B,1,Tk)
         return torch.where(recent, WINDOW, torch.where(sink, SINK, -1)).to(torch.int8)
+
+    def pair_rule(self) -> PairRule:
+        return PairRule(WINDOW_AND_START, self.window, self.n_sink)

@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 
 from posenc.errors import bad_value
+from posenc.position_map import CHUNKS, PairRule
 from posenc.position_maps.base import FIELD, PositionMap, whole
 
 INTRA, SUCCESSIVE, INTER = 0, 1, 2
@@ -113,3 +114,6 @@ class DualChunk(PositionMap):
         s = self.chunk_len
         apart = (q_pos // s)[:, :, None] - (k_pos // s)[:, None, :]  # (B,C,Tk) chunks between query and key
         return apart.clamp(INTRA, INTER).to(torch.int8)  # 0, 1, 2+ -> intra, successive, inter
+
+    def pair_rule(self) -> PairRule:
+        return PairRule(CHUNKS, self.chunk_len)

@@ -15,6 +15,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from posenc.position_map import WINDOW_AND_START, PairRule
 from posenc.position_maps.base import PositionMap, distance, whole
 
 LOCAL, GLOBAL = 0, 1
@@ -55,3 +56,6 @@ class LMInfinite(PositionMap):
         local = distance(q_pos, k_pos) < self.window  # (B,C,Tk)
         first = (k_pos - origin < self.n_global)[:, None, :]  # (B,1,Tk)
         return torch.where(local, LOCAL, torch.where(first, GLOBAL, -1)).to(torch.int8)
+
+    def pair_rule(self) -> PairRule:
+        return PairRule(WINDOW_AND_START, self.window, self.n_global)

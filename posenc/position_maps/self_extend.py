@@ -22,6 +22,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from posenc.position_map import SPLIT, PairRule
 from posenc.position_maps.base import PositionMap, distance, whole
 
 NEIGHBOUR, GROUP = 0, 1
@@ -62,3 +63,6 @@ class SelfExtend(PositionMap):
     def select(self, q_pos: Tensor, k_pos: Tensor, origin: Tensor) -> Tensor:
         near = distance(q_pos, k_pos) < self.window  # (B,C,Tk); the future is near too, masked later
         return torch.where(near, NEIGHBOUR, GROUP).to(torch.int8)
+
+    def pair_rule(self) -> PairRule:
+        return PairRule(SPLIT, self.window)

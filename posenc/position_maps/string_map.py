@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from posenc.errors import bad_value
+from posenc.position_map import SPLIT, PairRule
 from posenc.position_maps.base import FIELD, PositionMap, distance, whole
 
 NEIGHBOUR, SHIFTED = 0, 1
@@ -80,6 +81,9 @@ class String(PositionMap):
     def select(self, q_pos: Tensor, k_pos: Tensor, origin: Tensor) -> Tensor:
         near = distance(q_pos, k_pos) < self.shifted_offset  # (B,C,Tk); the future is near too, masked later
         return torch.where(near, NEIGHBOUR, SHIFTED).to(torch.int8)
+
+    def pair_rule(self) -> PairRule:
+        return PairRule(SPLIT, self.shifted_offset)
 
 
 __all__ = ["RELEASED_FACTOR", "String"]

@@ -13,6 +13,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from posenc.position_map import PairRule
 from posenc.position_maps.base import PositionMap, distance
 
 
@@ -73,6 +74,12 @@ class Windowed(PositionMap):
     def select(self, q_pos: Tensor, k_pos: Tensor, origin: Tensor) -> Tensor:
         chosen = self.inner.select(q_pos, k_pos, origin)  # (B,C,Tk) int8
         return torch.where(distance(q_pos, k_pos) < self.window, chosen, torch.full_like(chosen, -1))
+
+    def pair_rule(self) -> PairRule | None:
+        rule = self.inner.pair_rule()
+        if rule is None:
+            return None
+        return rule._replace(window=min(rule.window, self.window) if rule.window else self.window)
 
     def spec(self) -> dict:
         return {**self.inner.spec(), "sliding_window": self.window}

@@ -25,6 +25,9 @@ def test_quick_mode_runs_every_section_on_the_cpu(tmp_path, capsys):
     assert all(isinstance(row["ms"], float) for row in attention)
     assert {row["pass"] for row in by_section["rope"]} == {"fwd", "fwd+bwd"}
     assert [row["scheme"] for row in by_section["train"]] == ["none", "rope", "alibi"]
+    maps = [row["path"] for row in by_section["maps"]]  # each map against RoPE + SDPA, prefill and a decode step
+    assert maps == ["causal SDPA (cpu default)", "rope + SDPA", "posenc self_extend", "posenc dual_chunk"]
+    assert [row["map"] for row in by_section["map decode"]] == ["rope", "self_extend", "dual_chunk"]
     assert "## GPU: CPU (quick check" in (tmp_path / "BENCHMARKS-gpu-quick.md").read_text()
 
 

@@ -1,4 +1,5 @@
-"""Triton kernels for the GPU: attention whose bias is built per tile from one row per head, and RoPE.
+"""Triton kernels for the GPU: attention whose bias is built per tile from one row per head, attention under a
+position map (mapped.py: the map chosen per pair in each tile), and RoPE.
 
 They mirror the native CPU kernels (posenc/nn/csrc) and serve where those do not: CUDA tensors in bf16, fp16 or
 fp32. Triton is optional: without it (or without a GPU) every caller falls back to the paths it had before.

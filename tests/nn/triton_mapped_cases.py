@@ -1,0 +1,165 @@
+"""The one-pass position-map kernel (posenc/nn/triton/mapped.py, map_triton) equals the references: each method of
+tests/position_maps/test_reference.py (alone and composed with a rope_scaling) on the tiny GQA Llama against the
+float64 reference written from the released code; cached decoding against the float64 model; bf16 and the other
+rotations (xPos's scales, p-RoPE's cut, interleaved pairs, unrotated dims, a sliding window over the map) against
+the eager map path at one attention call. The model runs its maps through map_triton here: the dispatch counts
+a CPU tensor under the interpreter as cuda, and each test checks the kernel served.
+
+Not collected by `make test` directly: tests/nn/test_triton_mapped.py runs this file in a fresh process with
+TRITON_INTERPRET=1 (tests/nn/triton_support.py says why).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from posenc.nn import dispatch
+from posenc.nn import triton as gpu
+from posenc.nn.call import Call
+from posenc.position_maps.scheme import PositionMapped
+from posenc.position_maps.window import Windowed
+from posenc.registry import build as registry_build
+from posenc.registry import build_position_map
+from posenc.scheme import Dims
+from tests.nn.triton_support import patch_interpreter_for_numpy
+from tests.position_maps import reference
+from tests.position_maps.test_properties import SMALL
+from tests.position_maps.test_reference import CASES
+from tests.position_maps.tiny import TRAINED, tiny_llama, token_ids
+
+pytestmark = pytest.mark.skipif(not gpu.installed(), reason="triton is not installed")
+INTERPRETED = gpu.interpreting()
+DEVICE = "cpu" if INTERPRETED else "cuda"
+if INTERPRETED:
+    patch_interpreter_for_numpy()
+elif not torch.cuda.is_available():
+    pytest.skip("no CUDA device and TRITON_INTERPRET is not set", allow_module_level=True)
+else:
+    torch.set_float32_matmul_precision("high")  # float32 runs as TF32 on a GPU
+FLOAT32 = 2e-4 if INTERPRETED else 2e-2
+T = 40  # > 2x the trained length, not a multiple of the 16-key tiles: ragged tiles, every region of every map
+SMALLER = dict(n_layer=1, n_head=2, n_kv_head=1)  # the tiny Llama with one layer and Dh 32, still GQA (the
+# interpreter runs each program of the grid in Python)
+
+
+@pytest.fixture
+def served(monkeypatch) -> list[int]:
+    """The query counts of the calls map_triton served (it must serve, not decline to the per-map paths)."""
+    calls: list[int] = []
+    kernel = dispatch.KERNELS["map_triton"]
+
+    def counted(call: Call):
+        out = kernel(call)
+        if out is not None:
+            calls.append(call.q.shape[2])
+        return out
+
+    monkeypatch.setitem(dispatch.KERNELS, "map_triton", counted)
+    return calls
+
+
+def _close(got: torch.Tensor, expected: torch.Tensor, tolerance: float, what: str) -> None:
+    error = (got.double() - expected.double()).abs().max().item()
+    bound = tolerance * max(1.0, expected.abs().max().item())
+    assert error <= bound, f"{what}: max error {error:.3g} > {bound:.3g}"
+
+
+# One case per method, composed with a rope_scaling where test_reference composes one, and the two scores that
+# scale per query: DCA's released m(T)^2 (past the trained length here) and Self-Extend's log scale.
+REFERENCE_CASES = [case for case in CASES if case[0] in (
+    {"type": "self_extend", "group_size": 3, "window": 6},  # with yarn
+    {"type": "self_extend", "group_size": 4, "window": 8, "scale_base": 12},
+    {"type": "dual_chunk", "chunk_size": 10, "local_window": 3},  # with linear; scale on (the default)
+    {"type": "lm_infinite", "n_global": 2, "window": 10, "max_distance": 7},
+    {"type": "attention_sinks", "n_sink": 4},  # with linear
+    {"type": "string", "shifted_offset": 9, "local_value": 3, "attention_factor": 1.0},  # with yarn
+)]
+
+
+@pytest.mark.parametrize(("spec", "scaling", "make"), REFERENCE_CASES,
+                         ids=lambda c: str(c) if isinstance(c, dict) else "")
+@torch.no_grad()
+def test_each_map_matches_the_reference_written_from_the_released_code(spec, scaling, make, served):
+    model = tiny_llama(rope_scaling=scaling, attention_extension=spec, dtype=torch.float32, **SMALLER).to(DEVICE)
+    rope = reference.Rope(32, 100.0, scaling, TRAINED)
+    ids = token_ids(1, T)
+    expected = reference.llama_logits(tiny_llama(rope_scaling=scaling, attention_extension=spec, **SMALLER), ids,
+                                      make(rope))
+    _close(model(ids.to(DEVICE)).cpu(), expected, FLOAT32, "logits")
+    assert served == [T]  # one launch
+
+
+# Three maps through a model's cache (DCA's three maps, the sinks' skipped middle, STRING's score scale); every map
+# decodes at one attention call in the tests below.
+@pytest.mark.parametrize("spec", [SMALL[1], SMALL[3], CASES[-1][0]], ids=lambda s: s["type"])
+@torch.no_grad()
+def test_cached_decoding_matches_the_float64_model(spec, served):
+    model = tiny_llama(attention_extension=spec, dtype=torch.float32, **SMALLER).to(DEVICE)
+    ids = token_ids(1, 16)
+    cache = model.new_cache()
+    steps = [model(ids[:, :12].to(DEVICE), cache=cache)]  # prefill, then one token at a time past every window
+    steps += [model(ids[:, t:t + 1].to(DEVICE), cache=cache) for t in range(12, 16)]
+    expected = tiny_llama(attention_extension=spec, **SMALLER)(ids)  # float64, the CPU's per-map path
+    _close(torch.cat(steps, dim=1).cpu(), expected, FLOAT32, "decoded logits")
+    assert served == [12, 1, 1, 1, 1]  # every step went through the kernel
+
+
+def _attention_inputs(dtype: torch.dtype, b: int, h: int, hkv: int, tq: int, tk: int, dh: int):
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(b, h, tq, dh, generator=g) * 2
+    k, v = torch.randn(b, hkv, tk, dh, generator=g) * 2, torch.randn(b, hkv, tk, dh, generator=g)
+    base = 3 + torch.arange(tk)  # positions from an offset: the origin is read, not assumed 0
+    return [t.to(DEVICE, dtype) for t in (q, k, v)], base[tk - tq:][None].to(DEVICE), base[None].to(DEVICE)
+
+
+ROTATIONS = {  # name: (scheme, options, head dim)
+    "xpos": ("xpos", {"xpos_scale_base": 64.0}, 16),  # interleaved pairs, queries and keys scaled apart
+    "p_rope": ("p_rope", {"p_rope_fraction": 0.5}, 16),
+    "partial_interleaved": ("rope", {"rotary_percentage": 0.5, "rotary_interleaved": True}, 32),  # 16 unrotated
+    "yarn": ("rope", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, 32),
+}
+MAPS = [{"type": "self_extend", "group_size": 3, "window": 5}, {"type": "dual_chunk", "chunk_size": 9,
+        "local_window": 2}, {"type": "lm_infinite", "n_global": 2, "window": 6},
+        {"type": "string", "shifted_offset": 7, "local_value": 2}]
+
+
+def _mapped(rotation: str, spec: dict, slide: int = 0) -> PositionMapped:
+    name, options, dh = ROTATIONS[rotation]
+    inner = registry_build(name, Dims(d_model=2 * dh, n_head=2, head_dim=dh, max_seq_len=TRAINED, n_kv_head=1),
+                           options)
+    position_map = build_position_map(spec, TRAINED)
+    return PositionMapped(inner, Windowed(inner=position_map, window=slide) if slide else position_map)
+
+
+def _both(scheme: PositionMapped, dtype: torch.dtype, tq: int, tk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    (q, k, v), q_pos, k_pos = _attention_inputs(dtype, 1, 2, 1, tq, tk, scheme.inner.dims.head_dim)
+    call = Call(q, k, v, scheme, q_pos, k_pos, True, 0.0, False)
+    got = dispatch.KERNELS["map_triton"](call)
+    assert got is not None, "map_triton declined"
+    return got, dispatch.KERNELS["map_eager"](call._replace(**{n: getattr(call, n).float() for n in "qkv"}))
+
+
+@pytest.mark.parametrize(("rotation", "spec"), list(zip(ROTATIONS, MAPS, strict=True)), ids=list(ROTATIONS))
+@torch.no_grad()
+def test_other_rotations_match_the_eager_path(rotation, spec):
+    for tq in (24, 1):  # prefill (keys rotated by the host) and a decode step (rotated in the kernel)
+        got, expected = _both(_mapped(rotation, spec), torch.float32, tq, 24)
+        _close(got, expected, FLOAT32, f"Tq={tq}")
+
+
+@pytest.mark.parametrize("spec", MAPS[1:3], ids=lambda s: s["type"])
+@torch.no_grad()
+def test_bf16_after_a_cache_and_decoding(spec):
+    for tq in (9, 1):  # a chunk after cached keys, and a decode step
+        got, expected = _both(_mapped("yarn", spec), torch.bfloat16, tq, 24)
+        _close(got, expected, 3e-2, f"bf16 Tq={tq}")
+
+
+@torch.no_grad()
+def test_a_sliding_window_over_the_map():
+    scheme = _mapped("partial_interleaved", MAPS[0], slide=11)
+    got, expected = _both(scheme, torch.float32, 30, 30)
+    _close(got, expected, FLOAT32, "windowed")
+    unwindowed = _both(_mapped("partial_interleaved", MAPS[0]), torch.float32, 30, 30)[0]
+    assert (got - unwindowed).abs().max().item() > 1e-3  # the window removes keys the map attends
