@@ -291,8 +291,8 @@ MAP_SPECS = {"self_extend": {"type": "self_extend", "group_size": 8, "window": 1
 
 def _mapped_rope(spec: dict, dims: Dims, device):
     """The rope scheme of `dims` under the map `spec`, with the map's defaults from dims.max_seq_len."""
-    from posenc.position_maps import build_position_map
     from posenc.position_maps.scheme import PositionMapped
+    from posenc.registry import build_position_map
 
     rope = build("rope", dims).to(device)
     return rope, PositionMapped(rope, build_position_map(spec, dims.max_seq_len))

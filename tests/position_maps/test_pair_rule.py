@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from posenc.position_map import CHUNKS, SPLIT, WINDOW_AND_START, PairRule
-from posenc.position_maps import build_position_map
 from posenc.position_maps.window import Windowed
+from posenc.registry import build_position_map
 
 SPECS = [
     {"type": "self_extend", "group_size": 3, "window": 5},
