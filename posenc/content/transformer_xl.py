@@ -47,8 +47,9 @@ class TransformerXL(Scheme):
     def projected_distances(self, low: int, high: int, like: Tensor) -> Tensor:
         """W_R R_r for r = low..high -> (H, L, Dh), L = high - low + 1."""
         offsets = torch.arange(low, high + 1, device=like.device)  # (L,)
-        r = sinusoidal_table(offsets, self.dims.d_model).to(like.dtype)  # (L,D), computed in float64
-        return self.w_r(r).view(-1, self.dims.n_head, self.dims.head_dim).transpose(0, 1)  # (H,L,Dh)
+        r = sinusoidal_table(offsets, self.dims.d_model).to(self.w_r.weight.dtype)  # (L,D), computed in float64
+        projected = self.w_r(r).to(like.dtype)  # in W_R's dtype: bf16 tensors on a float32 scheme (no autocast)
+        return projected.view(-1, self.dims.n_head, self.dims.head_dim).transpose(0, 1)  # (H,L,Dh)
 
     def kept_projected_distances(self, low: int, high: int, like: Tensor) -> Tensor:
         """projected_distances, kept across calls when no gradient reaches W_R: a decode step asks for one more

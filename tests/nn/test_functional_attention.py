@@ -46,6 +46,21 @@ def test_attention_equals_rotate_then_reference_bias(name):
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("name", posenc.available())
+def test_bfloat16_tensors_on_a_float32_scheme_give_the_float32_answer(name):
+    """No autocast: a user's bf16 q, k, v with the scheme's parameters left in float32 (a mixed call that once
+    failed in Transformer-XL's projection) give float32's output to bf16's precision, on every path."""
+    dims = Dims(d_model=64, n_head=4, head_dim=16, max_seq_len=64, n_kv_head=2)
+    torch.manual_seed(0)
+    scheme = posenc.build(name, dims)
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, h, 12, 16, generator=g) for h in (4, 2, 2))
+    expected = posenc.attention(q, k, v, scheme)
+    got = posenc.attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), scheme)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), expected, rtol=0, atol=6e-2)
+
+
 def test_attention_names_the_bad_argument():
     scheme = posenc.build("alibi", Dims(d_model=16, n_head=2, head_dim=8, max_seq_len=16))
     q = torch.randn(1, 2, 5, 8)

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# `make gpu-schemes`: issue 34's prepared GPU command, run after `make gpu-check` (at most 8 minutes on an H100).
+# The kernels of the other schemes and of the position maps at the GPU's own compile (FIRE's pieces, Shaw's and
+# Transformer-XL's rows per query, CoPE, the maps in one pass: each case file against its float64 reference), then
+# their attention timed against causal SDPA at 1k-16k, and each map's 32k prompt and decode step against plain RoPE;
+# the targets read out at the end (benchmarks/gpu_targets.py).
+# QUICK=1 runs the same plumbing on a CPU (interpreter, toy sizes) to check the script itself.
+set -u
+OUT=${OUT:-gpu-schemes}
+PY=${PY:-python3}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+CASES=(tests/nn/triton_pieces_cases.py tests/nn/triton_relative_cases.py tests/nn/triton_cope_cases.py
+       tests/nn/triton_mapped_cases.py)
+if [ "${QUICK:-0}" = 1 ]; then
+  BENCH=(--quick --device cpu); KERNELS=(env TRITON_INTERPRET=1); KERNEL_TESTS=(-p no:xdist -k "refused")
+  SIZES=(); CASES=(tests/nn/triton_pieces_cases.py tests/nn/triton_cope_cases.py)
+else  # four test processes share the GPU: the kernels' compiles run side by side
+  BENCH=(); KERNELS=(); KERNEL_TESTS=(-n 4); SIZES=(--lengths 1024,4096,16384 --head-dims 64,128 --kv-groups 1,4)
+fi
+source "$(dirname "$0")/gpu_parts.sh"
+
+part kernels 170 "${KERNELS[@]}" "$PY" -m pytest -q -x -p no:cacheprovider "${CASES[@]}" "${KERNEL_TESTS[@]}"
+part attention 170 "$PY" -m benchmarks.gpu "${BENCH[@]}" --sections attention --schemes fire,shaw,transformer_xl,cope \
+  --no-peers "${SIZES[@]}" --out "$OUT/attention"
+part maps 120 "$PY" -m benchmarks.gpu "${BENCH[@]}" --sections maps --out "$OUT/maps"
+"$PY" -m benchmarks.gpu_targets "$OUT" | tee "$OUT/targets.md"
