@@ -70,6 +70,15 @@ def test_every_study_has_the_same_parts(study):
     assert [part for part in STUDY_PARTS if not (EXPERIMENTS / study / part).is_file()] == []
 
 
+def test_nn_never_imports_the_schemes_or_the_position_maps():
+    """Schemes and maps call nn/'s kernels, so nn/ names theirs only by the protocols below both (scheme.py,
+    position_map.py) and, for RoPE's rotation, by name in dispatch.ROTATION_RULES (rotary/ holds the functions)."""
+    above = ("posenc.rotary", "posenc.bias", "posenc.absolute", "posenc.content", "posenc.position_maps")
+    offenders = {str(p.relative_to(PACKAGE)): [m for package in above for m in reaches(p, package)]
+                 for p in (PACKAGE / "nn").rglob("*.py")}
+    assert not {k: v for k, v in offenders.items() if v}
+
+
 def test_the_rules_see_an_import_inside_a_function(tmp_path):
     source = tmp_path / "m.py"
     source.write_text("def f():\n    from posenc.experiments.tasks import run\n")
