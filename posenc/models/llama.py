@@ -123,6 +123,13 @@ class Llama(CausalGeneration, nn.Module):
         self._build_schemes()
         return self
 
+    def set_method(self, rope_scaling: dict[str, Any] | None, attention_extension: dict[str, Any] | None) -> Llama:
+        """Switch the scaling and the position map together: the pair validated as one, the schemes built once
+        (the two setters one after the other build them twice; weights untouched either way)."""
+        self.cfg = self.cfg.replace(rope_scaling=rope_scaling, attention_extension=attention_extension)
+        self._build_schemes()
+        return self
+
     @property
     def tokenizer(self) -> Any:
         """The GGUF's or the HF folder's own tokenizer (a transformers fast tokenizer), built on first use."""

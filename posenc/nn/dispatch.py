@@ -59,6 +59,32 @@ backward: gradients take map_eager) and declines a map without a pair rule. map_
 A kernel is a function kernel(call: Call) -> Tensor | None (posenc.nn.call, below this module and the kernels);
 KERNELS names each. Adding a kernel = its file + one KERNELS entry + its name in a rule.
 tests/nn/test_dispatch.py prints the table for every registered scheme on cpu and cuda (`pytest -s`).
+
+RoPE's rotation (posenc.rotary.apply_rotary) asks ROTATION_RULES here too. Its kernels are functions of the rotary
+package (posenc.rotary._core.ROTATION_KERNELS: rotary/ imports nn/, never the reverse), so this table holds their
+names only. The key is (device, dtype, grad):
+  device  cuda: Triton's rotary kernel takes x with these tables (a CUDA tensor, or the interpreter's CPU tensor,
+          in a table layout it reads: posenc.rotary._fast.triton_fits); cpu: another CPU tensor; other: the rest
+          (a CUDA tensor in a layout the Triton kernel does not read, or another device)
+  grad    none; x: a gradient to x only, the kernels run forward and by the opposite angle backward inside one
+          autograd function (rotation_function); tables: cos/sin carry parameters (learned), the formula left to
+          autograd (formula), never on the Triton kernel
+Kernels decline (None) where their own condition fails: native wants float32 on the CPU with the native library
+built, complex interleaved pairs whose strides allow a complex view, compiled half-split pairs of at least
+COMPILE_MIN_ELEMENTS elements and torch.compile working; triton always serves on its key, eager and formula always.
+
+    device  dtypes             computes in  grad none (x: the same in rotation_function)   grad tables
+    ------  -----------------  -----------  ---------------------------------------------  -----------
+    cuda    float32            float32      native triton                                  -
+    cuda    bfloat16 float16   own dtype    triton                                         -
+    cpu     float32            float32      native complex compiled eager                  formula
+    cpu     float64            float64      complex compiled eager                         formula
+    cpu     bfloat16 float16   float32      native complex compiled eager                  formula
+    other   float32 float64    own dtype    complex compiled eager                         formula
+    other   bfloat16 float16   float32      complex compiled eager                         formula
+
+(native is first on cuda for the interpreter's CPU float32 tensors, which it serves before Triton; it declines a
+CUDA tensor.) Any other dtype computes in float32 when narrower than 4 bytes and tries every kernel in order.
 """
 
 from __future__ import annotations
@@ -122,6 +148,31 @@ TAILS: dict[str, dict[bool, tuple[str, ...]]] = {
 MAP_RULES = {("cpu", False): ("map_fused", "map_eager"), ("cuda", False): ("map_triton", "map_fused", "map_eager")}
 MAP_DEFAULT = ("map_eager",)
 FORMS = ("mapped", "attends", "plain", "contextual", "distance", "piecewise", "values", "relative", "weights", "bias")
+
+
+# RoPE's rotation: (device, dtypes, the dtype it computes in (None: x's own), kernels without autograd), first match.
+ROTATION_RULES: tuple[tuple[str, tuple[torch.dtype, ...], torch.dtype | None, tuple[str, ...]], ...] = (
+    ("cuda", (torch.float32,), None, ("native", "triton")),
+    ("cuda", (torch.bfloat16, torch.float16), None, ("triton",)),
+    ("cpu", (torch.float32,), None, ("native", "complex", "compiled", "eager")),
+    ("cpu", (torch.float64,), None, ("complex", "compiled", "eager")),
+    ("cpu", (torch.bfloat16, torch.float16), torch.float32, ("native", "complex", "compiled", "eager")),
+    ("other", (torch.float32, torch.float64), None, ("complex", "compiled", "eager")),
+    ("other", (torch.bfloat16, torch.float16), torch.float32, ("complex", "compiled", "eager")),
+)
+ROTATION_EVERY = ("native", "triton", "complex", "compiled", "eager")  # a dtype without a rule: each declines itself
+ROTATION_GRADS = ("none", "x", "tables")
+
+
+@functools.cache
+def rotation_plan(device: str, dtype: torch.dtype, grad: str) -> tuple[torch.dtype | None, tuple[str, ...]]:
+    """(the dtype x is rotated in, None: its own; the rotation kernels tried in order) for RoPE's key."""
+    default = (torch.float32 if dtype.itemsize < 4 else None), ROTATION_EVERY
+    computes_in, kernels = next((rule[2:] for rule in ROTATION_RULES if rule[0] == device and dtype in rule[1]),
+                                default)
+    if grad == "tables":
+        return computes_in, ("formula",)
+    return computes_in, (("rotation_function", *kernels) if grad == "x" else kernels)
 
 
 def _overrides(cls: type[Scheme], hook: str) -> bool:
@@ -243,10 +294,27 @@ def table(classes: dict[str, type[Scheme]], devices: tuple[str, ...] = ("cpu", "
     return rows
 
 
+def rotation_table(devices: tuple[str, ...] = ("cuda", "cpu", "other"),
+                   dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+                   ) -> list[tuple]:
+    """(device, dtype, grad, computes in, kernels) for RoPE's rotation; on cuda only the keys it is asked (Triton
+    takes neither learned tables nor float64)."""
+    return [(device, str(dtype).removeprefix("torch."), grad, *rotation_plan(device, dtype, grad))
+            for device in devices for dtype in dtypes for grad in ROTATION_GRADS
+            if not (device == "cuda" and (grad == "tables" or dtype == torch.float64))]
+
+
+def render_rotation(rows: list[tuple]) -> str:
+    lines = [f"{'device':<8}{'dtype':<10}{'grad':<8}{'computes in':<13}rotation kernels"]
+    lines += [f"{d:<8}{t:<10}{g:<8}{str(c or t).removeprefix('torch.'):<13}{' > '.join(k)}" for d, t, g, c, k in rows]
+    return "\n".join(lines)
+
+
 def render(rows: list[tuple]) -> str:
     lines = [f"{'scheme':<24}{'form':<12}{'device':<8}{'dtype':<10}{'grad':<7}{'decode':<8}kernels"]
     lines += [f"{n:<24}{f:<12}{d:<8}{t:<10}{g!s:<7}{c!s:<8}{' > '.join(chain)}" for n, f, d, t, g, c, chain in rows]
     return "\n".join(lines)
 
 
-__all__ = ["KERNELS", "Call", "attention", "fast_attention", "form_of", "map_plan", "needs_grad", "plan", "table"]
+__all__ = ["KERNELS", "Call", "attention", "fast_attention", "form_of", "map_plan", "needs_grad", "plan",
+           "rotation_plan", "rotation_table", "table"]

@@ -9,9 +9,12 @@ R is the number of rotated dims (rotary_percentage * Dh); dims past R pass throu
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
+from posenc.nn import dispatch
 from posenc.nn.kernel_checks import check_rotary
 from posenc.rotary import _fast
 
@@ -46,24 +49,39 @@ def _pairs(x: Tensor, rot_dim: int, interleaved: bool) -> tuple[Tensor, Tensor]:
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False) -> Tensor:
     """Rotate the first R = 2 * cos.shape[-1] dims of x (B,H,T,Dh); cos/sin (B|1,1,T,R/2).
 
-    With a gradient to track, a custom autograd function: the backward of a rotation is the
-    rotation by the opposite angle, so it saves only cos/sin and runs the same kernel twice. Left to
-    autograd, the slices and cat of the plain formula cost ~5x more (zero-filled slice gradients).
+    The kernels are posenc.nn.dispatch's rotation table for (device, dtype, grad). With a gradient to x, a custom
+    autograd function: the backward of a rotation is the rotation by the opposite angle, so it saves only cos/sin
+    and runs the same kernels twice. Left to autograd, the slices and cat of the plain formula cost ~5x more
+    (zero-filled slice gradients); that formula serves tables that carry parameters.
     """
     check_rotary(x, cos, sin)  # one error on every path (the native kernel would write past each row)
-    learned_tables = torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad)
-    if not learned_tables and _fast.triton_fits(x, cos, sin):  # GPU: one pass in x's own dtype, tables kept float32
-        if torch.is_grad_enabled() and x.requires_grad:
-            return _Rotate.apply(x, cos, sin, interleaved)
-        return _rotate(x, cos, sin, interleaved)
-    if x.element_size() < 4:  # bf16/fp16: rotate in float32, round once (cos/sin keep 24 bits)
-        return apply_rotary(x.float(), cos, sin, interleaved).to(x.dtype)
-    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    if torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad):  # tables with parameters
-        return apply_rotary_autograd(x, cos, sin, interleaved)
-    if torch.is_grad_enabled() and x.requires_grad:
-        return _Rotate.apply(x, cos, sin, interleaved)
+    grad = rotation_grad(x, cos, sin)
+    device = rotation_device(x, cos, sin, grad)
+    computes_in, kernels = dispatch.rotation_plan(device, x.dtype, grad)
+    if computes_in is not None and computes_in != x.dtype:  # bf16/fp16: rotate in float32, round once
+        return apply_rotary(x.to(computes_in), cos, sin, interleaved).to(x.dtype)
+    if device != "cuda":  # the Triton kernel keeps its tables float32; every other kernel reads them in x's dtype
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    if kernels[0] in ("formula", "rotation_function"):  # autograd's formula, or the kernels inside _Rotate
+        return ROTATION_KERNELS[kernels[0]](x, cos, sin, interleaved)
     return _rotate(x, cos, sin, interleaved)
+
+
+def rotation_grad(x: Tensor, cos: Tensor, sin: Tensor) -> str:
+    """The grad of the rotation's key: tables (cos/sin carry parameters), x (a gradient to x only), or none."""
+    if not torch.is_grad_enabled():
+        return "none"
+    if cos.requires_grad or sin.requires_grad:
+        return "tables"
+    return "x" if x.requires_grad else "none"
+
+
+def rotation_device(x: Tensor, cos: Tensor, sin: Tensor, grad: str) -> str:
+    """The device of the rotation's key: cuda where the Triton kernel takes x with these tables (and they are not
+    learned), cpu for another CPU tensor, other for the rest."""
+    if grad != "tables" and _fast.triton_fits(x, cos, sin):
+        return "cuda"
+    return "cpu" if x.device.type == "cpu" else "other"
 
 
 class _Rotate(torch.autograd.Function):
@@ -80,18 +98,37 @@ class _Rotate(torch.autograd.Function):
 
 
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, sign: float = 1.0) -> Tensor:
-    """No autograd: the native one-pass kernel (CPU) or the Triton one (GPU), else each half written once into a
-    fresh output."""
-    native = _fast.rotate_native(x, cos, sin, interleaved, sign)
-    if native is None:
-        native = _fast.rotate_triton(x, cos, sin, interleaved, sign)
-    if native is not None:
-        return native
-    sin = sin if sign > 0 else -sin
+    """No autograd: the kernels of the rotation table for x's key without a gradient, the first that serves."""
+    _, kernels = dispatch.rotation_plan(rotation_device(x, cos, sin, "none"), x.dtype, "none")
+    for name in kernels:
+        out = ROTATION_KERNELS[name](x, cos, sin, interleaved, sign)
+        if out is not None:
+            return out
+    raise RuntimeError(f"no rotation kernel served (tried {', '.join(kernels)}); eager always serves")
+
+
+def _signed(sin: Tensor, sign: float) -> Tensor:
+    return sin if sign > 0 else -sin
+
+
+def _complex(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, sign: float) -> Tensor | None:
+    """Interleaved pairs are complex numbers in memory already: one complex multiply (float32/64, even strides)."""
+    if interleaved and _fast.can_use_complex(x):
+        return _fast.rotate_interleaved_complex(x, cos, _signed(sin, sign))
+    return None
+
+
+def _compiled(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, sign: float) -> Tensor | None:
+    """Half-split pairs through the torch.compile'd kernel, for tensors large enough to repay compiling it."""
+    if not interleaved and x.numel() >= _fast.COMPILE_MIN_ELEMENTS:
+        return _fast.rotate_half_split_compiled(x, cos, _signed(sin, sign))
+    return None
+
+
+def _eager(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, sign: float) -> Tensor:
+    """Each half written once into a fresh output."""
+    sin = _signed(sin, sign)
     rot_dim = 2 * cos.shape[-1]
-    fast = _fast_inference(x, cos, sin, interleaved)
-    if fast is not None:
-        return fast
     x1, x2 = _pairs(x, rot_dim, interleaved)
     out = torch.empty_like(x)
     o1, o2 = _pairs(out, rot_dim, interleaved)
@@ -102,14 +139,6 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, sign: float 
     if rot_dim < x.shape[-1]:
         out[..., rot_dim:] = x[..., rot_dim:]
     return out
-
-
-def _fast_inference(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor | None:
-    if interleaved and _fast.can_use_complex(x):
-        return _fast.rotate_interleaved_complex(x, cos, sin)
-    if not interleaved and x.numel() >= _fast.COMPILE_MIN_ELEMENTS:
-        return _fast.rotate_half_split_compiled(x, cos, sin)
-    return None
 
 
 def apply_rotary_autograd(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False) -> Tensor:
@@ -125,6 +154,19 @@ def apply_rotary_autograd(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool
     if rot_dim == x.shape[-1]:
         return rotated
     return torch.cat((rotated, x[..., rot_dim:]), dim=-1)
+
+
+# The functions posenc.nn.dispatch's rotation table names: (x, cos, sin, interleaved[, sign]) -> Tensor | None.
+# Each looks its kernel up in _fast at the call, so a test can replace one there.
+ROTATION_KERNELS: dict[str, Callable[..., Tensor | None]] = {
+    "native": lambda x, cos, sin, interleaved, sign: _fast.rotate_native(x, cos, sin, interleaved, sign),
+    "triton": lambda x, cos, sin, interleaved, sign: _fast.rotate_triton(x, cos, sin, interleaved, sign),
+    "complex": _complex,
+    "compiled": _compiled,
+    "eager": _eager,
+    "rotation_function": lambda x, cos, sin, interleaved: _Rotate.apply(x, cos, sin, interleaved),
+    "formula": lambda x, cos, sin, interleaved: apply_rotary_autograd(x, cos, sin, interleaved),
+}
 
 
 def apply_rotary_reference(x: Tensor, pos: Tensor, inv_freq: Tensor, interleaved: bool) -> Tensor:

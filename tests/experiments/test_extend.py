@@ -16,9 +16,9 @@ import torch.nn.functional as F
 
 from posenc.cli import main as cli_main
 from posenc.cli import parser
-from posenc.commands.extend import config_from_args
 from posenc.experiments.config import loader as config_loader
 from posenc.experiments.extend.config import ExtendConfig, presets
+from posenc.experiments.extend.flags import config_from_args
 from posenc.experiments.extend.methods import Method
 from posenc.experiments.extend.passkey import cells, run_passkey
 from posenc.experiments.extend.passkey_prompts import PromptBuilder

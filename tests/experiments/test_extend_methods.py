@@ -5,6 +5,8 @@ gives each its own perplexity past the trained context."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -140,3 +142,40 @@ def test_a_ruler_run_on_smollm2_with_a_map_writes_its_tables_and_the_recommendat
     assert all((folder / name).is_file() for name in ("ruler.csv", "ruler_summary.csv", "ruler_vs_length.png",
                                                       "report.html"))
     assert results["recommendation_rule"].startswith("At each length past the trained context")
+
+
+class AsciiTokenizer:
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [ord(c) % 128 for c in text]  # any corpus character inside the tiny model's 128 tokens
+
+
+def test_a_run_loads_the_model_once_and_a_method_switch_builds_the_schemes_once(tmp_path, monkeypatch):
+    """Switching an extend method keeps the loaded weights and swaps only the scaling and the map: one load per
+    run, and one scheme build per switch (it was three: map off, scaling, map on)."""
+    import posenc.models.llama as llama_module
+    from posenc.experiments.extend import run as extend_run
+    from posenc.models.llama import Llama
+
+    loads, builds, switches = [], [], []
+
+    def load(cfg):
+        loads.append(cfg.model.path)
+        model = tiny_llama(vocab=128, trained=64)
+        model._tokenizer = AsciiTokenizer()
+        builds.clear()  # the constructor's own build: the load, not a switch
+        return model
+
+    real_build, real_switch = llama_module.build_schemes, Llama.set_method
+    monkeypatch.setattr(extend_run, "load_model", load)
+    monkeypatch.setattr(llama_module, "build_schemes", lambda cfg: builds.append(cfg) or real_build(cfg))
+    monkeypatch.setattr(Llama, "set_method", lambda self, *pair: switches.append(pair) or real_switch(self, *pair))
+    cfg = config_loader.build(ExtendConfig, {"extend": {"methods": ["none", "yarn", "self_extend"], "metric": "ppl"},
+                                             "perplexity": {"lengths": [32, 128], "windows": 1},
+                                             "model": {"dtype": "float32"}, "out_dir": str(tmp_path)})
+    assert extend_run.run(cfg, None) == 0
+    (run_dir,) = tmp_path.iterdir()
+    rows = json.loads((run_dir / "results.json").read_text())["ppl"]
+    assert loads == [None] and {r["method"] for r in rows} == {"none", "yarn", "self_extend"}
+    assert len(switches) >= 3 and len(builds) == len(switches)  # every row's switch, and the plain model after
+    assert {(s[0] or {}).get("rope_type") for s in switches} >= {None, "yarn"}
+    assert any(s[1] is not None and s[1]["type"] == "self_extend" for s in switches)

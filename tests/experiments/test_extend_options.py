@@ -7,9 +7,9 @@ import json
 import pytest
 
 from posenc.cli import parser
-from posenc.commands.extend import config_from_args
 from posenc.experiments.config import loader as config_loader
 from posenc.experiments.extend.config import ExtendConfig, preset_path
+from posenc.experiments.extend.flags import config_from_args
 
 
 def config(*argv):

@@ -70,6 +70,15 @@ def test_every_study_has_the_same_parts(study):
     assert [part for part in STUDY_PARTS if not (EXPERIMENTS / study / part).is_file()] == []
 
 
+def test_nn_never_imports_the_schemes_or_the_position_maps():
+    """Schemes and maps call nn/'s kernels, so nn/ names theirs only by the protocols below both (scheme.py,
+    position_map.py) and, for RoPE's rotation, by name in dispatch.ROTATION_RULES (rotary/ holds the functions)."""
+    above = ("posenc.rotary", "posenc.bias", "posenc.absolute", "posenc.content", "posenc.position_maps")
+    offenders = {str(p.relative_to(PACKAGE)): [m for package in above for m in reaches(p, package)]
+                 for p in (PACKAGE / "nn").rglob("*.py")}
+    assert not {k: v for k, v in offenders.items() if v}
+
+
 def test_the_rules_see_an_import_inside_a_function(tmp_path):
     source = tmp_path / "m.py"
     source.write_text("def f():\n    from posenc.experiments.tasks import run\n")
@@ -86,7 +95,7 @@ def test_git_ignores_no_source_file_of_the_package():
     assert [f for f in listed.stdout.splitlines() if f.endswith((".py", ".yaml", ".cpp", ".h"))] == []
 
 
-@pytest.mark.parametrize("command", ["compare", "ladder", "tasks", "finetune"])
+@pytest.mark.parametrize("command", ["compare", "ladder", "tasks", "finetune", "extend"])
 def test_a_study_command_only_parses_and_hands_over(command):
     """The run-folder lifecycle (folder, lock, run rule, report on interruption) lives in the study's run():
     runs/lifecycle.py, the same for every study; the command file parses and hands the config over."""
@@ -121,3 +130,17 @@ def test_no_command_holds_a_run_folders_lifecycle(path):
     runs/): a command file parses its arguments and hands them over."""
     held = [m for part in LIFECYCLE for m in reaches(path, f"posenc.experiments.runs.{part}")]
     assert held == [] and reaches(path, "posenc.experiments.training.ddp") == []
+
+
+OWN_LIFECYCLE = ("posenc.experiments.runs.rule.open_run", "posenc.experiments.runs.files.new_run_dir",
+                 "posenc.experiments.runs.files.removed_if_unused")  # what runs/lifecycle.py puts together
+
+
+@pytest.mark.parametrize("study", studies())
+def test_every_study_opens_its_run_folder_through_the_shared_lifecycle(study):
+    """Extend once made, locked and removed its folder and wrote its tables on a stop its own way (and Ctrl-C
+    wrote none); now every study's run() opens its folder with runs.lifecycle.run_folder and nothing else."""
+    files = list((EXPERIMENTS / study).rglob("*.py"))
+    assert {str(p.relative_to(PACKAGE)): sorted(imported_modules(p) & set(OWN_LIFECYCLE)) for p in files
+            if imported_modules(p) & set(OWN_LIFECYCLE)} == {}
+    assert "posenc.experiments.runs.lifecycle.run_folder" in imported_modules(EXPERIMENTS / study / "run.py")

@@ -4,6 +4,7 @@ keeps; SelfAttention and posenc.attention both ask it; one needs_grad, which cou
 
 from __future__ import annotations
 
+import functools
 import re
 
 import pytest
@@ -47,6 +48,72 @@ def test_the_table_for_every_scheme_on_cpu_and_cuda_names_kernels_that_exist():
         for grad in (False, True):
             assert all(k in dispatch.KERNELS for k in dispatch.map_plan(device, grad))
     assert set(POSITION_MAPS) == set(MAP_SPECS)
+
+
+def test_the_rotation_table_names_rotary_kernels_that_exist_and_is_drawn_in_the_docstring():
+    """RoPE's rotation beside attention: every key's kernels are functions of the rotary package (nn/ holds their
+    names only: rotary/ imports nn/), each chain ends with one that always serves, and the docstring draws it."""
+    from posenc.rotary import _core
+
+    rows = dispatch.rotation_table()
+    print("\n" + dispatch.render_rotation(rows))  # pytest -s shows it beside the attention table
+    used = set()
+    for device, dtype, grad, _, kernels in rows:
+        assert kernels and all(callable(_core.ROTATION_KERNELS.get(k)) for k in kernels), (device, dtype, grad)
+        assert kernels[-1] in ("triton", "eager", "formula"), f"{device} {dtype} {grad}: {kernels} may end unserved"
+        assert (kernels[-1] == "triton") == (device == "cuda")  # the cuda key is where the Triton kernel takes x
+        used.update(kernels)
+    assert used == set(_core.ROTATION_KERNELS)
+    doc = " ".join(dispatch.__doc__.split())
+    for device, dtypes, computes_in, kernels in dispatch.ROTATION_RULES:
+        names = " ".join(str(d).removeprefix("torch.") for d in dtypes)
+        shown = str(computes_in).removeprefix("torch.") if computes_in else names if len(dtypes) == 1 else "own dtype"
+        assert f"{device} {names} {shown} {' '.join(kernels)}" in doc, f"the docstring lacks the rule {device} {names}"
+
+
+@pytest.mark.parametrize(("dtype", "interleaved", "grad"), [
+    (torch.float32, False, "none"), (torch.float32, True, "x"), (torch.float64, True, "none"),
+    (torch.float64, False, "none"), (torch.bfloat16, True, "none"), (torch.float32, False, "tables"),
+])
+def test_a_rotation_runs_the_first_kernel_of_its_row_that_serves(dtype, interleaved, grad, monkeypatch):
+    """What apply_rotary runs on the CPU is the table's row for its key: its kernels tried in order up to the first
+    that serves, in the dtype the row computes in; and it equals the float64 reference."""
+    from posenc.rotary import _core
+
+    entered, served = [], []
+
+    def spy(*args, name, real):
+        entered.append(name)
+        out = real(*args)
+        served.extend([name] if out is not None else [])
+        return out
+
+    for name, real in _core.ROTATION_KERNELS.items():
+        monkeypatch.setitem(_core.ROTATION_KERNELS, name, functools.partial(spy, name=name, real=real))
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 5, 16, generator=g, dtype=torch.float64)
+    pos = torch.randint(0, 1000, (2, 5), generator=g)
+    inv_freq = _core.inv_frequencies(12, 10000.0)
+    cos, sin = _core.cos_sin(pos, inv_freq)
+    x_in = x.to(dtype).requires_grad_(grad == "x")
+    if grad == "tables":
+        cos, sin = cos.requires_grad_(), sin.requires_grad_()
+    out = _core.apply_rotary(x_in, cos, sin, interleaved)
+    computes_in, kernels = dispatch.rotation_plan("cpu", dtype, grad)
+    wrapper = list(kernels[:1]) if kernels[0] in ("rotation_function", "formula") else []
+    inner = dispatch.rotation_plan("cpu", computes_in or dtype, "none")[1] if grad != "tables" else ()
+    first = [name for name in served if name not in wrapper]  # the one kernel of the row that served
+    assert len(first) == (1 if inner else 0) and served[-1:] == (wrapper or first)
+    assert entered == wrapper + list(inner[: inner.index(first[0]) + 1] if inner else ())
+    if grad == "x":  # the backward runs the same row by the opposite angle: back to x
+        entered.clear()
+        (back,) = torch.autograd.grad(out, x_in, out.detach())
+        assert entered == list(inner[: inner.index(first[0]) + 1])
+        torch.testing.assert_close(back, x_in.detach(), rtol=1e-5, atol=1e-5)
+    assert out.dtype == dtype
+    tolerance = {torch.bfloat16: 1e-2, torch.float32: 1e-5, torch.float64: 1e-6}[dtype]  # float32 tables
+    want = _core.apply_rotary_reference(x.to(dtype), pos, inv_freq, interleaved).to(dtype)
+    torch.testing.assert_close(out.detach(), want, rtol=tolerance, atol=tolerance)
 
 
 class OwnAttention(Scheme):

@@ -38,15 +38,13 @@ def sweep_methods(model: Llama, cfg: ExtendConfig) -> list[Method]:
 
 def use_method(model: Llama, method: Method, length: int) -> Llama:
     """Set the method for a `length`-token sequence: its scaling held there (one table for the whole
-    sequence) and its map where the map changes anything."""
-    model.set_attention_extension(None)  # first: a map refuses a length-dependent scaling beside it
-    model.set_rope_scaling(held(method.rope_scaling, length, model.cfg.max_seq_len))
-    return model.set_attention_extension(method.extension_at(length))
+    sequence) and its map where the map changes anything. The loaded weights stay; only the schemes are
+    rebuilt, once, for the pair."""
+    return model.set_method(held(method.rope_scaling, length, model.cfg.max_seq_len), method.extension_at(length))
 
 
 def plain_model(model: Llama) -> Llama:
-    model.set_attention_extension(None)
-    return model.set_rope_scaling(None)
+    return model.set_method(None, None)
 
 
 def computation_key(model: Llama, method: Method, length: int) -> tuple:

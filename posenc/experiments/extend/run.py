@@ -3,7 +3,6 @@ perplexity and/or passkey (resumable), write the results."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import platform
 import sys
@@ -26,8 +25,8 @@ from posenc.experiments.extend.report import longest_forward, run_meta, write_re
 from posenc.experiments.extend.ruler_sweep import planned_ruler_prompts, run_ruler
 from posenc.experiments.extend.tuning import planned_tuning_prompts, run_tuning, tune_length
 from posenc.experiments.runs import manifest
-from posenc.experiments.runs.files import new_run_dir, removed_if_unused
-from posenc.experiments.runs.rule import Run, open_run
+from posenc.experiments.runs.lifecycle import run_folder
+from posenc.experiments.runs.rule import Run
 from posenc.models.llama import Llama
 
 
@@ -107,15 +106,15 @@ def run(cfg: ExtendConfig, run_dir: Path | None) -> int:
         raise bad_value("perplexity.lengths", max(cfg.ppl_lengths), f"lengths below the {len(corpus.text):,} "
                                                                     "characters of perplexity.corpus (a token "
                                                                     "holds at least one)")
-    new = run_dir is None
-    run_dir = new_run_dir(cfg.out_dir, "extend") if new else run_dir
     record = {"name": cfg.perplexity.corpus, "sha256": corpus.sha256}
-    with removed_if_unused(run_dir, manifest.holds_results) if new else contextlib.nullcontext(), \
-            open_run(run_dir, RULE, cfg.to_dict(), record, read=stored_extend_run) as opened:
-        return _sweep(cfg, opened, corpus)
+    sweeping: dict[str, RunState] = {}  # the sweep's progress once it measures: what a stop writes the tables of
+    stopped = lambda opened: _write_stopped(sweeping.get("state"), cfg, corpus, opened)
+    with run_folder(run_dir, cfg.out_dir, RULE, cfg.to_dict(), record, on_stop=stopped,
+                    read=stored_extend_run) as opened:
+        return _sweep(cfg, opened, corpus, sweeping)
 
 
-def _sweep(cfg: ExtendConfig, opened: Run, corpus: Any) -> int:
+def _sweep(cfg: ExtendConfig, opened: Run, corpus: Any, sweeping: dict[str, RunState]) -> int:
     from tqdm import tqdm
 
     run_dir = opened.path
@@ -156,27 +155,29 @@ def _sweep(cfg: ExtendConfig, opened: Run, corpus: Any) -> int:
     ruler_tokens = sum(n for n, _, _ in planned_ruler_prompts(cfg, model))
     total = planned_tokens(model, cfg) + planned_passkey_tokens(cfg, model) + ruler_tokens
     total += sum(n for n, _, _ in planned_tuning_prompts(cfg))
-    try:
-        with inference(cfg.model.dtype, device), tqdm(total=total, unit="tok", dynamic_ncols=True) as bar:
-            tuned = run_tuning(cfg, model, builder, tune_ruler, state, bar)  # cfg itself without tune.grid
-            if windows is not None:
-                run_perplexity(tuned, model, windows, state, bar)
-            if cfg.key_lengths:
-                run_passkey(tuned, model, builder, state, bar)
-            if ruler_builder is not None:
-                run_ruler(tuned, model, ruler_builder, state, bar)
-    except KeyboardInterrupt:  # Interrupted (SIGTERM, or Ctrl-C under the CLI) or a bare Ctrl-C from Python: the
-        if state.forwards:  # tables of what finished, then the usual exit
-            print("stopped: writing the tables of what finished (--resume completes them)", file=sys.stderr)
-            _write(state, cfg, model, corpus, opened, device, complete=False)
-        raise
-    meta = _write(state, cfg, model, corpus, opened, device, complete=True)
+    sweeping["state"] = state  # from here a stop (Ctrl-C or SIGTERM) writes the tables of what finished
+    with inference(cfg.model.dtype, device), tqdm(total=total, unit="tok", dynamic_ncols=True) as bar:
+        tuned = run_tuning(cfg, model, builder, tune_ruler, state, bar)  # cfg itself without tune.grid
+        if windows is not None:
+            run_perplexity(tuned, model, windows, state, bar)
+        if cfg.key_lengths:
+            run_passkey(tuned, model, builder, state, bar)
+        if ruler_builder is not None:
+            run_ruler(tuned, model, ruler_builder, state, bar)
+    meta = _write(state, cfg, corpus, opened, complete=True)
     print(f"run folder: {run_dir}  ({meta['wall_s']:.0f} s)")
     return 0
 
 
-def _write(state: RunState, cfg: ExtendConfig, model: Llama, corpus: Any, opened: Run, device: torch.device,
-           complete: bool) -> dict[str, Any]:
+def _write_stopped(state: RunState | None, cfg: ExtendConfig, corpus: Any, opened: Run) -> None:
+    """The lifecycle's report on interruption: the tables of the cells that finished, marked incomplete;
+    nothing before the sweep measured anything."""
+    if state is not None and state.forwards:
+        print("stopped: writing the tables of what finished (--resume completes them)", file=sys.stderr)
+        _write(state, cfg, corpus, opened, complete=False)
+
+
+def _write(state: RunState, cfg: ExtendConfig, corpus: Any, opened: Run, complete: bool) -> dict[str, Any]:
     """Save the state and write the results of the cells done; `complete` False: a stopped run's, marked so."""
     state.save()
     meta = run_meta(state, cfg, {"name": corpus.name, "sha256": corpus.sha256}, opened.wall_seconds, complete)

@@ -1,8 +1,8 @@
 """model.backend=transformers: extend's sweep on a transformers model of a posenc family, each method put into it
 by posenc.hf.apply, behind the interface the sweep drives on posenc's own decoder (cfg, schemes, features,
-logits, new_cache, set_rope_scaling, set_attention_extension, tokenizer, blocks). The two backends compute the
-same thing (tests/hf/test_apply.py), so a run through either gives the same tables; this one checks that on the
-real model and serves a user who keeps the transformers object."""
+logits, new_cache, set_rope_scaling, set_attention_extension, set_method, tokenizer, blocks). The two backends
+compute the same thing (tests/hf/test_apply.py), so a run through either gives the same tables; this one checks
+that on the real model and serves a user who keeps the transformers object."""
 
 from __future__ import annotations
 
@@ -62,6 +62,12 @@ class TransformersModel(nn.Module):
     def set_attention_extension(self, attention_extension: dict[str, Any] | None) -> TransformersModel:
         self.cfg = self.cfg.replace(attention_extension=attention_extension)
         self._put_method()
+        return self
+
+    def set_method(self, rope_scaling: dict[str, Any] | None,
+                   attention_extension: dict[str, Any] | None) -> TransformersModel:
+        self.cfg = self.cfg.replace(rope_scaling=rope_scaling, attention_extension=attention_extension)
+        self._put_method()  # once for the pair
         return self
 
     def new_cache(self) -> Any:

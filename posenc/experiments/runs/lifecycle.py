@@ -19,12 +19,14 @@ from posenc.experiments.runs.rule import Run, RunRule, open_run
 
 @contextlib.contextmanager
 def run_folder(run_dir: str | Path | None, out_dir: str, rule: RunRule, config: dict[str, Any],
-               corpus: dict[str, str] | None = None, on_stop: Callable[[Run], None] | None = None) -> Iterator[Run]:
-    """Yield the open Run; `on_stop(run)` writes the report of the finished units when the run is interrupted."""
+               corpus: dict[str, str] | None = None, on_stop: Callable[[Run], None] | None = None,
+               read: Callable[[Path], dict[str, Any] | None] = manifest.read) -> Iterator[Run]:
+    """Yield the open Run; `on_stop(run)` writes the report of the finished units when the run is interrupted;
+    `read` finds what the folder holds (default its run.json; a study with older folders reads those too)."""
     created = run_dir is None or not Path(run_dir).exists()
     path = Path(run_dir) if run_dir is not None else new_run_dir(out_dir, rule.command)
     with removed_if_unused(path, manifest.holds_results) if created else contextlib.nullcontext(), \
-            open_run(path, rule, config, corpus) as run:
+            open_run(path, rule, config, corpus, read=read) as run:
         try:
             yield run
         except KeyboardInterrupt:
