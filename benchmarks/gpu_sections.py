@@ -255,19 +255,20 @@ def train_rows(schemes: list[str], layers: int, d_model: int, heads: int, seq: i
         del model, opt
 
 
-def decode_rows(schemes: list[str], context: int, layers: int, d_model: int, heads: int, repeats: int, device,
-                dtype, sink: Sink) -> None:
-    """One token against a cache of `context` tokens, per scheme: ms per step, ratio to `none`."""
-    base = None
-    for name in ["none", *(s for s in schemes if s != "none")]:
+def _decode_steps(models: dict[str, Callable[[], GPT]], context: int, repeats: int, device, section: str,
+                  column: str, sink: Sink) -> None:
+    """One token against a cache of `context` tokens (prefilled in chunks), per model built by `models`: ms per
+    step and the ratio to the first model's step (the baseline, named in the ratio's column)."""
+    base, first = None, next(iter(models))
+    for name, make in models.items():
         try:
-            model = _gpt(name, layers, d_model, heads, context + 64, device).eval().to(dtype)
+            model = make()
             cache = model.new_cache()
             with torch.no_grad():
                 for start in range(0, context, 1024):  # chunked prefill
                     model(torch.randint(0, 50304, (1, min(1024, context - start)), device=device), cache=cache)
         except torch.OutOfMemoryError:
-            sink("decode", {"context": context, "scheme": name, "ms/token": "OOM", "x none": float("nan")})
+            sink(section, {"context": context, column: name, "ms/token": "OOM", f"x {first}": float("nan")})
             continue
         token = torch.zeros(1, 1, dtype=torch.long, device=device)
 
@@ -276,10 +277,18 @@ def decode_rows(schemes: list[str], context: int, layers: int, d_model: int, hea
                 return model(token, cache=cache)
 
         result = timed(step, device, repeats)
-        base = result if name == "none" else base
-        sink("decode", {"context": context, "scheme": name, "ms/token": _ms(result),
-                        "x none": _ratio(result, base) if base is not None else float("nan")})
+        base = result if name == first else base
+        sink(section, {"context": context, column: name, "ms/token": _ms(result),
+                       f"x {first}": _ratio(result, base) if base is not None else float("nan")})
         del model, cache
+
+
+def decode_rows(schemes: list[str], context: int, layers: int, d_model: int, heads: int, repeats: int, device,
+                dtype, sink: Sink) -> None:
+    """One token against a cache of `context` tokens, per scheme: ms per step, ratio to `none`."""
+    models = {name: (lambda name=name: _gpt(name, layers, d_model, heads, context + 64, device).eval().to(dtype))
+              for name in ["none", *(s for s in schemes if s != "none")]}
+    _decode_steps(models, context, repeats, device, "decode", "scheme", sink)
 
 
 # Each method at 4x its trained length (a 32k prompt on an 8k model): the issue's targets, <= 1.5x plain prefill and
@@ -342,31 +351,14 @@ def map_rows(maps: list[str], length: int, head_dim: int, heads: int, kv_heads: 
 def map_decode_rows(maps: list[str], context: int, layers: int, d_model: int, heads: int, repeats: int, device,
                     dtype, sink: Sink) -> None:
     """One token against a cache of `context` tokens, a rope GPT trained at context // 4, plain and under each map."""
-    specs = {"rope": None, **{name: MAP_SPECS[name] for name in maps}}
-    base = None
-    for name, spec in specs.items():
-        try:
-            model = GPT(GPTConfig(vocab_size=50304, n_layer=layers, n_head=heads, d_model=d_model,
-                                  max_seq_len=max(2, context // 4), position_embedding_type="rope",
-                                  attention_extension=spec)).to(device).eval().to(dtype)
-            cache = model.new_cache()
-            with torch.no_grad():
-                for start in range(0, context, 1024):  # chunked prefill
-                    model(torch.randint(0, 50304, (1, min(1024, context - start)), device=device), cache=cache)
-        except torch.OutOfMemoryError:
-            sink("map decode", {"context": context, "map": name, "ms/token": "OOM", "x rope": float("nan")})
-            continue
-        token = torch.zeros(1, 1, dtype=torch.long, device=device)
 
-        def step(model=model, cache=cache, token=token):
-            with torch.no_grad():
-                return model(token, cache=cache)
+    def make(spec):
+        return GPT(GPTConfig(vocab_size=50304, n_layer=layers, n_head=heads, d_model=d_model,
+                             max_seq_len=max(2, context // 4), position_embedding_type="rope",
+                             attention_extension=spec)).to(device).eval().to(dtype)
 
-        result = timed(step, device, repeats)
-        base = result if spec is None else base
-        sink("map decode", {"context": context, "map": name, "ms/token": _ms(result),
-                            "x rope": _ratio(result, base) if base is not None else float("nan")})
-        del model, cache
+    models = {"rope": lambda: make(None), **{name: (lambda name=name: make(MAP_SPECS[name])) for name in maps}}
+    _decode_steps(models, context, repeats, device, "map decode", "map", sink)
 
 
 __all__ = ["MAP_SPECS", "attention_rows", "decode_rows", "map_decode_rows", "map_rows", "rope_rows", "seconds",

@@ -295,31 +295,37 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 HEAD_DIMS = (16, 32, 64, 80, 96, 128, 256)
 
 
+def _served(dtypes: list[str], head_dims: list[int], serves=None) -> Iterator[tuple[str, int]]:
+    """The (dtype, head dim) settings a kernel family serves, in order: serves(dtype, head_dim) where given, else
+    every head dim except float32's above FP32_MAX_HEAD_DIM (the exact paths serve those)."""
+    from posenc.nn.triton.attention import FP32_MAX_HEAD_DIM
+
+    for dtype in dtypes:
+        for head_dim in head_dims:
+            if serves(dtype, head_dim) if serves else not (dtype == "fp32" and head_dim > FP32_MAX_HEAD_DIM):
+                yield dtype, head_dim
+
+
 def attention_records(dtypes: list[str], head_dims: list[int], workdir: Path, causal_options=(True, False),
                       row_grads=(True, False)) -> list[dict]:
     """Every kernel the row-bias attention launches for these settings, compiled and read; each forward also
     without its bias, and the ratio of instructions per tile between the two."""
     records = []
-    from posenc.nn.triton.attention import FP32_MAX_HEAD_DIM
-
-    for dtype in dtypes:
-        for head_dim in head_dims:
-            if dtype == "fp32" and head_dim > FP32_MAX_HEAD_DIM:
-                continue  # not served in float32 (the exact paths are)
-            for causal in causal_options:
-                for row_grad in row_grads:
-                    setting = f"{dtype} Dh={head_dim} {'causal' if causal else 'full'}"
-                    for launch in attention_launches(DTYPES[dtype], head_dim, causal, row_grad):
-                        name = _name(launch.kernel)
-                        if name == "row_reduce" or (name != "dq" and not row_grad and len(row_grads) > 1):
-                            continue  # the forward and dK/dV do not depend on the row gradient: once
-                        label = f"{setting}{' row grad' if name == 'dq' and row_grad else ''}"
-                        record = asdict(analyse(launch, label, workdir))
-                        if name == "forward":
-                            plain = analyse(without_bias(launch), label, workdir)
-                            record["plain_loop_instructions"] = plain.loop_instructions
-                            record["bias_ratio"] = record["loop_instructions"] / max(plain.loop_instructions, 1)
-                        records.append(record)
+    for dtype, head_dim in _served(dtypes, head_dims):
+        for causal in causal_options:
+            for row_grad in row_grads:
+                setting = f"{dtype} Dh={head_dim} {'causal' if causal else 'full'}"
+                for launch in attention_launches(DTYPES[dtype], head_dim, causal, row_grad):
+                    name = _name(launch.kernel)
+                    if name == "row_reduce" or (name != "dq" and not row_grad and len(row_grads) > 1):
+                        continue  # the forward and dK/dV do not depend on the row gradient: once
+                    label = f"{setting}{' row grad' if name == 'dq' and row_grad else ''}"
+                    record = asdict(analyse(launch, label, workdir))
+                    if name == "forward":
+                        plain = analyse(without_bias(launch), label, workdir)
+                        record["plain_loop_instructions"] = plain.loop_instructions
+                        record["bias_ratio"] = record["loop_instructions"] / max(plain.loop_instructions, 1)
+                    records.append(record)
     return records
 
 
@@ -327,31 +333,26 @@ def piecewise_records(dtypes: list[str], head_dims: list[int], workdir: Path,
                       causal_options=(True, False)) -> list[dict]:
     """Every kernel the piecewise-bias attention (FIRE) launches, compiled and read; each forward against the row
     kernel's forward compiled without a bias (the same tiles), as the row kernel's own forward is."""
-    from posenc.nn.triton.attention import FP32_MAX_HEAD_DIM
-
     records = []
-    for dtype in dtypes:
-        for head_dim in head_dims:
-            if dtype == "fp32" and head_dim > FP32_MAX_HEAD_DIM:
-                continue
-            for causal in causal_options:
-                setting = f"{dtype} Dh={head_dim} {'causal' if causal else 'full'}"
-                for param_grad in (True, False):
-                    for launch in piecewise_launches(DTYPES[dtype], head_dim, causal, param_grad):
-                        name = _name(launch.kernel)
-                        if name == "row_reduce" or (name != "dq" and not param_grad):
-                            continue  # the forward and dK/dV do not depend on the pieces' gradients: once
-                        label = f"{setting}{' pieces grad' if param_grad and name == 'dq' else ''}"
-                        record = asdict(analyse(launch, label, workdir))
-                        record["kernel"] = f"pieces {name}"
-                        if name == "forward":
-                            plain = analyse(_plain_row_forward(launch, dtype, head_dim, causal), setting, workdir)
-                            record["plain_loop_instructions"] = plain.loop_instructions
-                            record["bias_ratio"] = record["loop_instructions"] / max(plain.loop_instructions, 1)
-                            compiled = _compile(launch.kernel, launch.args, launch.options)
-                            straight = straight_instructions(_resources(compiled.asm["cubin"], workdir)[2])
-                            record["no_knot_ratio"] = straight / max(plain.loop_instructions, 1)
-                        records.append(record)
+    for dtype, head_dim in _served(dtypes, head_dims):
+        for causal in causal_options:
+            setting = f"{dtype} Dh={head_dim} {'causal' if causal else 'full'}"
+            for param_grad in (True, False):
+                for launch in piecewise_launches(DTYPES[dtype], head_dim, causal, param_grad):
+                    name = _name(launch.kernel)
+                    if name == "row_reduce" or (name != "dq" and not param_grad):
+                        continue  # the forward and dK/dV do not depend on the pieces' gradients: once
+                    label = f"{setting}{' pieces grad' if param_grad and name == 'dq' else ''}"
+                    record = asdict(analyse(launch, label, workdir))
+                    record["kernel"] = f"pieces {name}"
+                    if name == "forward":
+                        plain = analyse(_plain_row_forward(launch, dtype, head_dim, causal), setting, workdir)
+                        record["plain_loop_instructions"] = plain.loop_instructions
+                        record["bias_ratio"] = record["loop_instructions"] / max(plain.loop_instructions, 1)
+                        compiled = _compile(launch.kernel, launch.args, launch.options)
+                        straight = straight_instructions(_resources(compiled.asm["cubin"], workdir)[2])
+                        record["no_knot_ratio"] = straight / max(plain.loop_instructions, 1)
+                    records.append(record)
     return records
 
 
@@ -369,17 +370,17 @@ def relative_records(dtypes: list[str], head_dims: list[int], workdir: Path, cau
     the head dims and dtypes it serves (posenc.nn.triton.relative.serves: the table has its tiles)."""
     from posenc.nn.triton import relative
 
+    def serves(dtype: str, head_dim: int) -> bool:
+        return relative.serves(torch.empty(1, 1, 1, head_dim, device="meta", dtype=DTYPES[dtype]))
+
     records = []
-    for dtype in dtypes:
-        for head_dim in head_dims:
-            if not relative.serves(torch.empty(1, 1, 1, head_dim, device="meta", dtype=DTYPES[dtype])):
-                continue
-            for causal in causal_options:
-                for values in (True, False):
-                    setting = (f"{dtype} Dh={head_dim} {'causal' if causal else 'full'} "
-                               f"{'shaw' if values else 'transformer_xl'}")
-                    for launch in relative_launches(DTYPES[dtype], head_dim, causal, values):
-                        records.append(asdict(analyse(launch, setting, workdir)))
+    for dtype, head_dim in _served(dtypes, head_dims, serves):
+        for causal in causal_options:
+            for values in (True, False):
+                setting = (f"{dtype} Dh={head_dim} {'causal' if causal else 'full'} "
+                           f"{'shaw' if values else 'transformer_xl'}")
+                for launch in relative_launches(DTYPES[dtype], head_dim, causal, values):
+                    records.append(asdict(analyse(launch, setting, workdir)))
     return records
 
 
@@ -388,12 +389,9 @@ def cope_records(dtypes: list[str], head_dims: list[int], workdir: Path) -> list
     from posenc.nn.triton import cope
 
     records = []
-    for dtype in dtypes:
-        for head_dim in head_dims:
-            if not cope.serves(head_dim, DTYPES[dtype]):
-                continue  # the chunked path serves it
-            for launch in cope_launches(DTYPES[dtype], head_dim):
-                records.append(asdict(analyse(launch, f"{dtype} Dh={head_dim} cope", workdir)))
+    for dtype, head_dim in _served(dtypes, head_dims, lambda dtype, head_dim: cope.serves(head_dim, DTYPES[dtype])):
+        for launch in cope_launches(DTYPES[dtype], head_dim):  # the rest: the chunked path serves it
+            records.append(asdict(analyse(launch, f"{dtype} Dh={head_dim} cope", workdir)))
     return records
 
 
@@ -410,19 +408,14 @@ def rotary_records(dtypes: list[str], workdir: Path) -> list[dict]:
 
 def mapped_records(dtypes: list[str], head_dims: list[int], workdir: Path) -> list[dict]:
     """The position-map kernel for every pair rule, prefill and decode."""
-    from posenc.nn.triton.attention import FP32_MAX_HEAD_DIM
-
     records = []
-    for dtype in dtypes:
-        for head_dim in head_dims:
-            if dtype == "fp32" and head_dim > FP32_MAX_HEAD_DIM:
-                continue
-            for rule in MAP_RULES:
-                for decode, in_kernel, label in ((False, False, "prefill"), (True, False, "decode"),
-                                                 (True, True, "decode, keys rotated in the kernel")):
-                    setting = f"{dtype} Dh={head_dim} {rule} {label}"
-                    for launch in mapped_launches(DTYPES[dtype], head_dim, decode, rule, in_kernel):
-                        records.append(asdict(analyse(launch, setting, workdir)))
+    for dtype, head_dim in _served(dtypes, head_dims):
+        for rule in MAP_RULES:
+            for decode, in_kernel, label in ((False, False, "prefill"), (True, False, "decode"),
+                                             (True, True, "decode, keys rotated in the kernel")):
+                setting = f"{dtype} Dh={head_dim} {rule} {label}"
+                for launch in mapped_launches(DTYPES[dtype], head_dim, decode, rule, in_kernel):
+                    records.append(asdict(analyse(launch, setting, workdir)))
     return records
 
 

@@ -39,15 +39,8 @@ SWEEP=("extend.method_options={dca: {scale: false}}" tune.passkeys=3 "tune.ruler
 FACTORS=${FACTORS:-4 8}
 SHARE=$((460 / $(echo $FACTORS | wc -w)))  # seconds per factor: 2/5 to the released defaults, 3/5 to the sweep
 
-part() {  # part NAME SECONDS COMMAND...: run, log to $OUT/NAME.log, record the exit status
-  local name=$1 limit=$2; shift 2
-  echo "== $name (at most ${limit} s)"
-  local started=$SECONDS
-  timeout --kill-after=20 "$limit" "$@" > "$OUT/$name.log" 2>&1
-  local status=$?
-  tail -n 30 "$OUT/$name.log"
-  echo "$name: exit $status after $((SECONDS - started)) s" | tee -a "$OUT/summary.txt"
-}
+PART_KILL_AFTER=20 PART_TAIL=30  # a run writes its tables when stopped: give it time; longer logs
+source "$(dirname "$0")/gpu_parts.sh"
 
 for f in $FACTORS; do
   case $f in 4) LENGTH=$LENGTH4 GRID=$GRID4 ;; 8) LENGTH=$LENGTH8 GRID=$GRID8 ;; *) echo "FACTORS: 4 and/or 8"; exit 2 ;; esac

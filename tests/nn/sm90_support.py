@@ -15,6 +15,24 @@ needs_compiler = pytest.mark.skipif(not gpu.installed() or gpu.interpreting(),
                                     reason="needs triton, not under TRITON_INTERPRET (kernels must be compiled)")
 
 
+def check_compiled(launches: dict, label: str, workdir: Path, *, spills_allowed: bool = False,
+                   hot_loop: bool = True) -> dict:
+    """Compile each named launch for sm_90 and read it: it fits an H100 block's shared memory, spills nothing
+    (unless spills_allowed) and (hot_loop) has a hot loop. label names the setting in the failure messages.
+    Returns the records by name, for a caller's own checks."""
+    records = {}
+    for name, launch in launches.items():
+        record = gpu_static.analyse(launch, label, workdir)
+        what = f"{name} {label} ({record.tiles})"
+        assert record.shared_bytes <= gpu_static.H100_SHARED_BYTES, f"{what}: {record.shared_bytes} B shared"
+        if not spills_allowed:
+            assert record.spilled_bytes == 0, f"{what}: {record.spilled_bytes} B spilled per thread"
+        if hot_loop:
+            assert record.loop_instructions > 0, f"{what}: no hot loop found"
+        records[name] = record
+    return records
+
+
 def check_attention(dtype: str, head_dim: int, causal: bool, spills_allowed: bool = False) -> None:
     """Every kernel posenc launches for this setting (forward, dK/dV, dQ with and without the row gradient, the
     row reduction) compiles for sm_90, fits an H100 block's shared memory, and (16-bit types) spills nothing;
@@ -27,16 +45,13 @@ def check_attention(dtype: str, head_dim: int, causal: bool, spills_allowed: boo
                 name = gpu_static._name(launch.kernel)
                 launches[f"{name}{' rows' if name == 'dq' and row_grad else ''}"] = launch
         assert set(launches) == {"forward", "dkdv", "dq", "dq rows", "row_reduce"}, sorted(launches)
-        for name, launch in launches.items():
-            record = gpu_static.analyse(launch, f"{dtype} Dh={head_dim}", Path(workdir))
-            what = f"{name} {dtype} Dh={head_dim} {'causal' if causal else 'full'} ({record.tiles})"
-            assert record.shared_bytes <= gpu_static.H100_SHARED_BYTES, f"{what}: {record.shared_bytes} B shared"
-            if not spills_allowed:
-                assert record.spilled_bytes == 0, f"{what}: {record.spilled_bytes} B spilled per thread"
-            if name == "forward":
-                plain = gpu_static.analyse(gpu_static.without_bias(launch), "", Path(workdir))
-                assert record.shared_bytes == plain.shared_bytes, f"{what}: the bias takes shared memory"
-                assert record.loop_instructions > plain.loop_instructions > 0, f"{what}: no hot loop found"
+        label = f"{dtype} Dh={head_dim} {'causal' if causal else 'full'}"
+        records = check_compiled(launches, label, Path(workdir), spills_allowed=spills_allowed, hot_loop=False)
+        forward = records["forward"]
+        plain = gpu_static.analyse(gpu_static.without_bias(launches["forward"]), "", Path(workdir))
+        what = f"forward {label} ({forward.tiles})"
+        assert forward.shared_bytes == plain.shared_bytes, f"{what}: the bias takes shared memory"
+        assert forward.loop_instructions > plain.loop_instructions > 0, f"{what}: no hot loop found"
 
 
 def check_relative(dtype: str, head_dim: int, causal: bool, values: bool) -> None:
@@ -44,13 +59,10 @@ def check_relative(dtype: str, head_dim: int, causal: bool, values: bool) -> Non
     block's shared memory and spill nothing: values=True as Shaw launches them, False as Transformer-XL."""
     with tempfile.TemporaryDirectory() as workdir:
         launches = gpu_static.relative_launches(gpu_static.DTYPES[dtype], head_dim, causal, values)
+        named = {gpu_static._name(launch.kernel): launch for launch in launches}
         assert sorted(gpu_static._name(launch.kernel) for launch in launches) == ["dkdv", "dq", "forward"]
-        for launch in launches:
-            record = gpu_static.analyse(launch, "", Path(workdir))
-            what = f"relative {record.kernel} {dtype} Dh={head_dim} values={values} ({record.tiles})"
-            assert record.shared_bytes <= gpu_static.H100_SHARED_BYTES, f"{what}: {record.shared_bytes} B shared"
-            assert record.spilled_bytes == 0, f"{what}: {record.spilled_bytes} B spilled per thread"
-            assert record.loop_instructions > 0, f"{what}: no hot loop found"
+        label = f"relative {dtype} Dh={head_dim} {'causal' if causal else 'full'} values={values}"
+        check_compiled(named, label, Path(workdir))
 
 
 def check_cope(dtype: str, head_dim: int) -> None:
@@ -60,12 +72,8 @@ def check_cope(dtype: str, head_dim: int) -> None:
         launches = gpu_static.cope_launches(gpu_static.DTYPES[dtype], head_dim)
         names = [gpu_static._name(launch.kernel) for launch in launches]
         assert names == ["cope_forward", "cope_dq", "cope_dkdv"], names
-        for launch in launches:
-            record = gpu_static.analyse(launch, f"{dtype} Dh={head_dim} cope", Path(workdir))
-            what = f"{record.kernel} {dtype} Dh={head_dim} ({record.tiles})"
-            assert record.shared_bytes <= gpu_static.H100_SHARED_BYTES, f"{what}: {record.shared_bytes} B shared"
-            assert record.spilled_bytes == 0, f"{what}: {record.spilled_bytes} B spilled per thread"
-            assert record.loop_instructions > 0, f"{what}: no hot loop found"
+        named = dict(zip(names, launches, strict=True))
+        check_compiled(named, f"{dtype} Dh={head_dim} cope", Path(workdir))
 
 
 def check_piecewise(dtype: str, head_dim: int, causal: bool) -> None:
@@ -79,9 +87,4 @@ def check_piecewise(dtype: str, head_dim: int, causal: bool) -> None:
                 launches[f"{name}{' grad' if name == 'dq' and param_grad else ''}"] = launch
         launches.pop("row_reduce")  # the row kernel's own reduction, checked there
         assert set(launches) == {"forward", "dkdv", "dq", "dq grad"}, sorted(launches)
-        for name, launch in launches.items():
-            record = gpu_static.analyse(launch, f"{dtype} Dh={head_dim}", Path(workdir))
-            what = f"pieces {name} {dtype} Dh={head_dim} {'causal' if causal else 'full'} ({record.tiles})"
-            assert record.shared_bytes <= gpu_static.H100_SHARED_BYTES, f"{what}: {record.shared_bytes} B shared"
-            assert record.spilled_bytes == 0, f"{what}: {record.spilled_bytes} B spilled per thread"
-            assert record.loop_instructions > 0, f"{what}: no hot loop found"
+        check_compiled(launches, f"pieces {dtype} Dh={head_dim} {'causal' if causal else 'full'}", Path(workdir))

@@ -24,15 +24,10 @@ from posenc.registry import build as registry_build
 from posenc.rotary import _core, _fast
 from posenc.scheme import Scheme
 from tests.conftest import tiny_config
-from tests.nn.triton_support import patch_interpreter_for_numpy
+from tests.nn.triton_support import kernel_device
 
 pytestmark = pytest.mark.skipif(not gpu.installed(), reason="triton is not installed")
-INTERPRETED = gpu.interpreting()
-DEVICE = "cpu" if INTERPRETED else "cuda"
-if INTERPRETED:
-    patch_interpreter_for_numpy()
-elif not torch.cuda.is_available():
-    pytest.skip("no CUDA device and TRITON_INTERPRET is not set", allow_module_level=True)
+INTERPRETED, DEVICE = kernel_device()
 
 from posenc.nn.triton import attention, rotary  # noqa: E402  (after the interpreter's setting is known)
 

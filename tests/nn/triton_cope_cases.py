@@ -19,17 +19,10 @@ from posenc.nn import dispatch
 from posenc.nn import triton as gpu
 from posenc.registry import build
 from tests.conftest import tiny_config
-from tests.nn.triton_support import patch_interpreter_for_numpy
+from tests.nn.triton_support import kernel_device
 
 pytestmark = pytest.mark.skipif(not gpu.installed(), reason="triton is not installed")
-INTERPRETED = gpu.interpreting()
-DEVICE = "cpu" if INTERPRETED else "cuda"
-if INTERPRETED:
-    patch_interpreter_for_numpy()
-elif not torch.cuda.is_available():
-    pytest.skip("no CUDA device and TRITON_INTERPRET is not set", allow_module_level=True)
-else:
-    torch.set_float32_matmul_precision("high")  # the kernel serves float32 as TF32 on a GPU
+INTERPRETED, DEVICE = kernel_device(tf32=True)  # the kernel serves float32 as TF32 on a GPU
 
 from posenc.nn.triton import cope  # noqa: E402  (after the interpreter's setting is known)
 from posenc.nn.triton.attention import Tiles  # noqa: E402

@@ -22,21 +22,14 @@ from posenc.position_maps.window import Windowed
 from posenc.registry import build as registry_build
 from posenc.registry import build_position_map
 from posenc.scheme import Dims
-from tests.nn.triton_support import patch_interpreter_for_numpy
+from tests.nn.triton_support import kernel_device
 from tests.position_maps import reference
 from tests.position_maps.test_properties import SMALL
 from tests.position_maps.test_reference import CASES
 from tests.position_maps.tiny import TRAINED, tiny_llama, token_ids
 
 pytestmark = pytest.mark.skipif(not gpu.installed(), reason="triton is not installed")
-INTERPRETED = gpu.interpreting()
-DEVICE = "cpu" if INTERPRETED else "cuda"
-if INTERPRETED:
-    patch_interpreter_for_numpy()
-elif not torch.cuda.is_available():
-    pytest.skip("no CUDA device and TRITON_INTERPRET is not set", allow_module_level=True)
-else:
-    torch.set_float32_matmul_precision("high")  # float32 runs as TF32 on a GPU
+INTERPRETED, DEVICE = kernel_device(tf32=True)  # float32 runs as TF32 on a GPU
 FLOAT32 = 2e-4 if INTERPRETED else 2e-2
 T = 40  # > 2x the trained length, not a multiple of the 16-key tiles: ragged tiles, every region of every map
 SMALLER = dict(n_layer=1, n_head=2, n_kv_head=1)  # the tiny Llama with one layer and Dh 32, still GQA (the

@@ -21,15 +21,10 @@ from posenc.nn import triton as gpu
 from posenc.nn.attention_core import attend
 from posenc.registry import build
 from tests.conftest import tiny_config
-from tests.nn.triton_support import patch_interpreter_for_numpy
+from tests.nn.triton_support import kernel_device
 
 pytestmark = pytest.mark.skipif(not gpu.installed(), reason="triton is not installed")
-INTERPRETED = gpu.interpreting()
-DEVICE = "cpu" if INTERPRETED else "cuda"
-if INTERPRETED:
-    patch_interpreter_for_numpy()
-elif not torch.cuda.is_available():
-    pytest.skip("no CUDA device and TRITON_INTERPRET is not set", allow_module_level=True)
+INTERPRETED, DEVICE = kernel_device()
 
 from posenc.nn.triton import attention, piecewise_attention  # noqa: E402  (after the interpreter's setting)
 

@@ -53,3 +53,22 @@ def patch_interpreter_for_numpy() -> None:
 
     patched.posenc_patched = True
     interpreter._patch_lang_tensor = patched
+
+
+def kernel_device(tf32: bool = False) -> tuple[bool, str]:
+    """The case files' common start, called at import: (interpreted, device). Under TRITON_INTERPRET=1 the
+    interpreter is patched and the kernels run on "cpu"; otherwise they run compiled on "cuda", and the whole
+    file is skipped where there is no CUDA device. tf32=True: float32 runs as TF32 on a GPU, as the kernels serve
+    it (the reference's own matmuls then match the kernel's precision)."""
+    from posenc.nn import triton as gpu
+
+    if gpu.interpreting():
+        patch_interpreter_for_numpy()
+        return True, "cpu"
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device and TRITON_INTERPRET is not set", allow_module_level=True)
+    if tf32:
+        torch.set_float32_matmul_precision("high")
+    return False, "cuda"

@@ -9,13 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
-from posenc.experiments import report_writer
 from posenc.experiments.compare.config import RULE, CompareConfig
 from posenc.experiments.runs.lifecycle import run_folder
-from posenc.experiments.runs.units import finished, report_saved, save_units
-from posenc.experiments.training.parallel import default_workers, run_units
+from posenc.experiments.runs.units import finished
+from posenc.experiments.training.scheme_study import on_stop, run_with_bar, units_reported
 from posenc.experiments.training.scheme_units import preflight_all, run_unit
 
 
@@ -24,21 +21,7 @@ def compare(cfg: CompareConfig, run_dir: Path, on_unit=None) -> list[dict[str, A
     results survive an interruption. Returns the units in (scheme, seed) order."""
     c = cfg.compare
     jobs = [(cfg, scheme, seed, run_dir) for scheme in c.schemes for seed in c.seeds]
-    done: list[dict[str, Any]] = []
-    bar = tqdm(total=len(jobs), desc="compare", unit="model", disable=not (c.progress and cfg.trainer.progress))
-
-    def finished(job: tuple, unit: dict[str, Any]) -> None:
-        done.append(unit)
-        bar.set_postfix_str(f"{unit['scheme']} seed {unit['seed']}: {unit['status']}")
-        bar.update()
-        if on_unit is not None:
-            on_unit(done)
-
-    try:
-        units = run_units(run_unit, jobs, c.jobs or default_workers(), finished)
-    finally:
-        bar.close()
-    return units
+    return run_with_bar(run_unit, jobs, cfg, "compare", lambda unit: f"{unit['scheme']} seed {unit['seed']}", on_unit)
 
 
 def run(cfg: CompareConfig, run_dir: Path | None) -> int:
@@ -47,12 +30,8 @@ def run(cfg: CompareConfig, run_dir: Path | None) -> int:
     from posenc.experiments.compare.report import report
 
     corpus = preflight_all(cfg)  # every scheme's model sized against memory and the text before any training
-    stopped = lambda opened: report_saved(opened.path, cfg, report, opened.wall_seconds)
-    # run.json's wall time is written before each unit's results, so the time of every saved unit survives a kill.
-    with run_folder(run_dir, cfg.out_dir, RULE, cfg.to_dict(), corpus, on_stop=stopped) as opened:
-        units = compare(cfg, opened.path, on_unit=lambda done: (opened.tick(force=True),
-                                                                save_units(opened.path, done)))
-        files = report_writer.write(opened.path, report(units, cfg, opened.wall_seconds))
+    with run_folder(run_dir, cfg.out_dir, RULE, cfg.to_dict(), corpus, on_stop=on_stop(cfg, report)) as opened:
+        units, files = units_reported(opened, cfg, report, compare)
     return finished(units, opened.path, files)
 
 

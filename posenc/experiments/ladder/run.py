@@ -8,13 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
-from posenc.experiments import report_writer
 from posenc.experiments.ladder.config import RULE, LadderConfig
 from posenc.experiments.runs.lifecycle import run_folder
-from posenc.experiments.runs.units import finished, report_saved, save_units
-from posenc.experiments.training.parallel import default_workers, run_units
+from posenc.experiments.runs.units import finished
+from posenc.experiments.training.scheme_study import on_stop, run_with_bar, units_reported
 from posenc.experiments.training.scheme_units import preflight_all, run_unit
 
 
@@ -39,21 +36,8 @@ def jobs(cfg: LadderConfig, run_dir: Path) -> list[tuple[str, tuple]]:
 
 def ladder(cfg: LadderConfig, run_dir: Path, on_unit=None) -> list[dict[str, Any]]:
     """Every (size, scheme, seed) unit; on_unit(units so far) after each finishes."""
-    todo, done = jobs(cfg, run_dir), []
-    bar = tqdm(total=len(todo), desc="ladder", unit="model",
-               disable=not (cfg.compare.progress and cfg.trainer.progress))
-
-    def finished(job: tuple, unit: dict[str, Any]) -> None:
-        done.append(unit)
-        bar.set_postfix_str(f"{unit['size']} {unit['scheme']} seed {unit['seed']}: {unit['status']}")
-        bar.update()
-        if on_unit is not None:
-            on_unit(done)
-
-    try:
-        return run_units(run_rung_unit, todo, cfg.compare.jobs or default_workers(), finished)
-    finally:
-        bar.close()
+    describe = lambda unit: f"{unit['size']} {unit['scheme']} seed {unit['seed']}"
+    return run_with_bar(run_rung_unit, jobs(cfg, run_dir), cfg, "ladder", describe, on_unit)
 
 
 def run(cfg: LadderConfig, run_dir: Path | None) -> int:
@@ -62,10 +46,8 @@ def run(cfg: LadderConfig, run_dir: Path | None) -> int:
     from posenc.experiments.ladder.report import report
 
     corpus = preflight_ladder(cfg)  # every size's models checked before any training
-    stopped = lambda opened: report_saved(opened.path, cfg, report, opened.wall_seconds)
-    with run_folder(run_dir, cfg.out_dir, RULE, cfg.to_dict(), corpus, on_stop=stopped) as opened:
-        units = ladder(cfg, opened.path, on_unit=lambda done: (opened.tick(force=True), save_units(opened.path, done)))
-        files = report_writer.write(opened.path, report(units, cfg, opened.wall_seconds))
+    with run_folder(run_dir, cfg.out_dir, RULE, cfg.to_dict(), corpus, on_stop=on_stop(cfg, report)) as opened:
+        units, files = units_reported(opened, cfg, report, ladder)
     return finished(units, opened.path, files)
 
 
