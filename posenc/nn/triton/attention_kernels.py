@@ -173,6 +173,28 @@ def _forward(Q, K, V, OUT, LSE, ROWS, E,
 
 
 @triton.jit
+def _query_tile(q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, i, TQ, d_ok, MASKED: tl.constexpr, EVEN_D: tl.constexpr):
+    """A dK/dV loop's query tile: q transposed (BD,BM), dO (BM,BD), LSE and delta (BM,); MASKED: the ragged or
+    diagonal tiles (rows past Tq read as probability 0), else only the head dim's padding is masked."""
+    if MASKED:
+        i_ok = i < TQ
+        q_t = tl.load(q_ptrs, mask=i_ok[None, :] & d_ok[:, None], other=0.0)  # (BD,BM)
+        do = tl.load(do_ptrs, mask=i_ok[:, None] & d_ok[None, :], other=0.0)  # (BM,BD)
+        lse = tl.load(lse_ptrs, mask=i_ok, other=float("inf"))  # padded queries: probability 0
+        delta = tl.load(delta_ptrs, mask=i_ok, other=0.0)
+    else:
+        if EVEN_D:
+            q_t = tl.load(q_ptrs)
+            do = tl.load(do_ptrs)
+        else:
+            q_t = tl.load(q_ptrs, mask=d_ok[:, None], other=0.0)
+            do = tl.load(do_ptrs, mask=d_ok[None, :], other=0.0)
+        lse = tl.load(lse_ptrs)
+        delta = tl.load(delta_ptrs)
+    return q_t, do, lse, delta
+
+
+@triton.jit
 def _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, bias_ptrs, j, m_start, m_end, TQ, TK,
                 qk_scale, sqt, sdot, d_ok, CAUSAL: tl.constexpr, MASKED: tl.constexpr, HAS_BIAS: tl.constexpr,
                 EVEN_D: tl.constexpr, BM: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
@@ -183,21 +205,7 @@ def _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, bias_ptrs, 
     delta_ptrs += m_start
     for m0 in range(m_start, m_end, BM):
         i = m0 + tl.arange(0, BM)
-        if MASKED:
-            i_ok = i < TQ
-            q_t = tl.load(q_ptrs, mask=i_ok[None, :] & d_ok[:, None], other=0.0)  # (BD,BM)
-            do = tl.load(do_ptrs, mask=i_ok[:, None] & d_ok[None, :], other=0.0)  # (BM,BD)
-            lse = tl.load(lse_ptrs, mask=i_ok, other=float("inf"))  # padded queries: probability 0
-            delta = tl.load(delta_ptrs, mask=i_ok, other=0.0)
-        else:
-            if EVEN_D:
-                q_t = tl.load(q_ptrs)
-                do = tl.load(do_ptrs)
-            else:
-                q_t = tl.load(q_ptrs, mask=d_ok[:, None], other=0.0)
-                do = tl.load(do_ptrs, mask=d_ok[None, :], other=0.0)
-            lse = tl.load(lse_ptrs)
-            delta = tl.load(delta_ptrs)
+        q_t, do, lse, delta = _query_tile(q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, i, TQ, d_ok, MASKED, EVEN_D)
         s_t = _dot(k, q_t, PRECISION, UPCAST)  # (BN,BM)
         if HAS_BIAS:
             tile = bias_ptrs - m0 + (tl.arange(0, j.shape[0])[:, None] - tl.arange(0, BM)[None, :])  # (BN,BM)

@@ -32,7 +32,16 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from posenc.nn.triton.attention_kernels import _bias, _diagonal_sums, _dot, _interior_end, _key_end, _valid
+from posenc.nn.triton.attention_kernels import (
+    _bias,
+    _diagonal_sums,
+    _dot,
+    _interior_end,
+    _key_end,
+    _query_phases,
+    _query_tile,
+    _valid,
+)
 
 
 @triton.jit
@@ -199,21 +208,7 @@ def _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, inv_ptrs, s
     delta_ptrs += m_start
     for m0 in range(m_start, m_end, BM):
         i = m0 + tl.arange(0, BM)
-        if MASKED:
-            i_ok = i < TQ
-            q_t = tl.load(q_ptrs, mask=i_ok[None, :] & d_ok[:, None], other=0.0)  # (BD,BM)
-            do = tl.load(do_ptrs, mask=i_ok[:, None] & d_ok[None, :], other=0.0)  # (BM,BD)
-            lse = tl.load(lse_ptrs, mask=i_ok, other=float("inf"))  # padded queries: probability 0
-            delta = tl.load(delta_ptrs, mask=i_ok, other=0.0)
-        else:
-            if EVEN_D:
-                q_t = tl.load(q_ptrs)
-                do = tl.load(do_ptrs)
-            else:
-                q_t = tl.load(q_ptrs, mask=d_ok[:, None], other=0.0)
-                do = tl.load(do_ptrs, mask=d_ok[None, :], other=0.0)
-            lse = tl.load(lse_ptrs)
-            delta = tl.load(delta_ptrs)
+        q_t, do, lse, delta = _query_tile(q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, i, TQ, d_ok, MASKED, EVEN_D)
         inv = tl.load(inv_ptrs + tl.minimum(i, TQ - 1))  # (BM,)
         s_t = _dot(k, q_t, PRECISION, UPCAST)  # (BN,BM)
         tile = feature_base - m0 + (tl.arange(0, BN)[:, None] - tl.arange(0, BM)[None, :])  # (BN,BM)
@@ -265,13 +260,7 @@ def _dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, FEATURE, E, INV, SEGS, SPLIT, KNOTS, 
     slope_row, intercept_row = SLOPE + h * (n_knots + 1), INTERCEPT + h * (n_knots + 1)
     dk = tl.zeros((BN, BD), tl.float32)
     dv = tl.zeros((BN, BD), tl.float32)
-    first = 0
-    full = 0
-    if CAUSAL:
-        first = tl.maximum(n0 - (TK - TQ), 0) // BM * BM
-        full = tl.minimum(tl.cdiv(tl.maximum(n0 + BN - 1 - (TK - TQ), 0), BM) * BM, TQ // BM * BM)
-        full = tl.maximum(full, first)
-    last = tl.maximum(TQ // BM * BM, full)
+    first, full, last = _query_phases(n0, TQ, TK, CAUSAL, BM, BN)
     fast_start = tl.minimum(tl.maximum(tl.load(SPLIT + b * NK + tl.program_id(0)) * BM, full), last)
     dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, inv_ptrs, segs, feature_base, KNOTS,
                          slope_row, intercept_row, j, first, full, TQ, TK, NK, qk_scale, sqt, sdot, d_ok, CAUSAL,
