@@ -33,17 +33,25 @@ def check_compiled(launches: dict, label: str, workdir: Path, *, spills_allowed:
     return records
 
 
+def _with_and_without_grad(launches_of, dtype: str, head_dim: int, causal: bool, grad_name: str) -> dict:
+    """The launches of launches_of(dtype, head_dim, causal, grad) for grad True and False by kernel name: the dQ
+    kernel twice ("dq <grad_name>" with the bias's gradient, "dq" without), the rest once (they do not depend on
+    it)."""
+    launches = {}
+    for grad in (True, False):
+        for launch in launches_of(gpu_static.DTYPES[dtype], head_dim, causal, grad):
+            name = gpu_static._name(launch.kernel)
+            launches[f"{name} {grad_name}" if name == "dq" and grad else name] = launch
+    return launches
+
+
 def check_attention(dtype: str, head_dim: int, causal: bool, spills_allowed: bool = False) -> None:
     """Every kernel posenc launches for this setting (forward, dK/dV, dQ with and without the row gradient, the
     row reduction) compiles for sm_90, fits an H100 block's shared memory, and (16-bit types) spills nothing;
     the biased forward uses no more shared memory than the same forward without a bias (the bias is not staged
     through the pipeline's buffers)."""
     with tempfile.TemporaryDirectory() as workdir:
-        launches = {}
-        for row_grad in (True, False):
-            for launch in gpu_static.attention_launches(gpu_static.DTYPES[dtype], head_dim, causal, row_grad):
-                name = gpu_static._name(launch.kernel)
-                launches[f"{name}{' rows' if name == 'dq' and row_grad else ''}"] = launch
+        launches = _with_and_without_grad(gpu_static.attention_launches, dtype, head_dim, causal, "rows")
         assert set(launches) == {"forward", "dkdv", "dq", "dq rows", "row_reduce"}, sorted(launches)
         label = f"{dtype} Dh={head_dim} {'causal' if causal else 'full'}"
         records = check_compiled(launches, label, Path(workdir), spills_allowed=spills_allowed, hot_loop=False)
@@ -80,11 +88,7 @@ def check_piecewise(dtype: str, head_dim: int, causal: bool) -> None:
     """Every kernel the piecewise-bias attention (FIRE) launches for this setting (forward, dK/dV, dQ with and
     without the pieces' gradients) compiles for sm_90, fits an H100 block's shared memory and spills nothing."""
     with tempfile.TemporaryDirectory() as workdir:
-        launches = {}
-        for param_grad in (True, False):
-            for launch in gpu_static.piecewise_launches(gpu_static.DTYPES[dtype], head_dim, causal, param_grad):
-                name = gpu_static._name(launch.kernel)
-                launches[f"{name}{' grad' if name == 'dq' and param_grad else ''}"] = launch
+        launches = _with_and_without_grad(gpu_static.piecewise_launches, dtype, head_dim, causal, "grad")
         launches.pop("row_reduce")  # the row kernel's own reduction, checked there
         assert set(launches) == {"forward", "dkdv", "dq", "dq grad"}, sorted(launches)
         check_compiled(launches, f"pieces {dtype} Dh={head_dim} {'causal' if causal else 'full'}", Path(workdir))

@@ -27,7 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from posenc.nn.triton.attention_kernels import LOG2E, _dot
+from posenc.nn.triton.attention_kernels import LOG2E, _dot, _dq_rows
 
 _LOG2E = tl.constexpr(LOG2E)  # softmax in base 2, as attention_kernels (a jit function reads constexpr globals only)
 
@@ -149,10 +149,7 @@ def _cope_dq(Q, K, V, DO, LSE, DELTA, DQ, ROWS, DROWS, CARRY_G, CARRY_D, DTOTAL,
     d = tl.arange(0, BD)
     i_ok, d_ok = i < TQ, d < D
     q_mask = i_ok[:, None] & d_ok[None, :]
-    q = tl.load(Q + b * sqb + h * sqh + i[:, None] * sqt + d[None, :], mask=q_mask, other=0.0)  # (BM,BD)
-    do = tl.load(DO + b * sdob + h * sdoh + i[:, None] * sdot + d[None, :], mask=q_mask, other=0.0)
-    lse = tl.load(LSE + bh * TQ + i, mask=i_ok, other=float("inf"))  # padded queries: probability 0
-    delta = tl.load(DELTA + bh * TQ + i, mask=i_ok, other=0.0)
+    q, do, lse, delta = _dq_rows(Q, DO, LSE, DELTA, b, h, bh, i, d, i_ok, q_mask, TQ, sqb, sqh, sqt, sdob, sdoh, sdot)
     k_base = K + b * skb + hk * skh + d[:, None]
     v_base = V + b * svb + hk * svh + d[:, None]
     rows_at = ROWS + (bh * TQ + i) * P

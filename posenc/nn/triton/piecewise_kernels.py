@@ -36,6 +36,7 @@ from posenc.nn.triton.attention_kernels import (
     _bias,
     _diagonal_sums,
     _dot,
+    _dq_rows,
     _interior_end,
     _key_end,
     _query_phases,
@@ -371,10 +372,7 @@ def _dq(Q, K, V, DO, LSE, DELTA, DQ, FEATURE, E, INV, SEGS, SPLIT, KNOTS, SLOPE,
     d = tl.arange(0, BD)
     i_ok, d_ok = i < TQ, d < D
     q_mask = i_ok[:, None] & d_ok[None, :]
-    q = tl.load(Q + b * sqb + h * sqh + i[:, None] * sqt + d[None, :], mask=q_mask, other=0.0)  # (BM,BD)
-    do = tl.load(DO + b * sdob + h * sdoh + i[:, None] * sdot + d[None, :], mask=q_mask, other=0.0)
-    lse = tl.load(LSE + bh * TQ + i, mask=i_ok, other=float("inf"))  # padded queries: probability 0
-    delta = tl.load(DELTA + bh * TQ + i, mask=i_ok, other=0.0)
+    q, do, lse, delta = _dq_rows(Q, DO, LSE, DELTA, b, h, bh, i, d, i_ok, q_mask, TQ, sqb, sqh, sqt, sdob, sdoh, sdot)
     k_ptrs = K + b * skb + hk * skh + jl[None, :] * skt + d[:, None]  # (BD,BN) at key 0
     v_ptrs = V + b * svb + hk * svh + jl[None, :] * svt + d[:, None]
     feature_base = FEATURE + tl.load(E + b) - m0  # the feature at query m0, key 0
