@@ -281,6 +281,32 @@ def _diagonal_sums(ds, BM: tl.constexpr, BN: tl.constexpr):
 
 
 @triton.jit
+def _key_tile(k_ptrs, v_ptrs, j, TK, d_ok, MASKED: tl.constexpr, EVEN_D: tl.constexpr):
+    """A dQ loop's key tile, both transposed (BD,BN); MASKED: keys past Tk read as 0, else only the head dim's
+    padding is masked."""
+    if MASKED:
+        kv_mask_t = (j[None, :] < TK) & d_ok[:, None]
+        k_t = tl.load(k_ptrs, mask=kv_mask_t, other=0.0)  # (BD,BN)
+        v_t = tl.load(v_ptrs, mask=kv_mask_t, other=0.0)
+    elif EVEN_D:
+        k_t = tl.load(k_ptrs)
+        v_t = tl.load(v_ptrs)
+    else:
+        k_t = tl.load(k_ptrs, mask=d_ok[:, None], other=0.0)
+        v_t = tl.load(v_ptrs, mask=d_ok[:, None], other=0.0)
+    return k_t, v_t
+
+
+@triton.jit
+def _store_diagonals(diag, n0, x, carry, BM: tl.constexpr, BN: tl.constexpr):
+    """The diagonal sums of one (BM,BN) tile x into diag[n0 : n0 + BN], the previous tile's upper diagonals
+    (carry) added to this tile's lower ones (the same c); returns this tile's upper diagonals, the next carry."""
+    low, high = _diagonal_sums(x, BM, BN)
+    tl.store(diag + n0 + tl.arange(0, BN), low + carry)
+    return high
+
+
+@triton.jit
 def _dq_tiles(dq, carry, q, do, lse, delta, k_ptrs, v_ptrs, bias_ptrs, diag, i, n_start, n_end, TQ, TK,
               qk_scale, skt, svt, d_ok, CAUSAL: tl.constexpr, MASKED: tl.constexpr, HAS_BIAS: tl.constexpr,
               ROW_GRAD: tl.constexpr, EVEN_D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
@@ -290,16 +316,7 @@ def _dq_tiles(dq, carry, q, do, lse, delta, k_ptrs, v_ptrs, bias_ptrs, diag, i, 
     v_ptrs += n_start * svt
     for n0 in range(n_start, n_end, BN):
         j = n0 + tl.arange(0, BN)
-        if MASKED:
-            kv_mask_t = (j[None, :] < TK) & d_ok[:, None]
-            k_t = tl.load(k_ptrs, mask=kv_mask_t, other=0.0)  # (BD,BN)
-            v_t = tl.load(v_ptrs, mask=kv_mask_t, other=0.0)
-        elif EVEN_D:
-            k_t = tl.load(k_ptrs)
-            v_t = tl.load(v_ptrs)
-        else:
-            k_t = tl.load(k_ptrs, mask=d_ok[:, None], other=0.0)
-            v_t = tl.load(v_ptrs, mask=d_ok[:, None], other=0.0)
+        k_t, v_t = _key_tile(k_ptrs, v_ptrs, j, TK, d_ok, MASKED, EVEN_D)
         s = _dot(q, k_t, PRECISION, UPCAST)  # (BM,BN)
         if HAS_BIAS:
             tile = bias_ptrs + n0 + (tl.arange(0, BN)[None, :] - tl.arange(0, BM)[:, None])
@@ -312,9 +329,7 @@ def _dq_tiles(dq, carry, q, do, lse, delta, k_ptrs, v_ptrs, bias_ptrs, diag, i, 
         ds = p * (_dot(do, v_t, PRECISION, UPCAST) - delta[:, None])  # (BM,BN): d loss / d logit
         dq += _dot(ds.to(k_t.dtype), tl.trans(k_t), PRECISION, UPCAST)
         if ROW_GRAD:
-            low, high = _diagonal_sums(ds, BM, BN)
-            tl.store(diag + n0 + tl.arange(0, BN), low + carry)
-            carry = high
+            carry = _store_diagonals(diag, n0, ds, carry, BM, BN)
         k_ptrs += BN * skt
         v_ptrs += BN * svt
     return dq, carry

@@ -34,13 +34,14 @@ import triton.language as tl
 
 from posenc.nn.triton.attention_kernels import (
     _bias,
-    _diagonal_sums,
     _dot,
     _dq_rows,
     _interior_end,
     _key_end,
+    _key_tile,
     _query_phases,
     _query_tile,
+    _store_diagonals,
     _valid,
 )
 
@@ -315,16 +316,7 @@ def _dq_tiles(dq, carry, d_inv, seg_ds, seg_dsx, q, do, lse, delta, k_ptrs, v_pt
     v_ptrs += n_start * svt
     for n0 in range(n_start, n_end, BN):
         j = n0 + tl.arange(0, BN)
-        if MASKED:
-            kv_mask_t = (j[None, :] < TK) & d_ok[:, None]
-            k_t = tl.load(k_ptrs, mask=kv_mask_t, other=0.0)  # (BD,BN)
-            v_t = tl.load(v_ptrs, mask=kv_mask_t, other=0.0)
-        elif EVEN_D:
-            k_t = tl.load(k_ptrs)
-            v_t = tl.load(v_ptrs)
-        else:
-            k_t = tl.load(k_ptrs, mask=d_ok[:, None], other=0.0)
-            v_t = tl.load(v_ptrs, mask=d_ok[:, None], other=0.0)
+        k_t, v_t = _key_tile(k_ptrs, v_ptrs, j, TK, d_ok, MASKED, EVEN_D)
         s = _dot(q, k_t, PRECISION, UPCAST)  # (BM,BN)
         tile = feature_base + n0 + (tl.arange(0, BN)[None, :] - tl.arange(0, BM)[:, None])
         f = _bias(tile, UPCAST)
@@ -344,9 +336,7 @@ def _dq_tiles(dq, carry, d_inv, seg_ds, seg_dsx, q, do, lse, delta, k_ptrs, v_pt
             dx = ds * a  # base-2 slopes: the host multiplies every sum here by ln 2
             dsx = ds * x
             d_inv += tl.sum(dx * x, 1)
-            low, high = _diagonal_sums(dx * inv[:, None], BM, BN)
-            tl.store(diag + n0 + tl.arange(0, BN), low + carry)
-            carry = high
+            carry = _store_diagonals(diag, n0, dx * inv[:, None], carry, BM, BN)
             seg_ds, seg_dsx = _segment_sums(seg_ds, seg_dsx, ds, dsx, x, s_lo, s_hi, KNOTS, SEGMENTS, FAST, UPCAST)
         k_ptrs += BN * skt
         v_ptrs += BN * svt
