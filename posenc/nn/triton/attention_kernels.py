@@ -66,6 +66,41 @@ def _valid(i, j, TQ, TK, CAUSAL: tl.constexpr):
 
 
 @triton.jit
+def _key_scores(q, k_ptrs, j, TK, d_ok, MASKED: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr,
+                UPCAST: tl.constexpr):
+    """A forward loop's q against one key tile (k_ptrs: (BD,BN)), unscaled (BM,BN); MASKED: keys past Tk read as
+    0, else only the head dim's padding is masked."""
+    if MASKED:
+        k_t = tl.load(k_ptrs, mask=(j[None, :] < TK) & d_ok[:, None], other=0.0)  # (BD,BN)
+    elif EVEN_D:
+        k_t = tl.load(k_ptrs)
+    else:
+        k_t = tl.load(k_ptrs, mask=d_ok[:, None], other=0.0)
+    return _dot(q, k_t, PRECISION, UPCAST)
+
+
+@triton.jit
+def _online_softmax(acc, best, total, s, v_ptrs, i, j, TQ, TK, d_ok, CAUSAL: tl.constexpr, MASKED: tl.constexpr,
+                    EVEN_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """One key tile's scores s (BM,BN, base 2, scaled and biased) into the online softmax: pairs outside the mask
+    dropped (MASKED), then the running max (best), sum (total) and output (acc) updated with the tile's values."""
+    if MASKED:
+        s = tl.where(_valid(i[:, None], j[None, :], TQ, TK, CAUSAL), s, float("-inf"))
+    new_best = tl.maximum(best, tl.max(s, 1))
+    p = tl.exp2(s - new_best[:, None])  # (BM,BN)
+    correction = tl.exp2(best - new_best)
+    total = total * correction + tl.sum(p, 1)
+    if MASKED:
+        v = tl.load(v_ptrs, mask=(j[:, None] < TK) & d_ok[None, :], other=0.0)  # (BN,BD)
+    elif EVEN_D:
+        v = tl.load(v_ptrs)
+    else:
+        v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
+    acc = acc * correction[:, None] + _dot(p.to(v.dtype), v, PRECISION, UPCAST)
+    return acc, new_best, total
+
+
+@triton.jit
 def _fwd_tiles(acc, best, total, q, k_ptrs, v_ptrs, bias_ptrs, i, n_start, n_end, TQ, TK, qk_scale,
                skt, svt, d_ok, CAUSAL: tl.constexpr, MASKED: tl.constexpr, HAS_BIAS: tl.constexpr,
                EVEN_D: tl.constexpr, BN: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
@@ -74,32 +109,14 @@ def _fwd_tiles(acc, best, total, q, k_ptrs, v_ptrs, bias_ptrs, i, n_start, n_end
     v_ptrs += n_start * svt
     for n0 in range(n_start, n_end, BN):
         j = n0 + tl.arange(0, BN)
-        if MASKED:
-            k_t = tl.load(k_ptrs, mask=(j[None, :] < TK) & d_ok[:, None], other=0.0)  # (BD,BN)
-        elif EVEN_D:
-            k_t = tl.load(k_ptrs)
-        else:
-            k_t = tl.load(k_ptrs, mask=d_ok[:, None], other=0.0)
-        s = _dot(q, k_t, PRECISION, UPCAST)  # (BM,BN)
+        s = _key_scores(q, k_ptrs, j, TK, d_ok, MASKED, EVEN_D, PRECISION, UPCAST)  # (BM,BN)
         if HAS_BIAS:  # one fused multiply-add: Triton does not contract a multiply and an add by itself
             tile = bias_ptrs + n0 + (tl.arange(0, BN)[None, :] - tl.arange(0, i.shape[0])[:, None])
             s = tl.fma(s, qk_scale, _bias(tile, UPCAST))  # + rows[h, e - i + j] log2(e), base 2
         else:
             s = s * qk_scale
-        if MASKED:
-            s = tl.where(_valid(i[:, None], j[None, :], TQ, TK, CAUSAL), s, float("-inf"))
-        new_best = tl.maximum(best, tl.max(s, 1))
-        p = tl.exp2(s - new_best[:, None])  # (BM,BN)
-        correction = tl.exp2(best - new_best)
-        total = total * correction + tl.sum(p, 1)
-        if MASKED:
-            v = tl.load(v_ptrs, mask=(j[:, None] < TK) & d_ok[None, :], other=0.0)  # (BN,BD)
-        elif EVEN_D:
-            v = tl.load(v_ptrs)
-        else:
-            v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
-        acc = acc * correction[:, None] + _dot(p.to(v.dtype), v, PRECISION, UPCAST)
-        best = new_best
+        acc, best, total = _online_softmax(acc, best, total, s, v_ptrs, i, j, TQ, TK, d_ok, CAUSAL, MASKED, EVEN_D,
+                                           PRECISION, UPCAST)
         k_ptrs += BN * skt
         v_ptrs += BN * svt
     return acc, best, total

@@ -38,7 +38,9 @@ from posenc.nn.triton.attention_kernels import (
     _dq_rows,
     _interior_end,
     _key_end,
+    _key_scores,
     _key_tile,
+    _online_softmax,
     _query_phases,
     _query_tile,
     _store_diagonals,
@@ -120,31 +122,13 @@ def _fwd_tiles(acc, best, total, q, k_ptrs, v_ptrs, feature_base, inv, segs, KNO
     v_ptrs += n_start * svt
     for n0 in range(n_start, n_end, BN):
         j = n0 + tl.arange(0, BN)
-        if MASKED:
-            k_t = tl.load(k_ptrs, mask=(j[None, :] < TK) & d_ok[:, None], other=0.0)  # (BD,BN)
-        elif EVEN_D:
-            k_t = tl.load(k_ptrs)
-        else:
-            k_t = tl.load(k_ptrs, mask=d_ok[:, None], other=0.0)
-        s = _dot(q, k_t, PRECISION, UPCAST)  # (BM,BN)
+        s = _key_scores(q, k_ptrs, j, TK, d_ok, MASKED, EVEN_D, PRECISION, UPCAST)  # (BM,BN)
         tile = feature_base + n0 + (tl.arange(0, BN)[None, :] - tl.arange(0, BM)[:, None])
         f = _bias(tile, UPCAST)  # (BM,BN) the feature of each pair
         s_lo, s_hi = _index(segs + 2 * (n0 // BN), UPCAST), _index(segs + 2 * (n0 // BN) + 1, UPCAST)
         s = _biased(s, qk_scale, f, inv[:, None], s_lo, s_hi, KNOTS, slope_row, intercept_row, FAST, UPCAST)
-        if MASKED:
-            s = tl.where(_valid(i[:, None], j[None, :], TQ, TK, CAUSAL), s, float("-inf"))
-        new_best = tl.maximum(best, tl.max(s, 1))
-        p = tl.exp2(s - new_best[:, None])  # (BM,BN)
-        correction = tl.exp2(best - new_best)
-        total = total * correction + tl.sum(p, 1)
-        if MASKED:
-            v = tl.load(v_ptrs, mask=(j[:, None] < TK) & d_ok[None, :], other=0.0)  # (BN,BD)
-        elif EVEN_D:
-            v = tl.load(v_ptrs)
-        else:
-            v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
-        acc = acc * correction[:, None] + _dot(p.to(v.dtype), v, PRECISION, UPCAST)
-        best = new_best
+        acc, best, total = _online_softmax(acc, best, total, s, v_ptrs, i, j, TQ, TK, d_ok, CAUSAL, MASKED, EVEN_D,
+                                           PRECISION, UPCAST)
         k_ptrs += BN * skt
         v_ptrs += BN * svt
     return acc, best, total
