@@ -167,3 +167,28 @@ def test_every_map_option_can_be_swept_dca_spelled_either_way():
     )
     assert list(cfg.tune.grid) == ["dual_chunk", "lm_infinite", "attention_sinks"]
     assert len(tuning.planned_tuning_prompts(cfg)) == (4 + 2 + 2) * (3 + 1)  # points x (passkeys + RULER tasks)
+
+
+def test_a_grid_for_a_rope_scaling_is_refused_not_swept_as_one_point():
+    """A scaling's row reads no map options: every point would be the same row and the 'choice' a tie."""
+    refused = r"^tune\.grid='linear' is unknown; valid: attention_sinks, dual_chunk"
+    with pytest.raises(ConfigError, match=refused) as err:
+        config_loader.build(
+            ExtendConfig,
+            {"extend": {"methods": ["none", "linear"]}, "tune": {"grid": {"linear": {"factor": [2, 4]}}}},
+        )
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("section", ["tune.grid", "extend.method_options"])
+def test_a_map_spelled_both_ways_is_refused_not_half_dropped(section):
+    """`dca` and `dual_chunk` name one map: keeping one entry would drop the other's options without a word."""
+    both = {"dca": {"chunk_size": [32, 48]}, "dual_chunk": {"local_window": [4, 8]}}
+    if section == "extend.method_options":
+        both = {name: {key: values[0] for key, values in opts.items()} for name, opts in both.items()}
+    extend, _, key = section.partition(".")
+    raw = {"extend": {"methods": ["none", "dca"]}, "tune": {}}
+    raw[extend][key] = both
+    with pytest.raises(ConfigError, match=rf"^{section}=.*one entry per map \('dca' and 'dual_chunk' are both "
+                                          r"dual_chunk\)$"):
+        config_loader.build(ExtendConfig, raw)
