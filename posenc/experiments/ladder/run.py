@@ -62,7 +62,7 @@ def run(cfg: LadderConfig, run_dir: Path | None) -> int:
     from posenc.experiments.ladder.report import report
 
     corpus = preflight_ladder(cfg)  # every size's models checked before any training
-    stopped = lambda opened: report_saved(opened.path, cfg, report, opened.wall_seconds)
+    stopped = lambda opened: report_saved(opened.path, cfg, report, opened.wall_seconds, cfg.ladder.sizes)
     with run_folder(run_dir, cfg.out_dir, RULE, cfg.to_dict(), corpus, on_stop=stopped) as opened:
         units = ladder(cfg, opened.path, on_unit=lambda done: (opened.tick(force=True), save_units(opened.path, done)))
         files = report_writer.write(opened.path, report(units, cfg, opened.wall_seconds))
