@@ -135,6 +135,12 @@ def _progress() -> dict:
             "forwards": [{"task": "ppl", "length": 64, "seconds": 0.1}], "machine": {}}
 
 
+def _tuned(score: float | str = 1.0) -> dict:
+    """A tuning record as extend/tuning.py saves it: one point scored, and chosen."""
+    return {"length": 64, "points": [{"options": {"window": 16}, "score": score, "prompts": 2}],
+            "chosen": {"window": 16}}
+
+
 @pytest.mark.parametrize(("edit", "named"), [
     (lambda p: p["ppl"]["none"]["ppl_by_length"]["64"].update(ppl="abc"), "ppl['none'][64].ppl='abc'"),
     (lambda p: p["ppl"]["none"].update(ppl_by_length={"x": {}}), "ppl['none'].ppl_by_length"),
@@ -142,6 +148,11 @@ def _progress() -> dict:
     (lambda p: p["passkey"]["none|64|0.5|0"].update(depth="abc"), ".depth='abc'"),
     (lambda p: p["ruler"]["none|niah|64|0"].update(score=2), "ruler['none|niah|64|0'].score=2"),
     (lambda p: p["forwards"].append("abc"), "forwards[1]='abc'"),
+    # the option sweep's record (tune.*): these gave TypeErrors from the report, or rendered a choice never scored
+    (lambda p: p.update(tuning={"self_extend": 5}), "tuning['self_extend']=5"),
+    (lambda p: p.update(tuning={"self_extend": _tuned(score="abc")}), "tuning['self_extend'].points[0]="),
+    (lambda p: p.update(tuning={"self_extend": {**_tuned(), "chosen": {"window": "abc"}}}),
+     "tuning['self_extend'].chosen={'window': 'abc'}"),
 ])
 def test_a_hand_edited_value_in_progress_is_named_before_anything_is_rewritten(tmp_path, capsys, edit, named):
     """Issue 36: a perplexity of "abc" gave matplotlib's TypeError after results.json and ppl.csv were rewritten."""
