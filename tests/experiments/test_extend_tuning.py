@@ -192,3 +192,49 @@ def test_a_map_spelled_both_ways_is_refused_not_half_dropped(section):
     with pytest.raises(ConfigError, match=rf"^{section}=.*one entry per map \('dca' and 'dual_chunk' are both "
                                           r"dual_chunk\)$"):
         config_loader.build(ExtendConfig, raw)
+
+
+def test_ctrl_c_during_the_sweep_writes_its_scored_points_marked_incomplete(tmp_path, monkeypatch, capsys):
+    """Stopped in the tune phase, the run wrote no tables (only progress.json) and `posenc report` refused the
+    folder as not a study's; now the points scored so far are the report, marked incomplete."""
+    import json
+
+    from posenc.experiments.extend import run as extend_run
+    from tests.experiments.cli_helpers import cli
+
+    def load(cfg):
+        model = tiny_llama(vocab=128, trained=64)
+        model._tokenizer = CharTokenizer()
+        return model
+
+    real, calls = tuning._score, []
+
+    def stopped_at_the_second_point(*args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # as Ctrl-C: the first point is saved, the second never scored
+        return real(*args)
+
+    monkeypatch.setattr(extend_run, "load_model", load)
+    monkeypatch.setattr(tuning, "_score", stopped_at_the_second_point)
+    cfg = config_loader.build(
+        ExtendConfig,
+        {
+            "extend": {"metric": "passkey", "methods": ["none", "self_extend"]},
+            "perplexity": {"lengths": [LENGTH]},
+            "passkey": {"depths": [0.5], "trials": 1},
+            "model": {"dtype": "float32"},
+            "tune": {"grid": GRID, "passkeys": 1, "ruler_tasks": []},
+            "out_dir": str(tmp_path),
+        },
+    )
+    with pytest.raises(KeyboardInterrupt):
+        extend_run.run(cfg, None)
+    (run_dir,) = tmp_path.iterdir()
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["complete"] is False and len(results["tuning"]["self_extend"]["points"]) == 1
+    assert "chosen" not in results["tuning"]["self_extend"] and results["passkey"] == []
+    assert "Stopped before the end" in (run_dir / "tables.md").read_text()
+    (run_dir / "tables.md").unlink()
+    assert cli(capsys, "report", str(run_dir))[0] == 0
+    assert "Stopped before the end" in (run_dir / "tables.md").read_text()

@@ -186,8 +186,8 @@ def _sweep(cfg: ExtendConfig, opened: Run, corpus: Any, sweeping: dict[str, RunS
 
 def _write_stopped(state: RunState | None, cfg: ExtendConfig, corpus: Any, opened: Run) -> None:
     """The lifecycle's report on interruption: the tables of the cells that finished, marked incomplete;
-    nothing before the sweep measured anything."""
-    if state is not None and state.forwards:
+    nothing before the sweep measured anything (a tuning point scored counts: its table is shown)."""
+    if state is not None and (state.forwards or state.tuning):
         print("stopped: writing the tables of what finished (--resume completes them)", file=sys.stderr)
         _write(state, cfg, corpus, opened, complete=False)
 
