@@ -76,3 +76,18 @@ def test_fine_tuning_finds_a_builtin_by_its_gguf_name(package, tmp_path):
         with pytest.raises(ValueError) as err:
             call("gguf:gemma3-27b")  # neither a built-in nor a file
         assert str(err.value).startswith(f"{field}='gguf:gemma3-27b'") and "gguf:gemma3-270m" in str(err.value)
+
+
+@pytest.mark.parametrize(("path", "shown"), [("gemma3", "'gemma3'"), ("Gemma3-270m", "'Gemma3-270m'"),
+                                             (None, "'NoneType'"), (5, "'int'")])
+def test_from_gguf_with_a_near_miss_of_a_builtin_name_lists_the_builtins(tmp_path, monkeypatch, path, shown):
+    """`Llama.from_gguf("gemma3")` said only 'an existing .gguf file' (the built-in names unmentioned), and None
+    ended in pathlib's TypeError."""
+    from posenc.models import Llama
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError) as err:
+        Llama.from_gguf(path)
+    message = str(err.value)
+    assert message.startswith(f"path={shown} is not allowed") and "smollm2-135m, gemma3-270m" in message
+    assert "\n" not in message
