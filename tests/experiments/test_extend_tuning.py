@@ -238,3 +238,32 @@ def test_ctrl_c_during_the_sweep_writes_its_scored_points_marked_incomplete(tmp_
     (run_dir / "tables.md").unlink()
     assert cli(capsys, "report", str(run_dir))[0] == 0
     assert "Stopped before the end" in (run_dir / "tables.md").read_text()
+
+
+def test_a_grid_whose_every_point_leaves_the_prompts_plain_is_refused_before_any_prompt(tmp_path, monkeypatch):
+    """Windows of 600 and 700 tokens keep every 600-token tuning prompt exact: each point scored the plain model
+    and the first was 'chosen' without a word."""
+    from posenc.experiments.extend import run as extend_run
+
+    def load(cfg):
+        model = tiny_llama(vocab=128, trained=64)
+        model._tokenizer = CharTokenizer()
+        return model
+
+    scored = []
+    monkeypatch.setattr(extend_run, "load_model", load)
+    monkeypatch.setattr(tuning, "_score", lambda *args: scored.append(args) or 1.0)
+    cfg = config_loader.build(
+        ExtendConfig,
+        {
+            "extend": {"metric": "passkey", "methods": ["none", "self_extend"]},
+            "perplexity": {"lengths": [LENGTH]},
+            "passkey": {"depths": [0.5], "trials": 1},
+            "tune": {"grid": {"self_extend": {"group_size": [2], "window": [600, 700]}}, "ruler_tasks": []},
+            "out_dir": str(tmp_path),
+        },
+    )
+    refused = r"^tune\.grid\.self_extend=.*acts on tune\.length=600-token prompts \(every point keeps 600 or more"
+    with pytest.raises(ConfigError, match=refused):
+        extend_run.run(cfg, None)
+    assert scored == []

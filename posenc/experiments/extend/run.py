@@ -24,7 +24,7 @@ from posenc.experiments.extend.progress import STATE_FILE, RunState
 from posenc.experiments.extend.report import longest_forward, run_meta, write_results
 from posenc.experiments.extend.ruler_sweep import planned_ruler_prompts, run_ruler
 from posenc.experiments.extend.sequence_start import sequence_start, start_record
-from posenc.experiments.extend.tuning import planned_tuning_prompts, run_tuning, tune_length
+from posenc.experiments.extend.tuning import check_points_act, planned_tuning_prompts, run_tuning, tune_length
 from posenc.experiments.runs import manifest
 from posenc.experiments.runs.lifecycle import run_folder
 from posenc.experiments.runs.rule import Run
@@ -167,6 +167,7 @@ def _sweep(cfg: ExtendConfig, opened: Run, corpus: Any, sweeping: dict[str, RunS
     else:
         tune_ruler = ruler_builder
     _check_tune_length(cfg, builder, tune_ruler)
+    check_points_act(cfg, model)
     ruler_tokens = sum(n for n, _, _ in planned_ruler_prompts(cfg, model))
     total = planned_tokens(model, cfg) + planned_passkey_tokens(cfg, model) + ruler_tokens
     total += sum(n for n, _, _ in planned_tuning_prompts(cfg))
