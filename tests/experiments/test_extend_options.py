@@ -184,3 +184,14 @@ def test_a_hand_edited_extend_results_json_is_one_line(tmp_path, capsys, results
     code, _, err = cli(capsys, "report", tmp_path)
     assert code == 2 and "results.json of `posenc extend`" in one_line(err)
     assert (tmp_path / "results.json").read_text() == results
+
+
+@pytest.mark.parametrize("layers", ["global", "all"])
+def test_extension_layers_with_no_method_to_place_is_refused(layers):
+    """With extend.methods only `none`, model.extension_layers acted nowhere but was recorded in run.json."""
+    from posenc.experiments.extend.config import load_extend_config
+
+    with pytest.raises(ValueError, match=rf"^model\.extension_layers='{layers}' is not allowed: not used here: "
+                                         r"extend\.methods is only none"):
+        load_extend_config("quick", None, ["extend.methods=[none]", f"model.extension_layers={layers}"])
+    assert load_extend_config("quick", None, ["extend.methods=[none,yarn]", f"model.extension_layers={layers}"])

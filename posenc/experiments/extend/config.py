@@ -346,6 +346,8 @@ class ExtendConfig:
                 out["passkey.lengths"] = why("passkey or ruler")
         if "ppl" not in measures:
             out["perplexity.windows"] = why("ppl")
+        if all(name == "none" for name in self.extend.methods):
+            out["model.extension_layers"] = "extend.methods is only none: no scaling or map to place on layers"
         if not self.tune.grid:
             out.update({f"tune.{key}": "tune.grid is empty: no option sweep" for key in
                         ("length", "passkeys", "ruler_tasks", "seed")})
