@@ -51,9 +51,10 @@ gpu-check:
 gpu-schemes:
 	OUT=$${OUT:-gpu-schemes} PY=$${GPU_PY:-python3} bash scripts/gpu_schemes.sh
 
+# The code is wrapped by hand at 120 columns (compact, as STYLE.md's examples); `ruff format` would rewrite 286 files
+# (+9,900/-3,300 lines) into a style the project never held, so lint holds ruff's rules, not its formatter.
 lint: $(STAMP)
-	$(BIN)/ruff check posenc tests benchmarks
-	$(BIN)/ruff format --check posenc tests benchmarks
+	$(BIN)/ruff check posenc tests benchmarks scripts
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache mutants

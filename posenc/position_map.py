@@ -19,8 +19,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
+import torch
 from torch import Tensor
 
+from posenc.errors import bad_value
 from posenc.scheme import Scheme
 
 # The pair rules a GPU kernel evaluates per tile (posenc/nn/triton/mapped_kernels.py), d = i - j by position:
@@ -101,6 +103,32 @@ class PositionMap:
         return {"type": self.name, **dataclasses.asdict(self)}
 
 
+def check_outputs(built: PositionMap, field: str) -> None:
+    """A map's three functions on four positions: n_maps integer position tensors of the input's shape and a
+    selector of int8 values in -1..n_maps-1, so a map of one's own that breaks the protocol is one line naming it
+    before any forward, not an error from inside attention."""
+    pos, origin = torch.arange(4)[None], torch.zeros(1, 1, dtype=torch.long)  # (1,4), (1,1)
+    try:
+        outputs = {"query_positions": built.query_positions(pos, origin),
+                   "key_positions": built.key_positions(pos, origin)}
+        select = built.select(pos, pos, origin)
+    except Exception as e:  # the user's code: its options may not fit its own arithmetic
+        raise bad_value(field, built.spec(), f"options its functions run with ({type(e).__name__}: {e})") from None
+    for method, out in outputs.items():
+        ok = isinstance(out, tuple) and len(out) == built.n_maps and all(
+            isinstance(p, torch.Tensor) and p.shape == pos.shape and not p.is_floating_point() for p in out)
+        if not ok:
+            raise bad_value(f"{field}.{method}", type(out).__name__ if not isinstance(out, tuple) else
+                            [f"{p.dtype} {tuple(p.shape)}" if isinstance(p, torch.Tensor) else p for p in out],
+                            f"a tuple of n_maps={built.n_maps} integer tensors of the positions' shape (B, T)")
+    shape = (*pos.shape, pos.shape[1])
+    if not isinstance(select, torch.Tensor) or select.dtype != torch.int8 or select.shape != shape \
+            or select.min() < -1 or select.max() >= built.n_maps:
+        seen = f"{select.dtype} {tuple(select.shape)} in {select.min()}..{select.max()}" if isinstance(
+            select, torch.Tensor) else type(select).__name__
+        raise bad_value(f"{field}.select", seen, f"an int8 tensor (B, Tq, Tk) of values -1..{built.n_maps - 1}")
+
+
 class MappedScheme(Scheme):
     """A rotary scheme (`inner`) whose positions a PositionMap remaps per (query, key) pair. Attention
     (posenc.nn.dispatch) evaluates it map by map; rotate() leaves q and k as they are, so the KV cache stores raw
@@ -123,4 +151,4 @@ class MappedScheme(Scheme):
 
 
 __all__ = ["CHUNKS", "PAIR_RULES", "SPLIT", "WINDOW_AND_START", "MappedScheme", "PairRule",
-           "PositionMap"]
+           "PositionMap", "check_outputs"]

@@ -34,7 +34,7 @@ from posenc.content.cope import CoPE
 from posenc.content.shaw import Shaw
 from posenc.content.transformer_xl import TransformerXL
 from posenc.errors import ConfigError, bad_value, unknown_key, unknown_name
-from posenc.position_map import PositionMap
+from posenc.position_map import PositionMap, check_outputs
 from posenc.position_maps.attention_sinks import AttentionSinks
 from posenc.position_maps.base import FIELD
 from posenc.position_maps.dual_chunk import DualChunk
@@ -116,6 +116,9 @@ def register(name: str, cls: type[Scheme], *, replace: bool = False) -> type[Sch
     return cls
 
 
+_MAP_METHODS = ("query_positions", "key_positions", "select")  # what a map defines (posenc/position_map.py)
+
+
 def register_position_map(cls: type[PositionMap], *, replace: bool = False) -> type[PositionMap]:
     """Make `cls.name` a `type` of attention_extension in every model config and `posenc extend`'s maps; returns
     cls (usable as a class decorator). A built-in name cannot be replaced; a user name only with replace=True."""
@@ -125,6 +128,12 @@ def register_position_map(cls: type[PositionMap], *, replace: bool = False) -> t
     name = getattr(cls, "name", None)
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise bad_value(f"{cls.__name__}.name", name, "letters, digits and '_', not starting with a digit")
+    n_maps = getattr(cls, "n_maps", None)
+    if not isinstance(n_maps, int) or isinstance(n_maps, bool) or n_maps < 1:
+        raise bad_value(f"{cls.__name__}.n_maps", n_maps, "an integer >= 1 (how many position maps it has)")
+    missing = [m for m in _MAP_METHODS if getattr(cls, m) is getattr(PositionMap, m)]
+    if missing:  # else the first forward ends in PositionMap's NotImplementedError
+        raise bad_value(cls.__name__, ", ".join(missing) + " not defined", f"a map defining {', '.join(_MAP_METHODS)}")
     if name in POSITION_MAPS and POSITION_MAPS[name] is not cls and (name in BUILTIN_MAPS or not replace):
         why = "a built-in position map" if name in BUILTIN_MAPS else "registered already (pass replace=True)"
         raise bad_value("position map name", name, f"a new name: {name!r} is {why}")
@@ -258,4 +267,6 @@ def build_position_map(spec: Mapping[str, Any] | None, max_seq_len: int) -> Posi
         missing = sorted(f.name for f in dataclasses.fields(cls) if f.name not in spec
                          and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
         raise bad_value(FIELD, dict(spec), f"{kind} needs {', '.join(missing)}") from None
-    return built.resolved(max_seq_len)
+    built = built.resolved(max_seq_len)
+    check_outputs(built, f"{FIELD} {built.name}")
+    return built

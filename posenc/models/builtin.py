@@ -80,5 +80,11 @@ def model_file(path: str | Path) -> Path:
     return Path(path)
 
 
+def gguf_spec_file(name: str) -> Path:
+    """The file of `gguf:NAME` (fine-tuning's trainer.init_from, finetune.base): `smollm2` (SmolLM2's short name),
+    a built-in's name, or a path."""
+    return builtin_smollm2_path() if name == "smollm2" else model_file(name)
+
+
 __all__ = ["BUILTIN", "GEMMA3_INSTALL", "builtin_gemma3_path", "builtin_path", "check_builtin", "gemma3_installed",
-           "model_file"]
+           "gguf_spec_file", "model_file"]

@@ -67,12 +67,15 @@ class Llama(CausalGeneration, nn.Module):
         None keeps the file's own (if any), a dict (HF's format) replaces it; attention_extension a position map's
         dict (posenc.position_maps). `path` may name a built-in model (posenc.models.builtin: gemma3-270m,
         smollm2-135m)."""
-        from posenc.models.builtin import model_file
+        from posenc.models.builtin import BUILTIN, model_file
         from posenc.models.gguf import hf_named, read_gguf
         from posenc.models.hf_llama import map_tensors
 
         # a bad scaling or extension fails here, before the slow read
         LlamaConfig(rope_scaling=rope_scaling, attention_extension=attention_extension)
+        if not isinstance(path, (str, Path)) or not str(path) or (not Path(path).is_file() and path not in BUILTIN):
+            raise bad_value("path", path if isinstance(path, (str, Path)) else type(path).__name__,
+                            f"an existing .gguf file or a built-in model: {', '.join(BUILTIN)}")  # a near miss too
         path = model_file(path)
         entry, fields, tensors = read_gguf(path)
         if rope_scaling is not None:

@@ -37,6 +37,10 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, causal: bool)
     if q.dim() != 4 or k.dim() != 4 or v.shape != k.shape:
         raise bad_value("q, k, v shapes", (tuple(q.shape), tuple(k.shape), tuple(v.shape)),
                         "q (B, H, Tq, Dh) and k, v (B, Hkv, Tk, Dh) of one shape")
+    elsewhere = sorted({str(t.device) for t in (*scheme.parameters(), *scheme.buffers()) if t.device != q.device})
+    if elsewhere:  # the kernels would read the scheme's tables on one device and q, k, v on another
+        raise bad_value("scheme device", ", ".join(elsewhere), f"{q.device}, the device of q, k, v (move the scheme "
+                        "there: scheme.to(q.device))")
     dims, (b, h, tq, d) = scheme.dims, q.shape
     if h != dims.n_head or d != dims.head_dim:
         raise bad_value("q shape", tuple(q.shape), f"(B, H={dims.n_head}, Tq, Dh={dims.head_dim}): the heads and "

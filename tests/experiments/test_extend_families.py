@@ -1,6 +1,7 @@
 """`posenc extend --model DIR` on a checkpoint folder of every family (tiny random weights from transformers'
 own classes, SmolLM2's tokenizer beside them): the run finishes and writes its tables, the trained context is
-the checkpoint's; a method the family cannot carry is refused in one line before any forward."""
+the checkpoint's, the sequences start with a BOS exactly when the folder's tokenizer adds one; a method the
+family cannot carry is refused in one line before any forward."""
 
 from __future__ import annotations
 
@@ -22,9 +23,14 @@ def tokenizer():
     return load_tokenizer(smollm2_gguf())
 
 
-def checkpoint(tmp_path, family: str, tokenizer):
+def checkpoint(tmp_path, family: str, tokenizer, add_bos: bool = False):
+    """SmolLM2's tokenizer as it is (no BOS) or told to add its BOS, as a Gemma checkpoint's tokenizer does."""
     directory = build(family, tmp_path / family, vocab_size=len(tokenizer), max_position_embeddings=TRAINED)
-    tokenizer.save_pretrained(str(directory))
+    before, tokenizer.add_bos_token = tokenizer.add_bos_token, add_bos
+    try:
+        tokenizer.save_pretrained(str(directory))
+    finally:
+        tokenizer.add_bos_token = before
     return directory
 
 
@@ -41,17 +47,23 @@ def test_quick_run_on_every_family(tmp_path, family, tokenizer, capsys):
     assert results["context_length"] == TRAINED
     assert (results["extension_layers"], results["extended_layers"]) == ("all", [0, 1])  # recorded as in force
     assert {r["method"] for r in results["passkey"]} == set(methods.split(","))
+    assert results["sequence_start"]["bos_added"] is False  # SmolLM2's tokenizer adds no BOS
 
 
 @pytest.mark.pretrained
 def test_gemma3_extends_its_global_layers_unless_told(tmp_path, tokenizer, capsys):
-    argv = ["extend", "--quick", "--model", str(checkpoint(tmp_path, "gemma3", tokenizer)), "--scalings",
+    model = checkpoint(tmp_path, "gemma3", tokenizer, add_bos=True)
+    argv = ["extend", "--quick", "--model", str(model), "--scalings",
             "none,self_extend", "--out-dir", str(tmp_path / "runs"), "extend.metric=ppl"]
     assert cli_main(argv) == 0, capsys.readouterr().err
     (run_dir,) = (tmp_path / "runs").iterdir()
     results = json.loads((run_dir / "results.json").read_text())
     assert (results["extension_layers"], results["extended_layers"]) == ("global", [1])  # layer 0 slides
-    assert json.loads((run_dir / "run.json").read_text())["config"]["model"]["extension_layers"] is None
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["config"]["model"]["extension_layers"] is None
+    bos = tokenizer.bos_token_id  # the folder's tokenizer adds it: every sequence starts with it, recorded
+    assert run["sequence_start"]["bos_added"] is True and run["sequence_start"]["ids"] == [bos]
+    assert results["sequence_start"] == run["sequence_start"]
 
 
 @pytest.mark.pretrained

@@ -135,6 +135,12 @@ def _progress() -> dict:
             "forwards": [{"task": "ppl", "length": 64, "seconds": 0.1}], "machine": {}}
 
 
+def _tuned(score: float | str = 1.0) -> dict:
+    """A tuning record as extend/tuning.py saves it: one point scored, and chosen."""
+    return {"length": 64, "points": [{"options": {"window": 16}, "score": score, "prompts": 2}],
+            "chosen": {"window": 16}}
+
+
 @pytest.mark.parametrize(("edit", "named"), [
     (lambda p: p["ppl"]["none"]["ppl_by_length"]["64"].update(ppl="abc"), "ppl['none'][64].ppl='abc'"),
     (lambda p: p["ppl"]["none"].update(ppl_by_length={"x": {}}), "ppl['none'].ppl_by_length"),
@@ -142,6 +148,11 @@ def _progress() -> dict:
     (lambda p: p["passkey"]["none|64|0.5|0"].update(depth="abc"), ".depth='abc'"),
     (lambda p: p["ruler"]["none|niah|64|0"].update(score=2), "ruler['none|niah|64|0'].score=2"),
     (lambda p: p["forwards"].append("abc"), "forwards[1]='abc'"),
+    # the option sweep's record (tune.*): these gave TypeErrors from the report, or rendered a choice never scored
+    (lambda p: p.update(tuning={"self_extend": 5}), "tuning['self_extend']=5"),
+    (lambda p: p.update(tuning={"self_extend": _tuned(score="abc")}), "tuning['self_extend'].points[0]="),
+    (lambda p: p.update(tuning={"self_extend": {**_tuned(), "chosen": {"window": "abc"}}}),
+     "tuning['self_extend'].chosen={'window': 'abc'}"),
 ])
 def test_a_hand_edited_value_in_progress_is_named_before_anything_is_rewritten(tmp_path, capsys, edit, named):
     """Issue 36: a perplexity of "abc" gave matplotlib's TypeError after results.json and ppl.csv were rewritten."""
@@ -173,3 +184,14 @@ def test_a_hand_edited_extend_results_json_is_one_line(tmp_path, capsys, results
     code, _, err = cli(capsys, "report", tmp_path)
     assert code == 2 and "results.json of `posenc extend`" in one_line(err)
     assert (tmp_path / "results.json").read_text() == results
+
+
+@pytest.mark.parametrize("layers", ["global", "all"])
+def test_extension_layers_with_no_method_to_place_is_refused(layers):
+    """With extend.methods only `none`, model.extension_layers acted nowhere but was recorded in run.json."""
+    from posenc.experiments.extend.config import load_extend_config
+
+    with pytest.raises(ValueError, match=rf"^model\.extension_layers='{layers}' is not allowed: not used here: "
+                                         r"extend\.methods is only none"):
+        load_extend_config("quick", None, ["extend.methods=[none]", f"model.extension_layers={layers}"])
+    assert load_extend_config("quick", None, ["extend.methods=[none,yarn]", f"model.extension_layers={layers}"])

@@ -167,3 +167,103 @@ def test_every_map_option_can_be_swept_dca_spelled_either_way():
     )
     assert list(cfg.tune.grid) == ["dual_chunk", "lm_infinite", "attention_sinks"]
     assert len(tuning.planned_tuning_prompts(cfg)) == (4 + 2 + 2) * (3 + 1)  # points x (passkeys + RULER tasks)
+
+
+def test_a_grid_for_a_rope_scaling_is_refused_not_swept_as_one_point():
+    """A scaling's row reads no map options: every point would be the same row and the 'choice' a tie."""
+    refused = r"^tune\.grid='linear' is unknown; valid: attention_sinks, dual_chunk"
+    with pytest.raises(ConfigError, match=refused) as err:
+        config_loader.build(
+            ExtendConfig,
+            {"extend": {"methods": ["none", "linear"]}, "tune": {"grid": {"linear": {"factor": [2, 4]}}}},
+        )
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("section", ["tune.grid", "extend.method_options"])
+def test_a_map_spelled_both_ways_is_refused_not_half_dropped(section):
+    """`dca` and `dual_chunk` name one map: keeping one entry would drop the other's options without a word."""
+    both = {"dca": {"chunk_size": [32, 48]}, "dual_chunk": {"local_window": [4, 8]}}
+    if section == "extend.method_options":
+        both = {name: {key: values[0] for key, values in opts.items()} for name, opts in both.items()}
+    extend, _, key = section.partition(".")
+    raw = {"extend": {"methods": ["none", "dca"]}, "tune": {}}
+    raw[extend][key] = both
+    with pytest.raises(ConfigError, match=rf"^{section}=.*one entry per map \('dca' and 'dual_chunk' are both "
+                                          r"dual_chunk\)$"):
+        config_loader.build(ExtendConfig, raw)
+
+
+def test_ctrl_c_during_the_sweep_writes_its_scored_points_marked_incomplete(tmp_path, monkeypatch, capsys):
+    """Stopped in the tune phase, the run wrote no tables (only progress.json) and `posenc report` refused the
+    folder as not a study's; now the points scored so far are the report, marked incomplete."""
+    import json
+
+    from posenc.experiments.extend import run as extend_run
+    from tests.experiments.cli_helpers import cli
+
+    def load(cfg):
+        model = tiny_llama(vocab=128, trained=64)
+        model._tokenizer = CharTokenizer()
+        return model
+
+    real, calls = tuning._score, []
+
+    def stopped_at_the_second_point(*args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # as Ctrl-C: the first point is saved, the second never scored
+        return real(*args)
+
+    monkeypatch.setattr(extend_run, "load_model", load)
+    monkeypatch.setattr(tuning, "_score", stopped_at_the_second_point)
+    cfg = config_loader.build(
+        ExtendConfig,
+        {
+            "extend": {"metric": "passkey", "methods": ["none", "self_extend"]},
+            "perplexity": {"lengths": [LENGTH]},
+            "passkey": {"depths": [0.5], "trials": 1},
+            "model": {"dtype": "float32"},
+            "tune": {"grid": GRID, "passkeys": 1, "ruler_tasks": []},
+            "out_dir": str(tmp_path),
+        },
+    )
+    with pytest.raises(KeyboardInterrupt):
+        extend_run.run(cfg, None)
+    (run_dir,) = tmp_path.iterdir()
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["complete"] is False and len(results["tuning"]["self_extend"]["points"]) == 1
+    assert "chosen" not in results["tuning"]["self_extend"] and results["passkey"] == []
+    assert "Stopped before the end" in (run_dir / "tables.md").read_text()
+    (run_dir / "tables.md").unlink()
+    assert cli(capsys, "report", str(run_dir))[0] == 0
+    assert "Stopped before the end" in (run_dir / "tables.md").read_text()
+
+
+def test_a_grid_whose_every_point_leaves_the_prompts_plain_is_refused_before_any_prompt(tmp_path, monkeypatch):
+    """Windows of 600 and 700 tokens keep every 600-token tuning prompt exact: each point scored the plain model
+    and the first was 'chosen' without a word."""
+    from posenc.experiments.extend import run as extend_run
+
+    def load(cfg):
+        model = tiny_llama(vocab=128, trained=64)
+        model._tokenizer = CharTokenizer()
+        return model
+
+    scored = []
+    monkeypatch.setattr(extend_run, "load_model", load)
+    monkeypatch.setattr(tuning, "_score", lambda *args: scored.append(args) or 1.0)
+    cfg = config_loader.build(
+        ExtendConfig,
+        {
+            "extend": {"metric": "passkey", "methods": ["none", "self_extend"]},
+            "perplexity": {"lengths": [LENGTH]},
+            "passkey": {"depths": [0.5], "trials": 1},
+            "tune": {"grid": {"self_extend": {"group_size": [2], "window": [600, 700]}}, "ruler_tasks": []},
+            "out_dir": str(tmp_path),
+        },
+    )
+    refused = r"^tune\.grid\.self_extend=.*acts on tune\.length=600-token prompts \(every point keeps 600 or more"
+    with pytest.raises(ConfigError, match=refused):
+        extend_run.run(cfg, None)
+    assert scored == []

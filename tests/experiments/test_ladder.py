@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from posenc.experiments.config.loader import load
+from posenc.experiments.config.loader import as_dict, load
 from posenc.experiments.evaluation.statistics import Spread
 from posenc.experiments.ladder.config import LadderConfig
 from posenc.experiments.ladder.report import rung, verdict
@@ -136,3 +136,32 @@ def test_an_interrupted_ladder_writes_the_report_of_what_finished_marked_incompl
     results = json.loads((run / "results.json").read_text())
     assert results["complete"] is False and len(results["units"]) == 1
     assert "Stopped before the end: 1 of 4 models finished" in (run / "report.md").read_text()
+
+
+def _saved_ladder(tmp_path, edit):
+    """A ladder folder's results.json of two sizes x two schemes x one seed, hand-edited by `edit`."""
+    units = [{"size": size, "scheme": scheme, "seed": 0, "status": "ok", "params": 1, "ppl": {"1": 5.0, "2": 6.0}}
+             for size in ("1x16", "1x32") for scheme in ("none", "rope")]
+    edit(units)
+    (tmp_path / "results.json").write_text(json.dumps({"units": units}))
+    config = load(LadderConfig, None, ["compare.schemes=[none,rope]", "compare.seeds=[0]", "ladder.sizes=[1x16,1x32]"])
+    return {"command": "ladder", "config": as_dict(config)}
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda u: u[0].update(size="9x99"), r"^results units\[0\]\.size='9x99' is not allowed: one of ladder\.sizes"),
+    (lambda u: u[1].update(scheme="alibi"), r"^results units\[1\]='alibi seed 0' is not allowed: a unit of this run"),
+    (lambda u: u[2]["ppl"].update({"1": -5.0}), r"^results units\[2\]=.*ppl values above 0 .*not -5\.0"),
+])
+def test_a_hand_edited_ladder_unit_is_one_line_and_nothing_is_rewritten(tmp_path, edit, message):
+    """Each of these was dropped without a word (another size, a scheme the run did not ask for) or rendered as a
+    negative ratio, and results.json rewritten."""
+    from posenc.errors import ConfigError
+    from posenc.experiments.ladder.report import rerender
+
+    stored = _saved_ladder(tmp_path, edit)
+    before = (tmp_path / "results.json").read_text()
+    with pytest.raises(ConfigError, match=message) as err:
+        rerender(tmp_path, stored)
+    assert "\n" not in str(err.value) and (tmp_path / "results.json").read_text() == before
+    assert not (tmp_path / "report.md").exists()

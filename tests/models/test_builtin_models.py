@@ -1,6 +1,6 @@
 """posenc.models.builtin: a built-in model found by name, Gemma 3 270M assembled once into the cache folder from
 its chunk packages (a stand-in package here: the real one is 253 MB; test_gemma3_builtin.py loads it), and a
-missing package named in one line with its pip command."""
+missing package named in one line with its pip command; fine-tuning finds it as gguf:gemma3-270m."""
 
 from __future__ import annotations
 
@@ -65,3 +65,29 @@ def test_unknown_names_list_the_builtins():
         ModelOptions(path="gemma3-27b")
     with pytest.raises(ValueError, match=r"^model='gemma3-27b' is unknown.*gemma3-270m"):
         builtin.builtin_path("gemma3-27b")
+
+
+def test_fine_tuning_finds_a_builtin_by_its_gguf_name(package, tmp_path):
+    from posenc.experiments.finetune.model_source import gguf_path
+    from posenc.experiments.training.model_source import _gguf_path
+
+    assert gguf_path("gguf:gemma3-270m") == _gguf_path("gguf:gemma3-270m") == tmp_path / "models" / "gemma.gguf"
+    for call, field in ((gguf_path, "finetune.base"), (_gguf_path, "trainer.init_from")):
+        with pytest.raises(ValueError) as err:
+            call("gguf:gemma3-27b")  # neither a built-in nor a file
+        assert str(err.value).startswith(f"{field}='gguf:gemma3-27b'") and "gguf:gemma3-270m" in str(err.value)
+
+
+@pytest.mark.parametrize(("path", "shown"), [("gemma3", "'gemma3'"), ("Gemma3-270m", "'Gemma3-270m'"),
+                                             (None, "'NoneType'"), (5, "'int'")])
+def test_from_gguf_with_a_near_miss_of_a_builtin_name_lists_the_builtins(tmp_path, monkeypatch, path, shown):
+    """`Llama.from_gguf("gemma3")` said only 'an existing .gguf file' (the built-in names unmentioned), and None
+    ended in pathlib's TypeError."""
+    from posenc.models import Llama
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError) as err:
+        Llama.from_gguf(path)
+    message = str(err.value)
+    assert message.startswith(f"path={shown} is not allowed") and "smollm2-135m, gemma3-270m" in message
+    assert "\n" not in message

@@ -104,3 +104,26 @@ def test_malformed_calls_are_refused_in_one_line_naming_the_argument(case):
     with pytest.raises(ConfigError) as refused:
         _bad_call(case)()
     assert case in str(refused.value) and "\n" not in str(refused.value)
+
+
+def _scheme_with_tables(name: str) -> posenc.Scheme:
+    dims = Dims(d_model=16, n_head=2, head_dim=8, max_seq_len=16)
+    if name == "rope+dual_chunk":
+        from posenc.position_maps.scheme import PositionMapped
+        from posenc.registry import build_position_map
+
+        return PositionMapped(posenc.build("rope", dims), build_position_map({"type": "dual_chunk"}, 16))
+    return posenc.build(name, dims)
+
+
+@pytest.mark.parametrize("name", ["rope", "alibi", "kerple", "fire", "shaw", "transformer_xl", "cope",
+                                  "rope+dual_chunk"])
+def test_a_scheme_on_another_device_than_the_tensors_is_refused_in_one_line(name):
+    """The tables (RoPE's frequencies, ALiBi's slopes, FIRE's MLP, ...) on one device and q, k, v on another: one
+    line naming both devices, not torch's error from inside a kernel. ("meta" stands in for a GPU here.)"""
+    scheme = _scheme_with_tables(name).to("meta")
+    q = torch.randn(1, 2, 5, 8)
+    with pytest.raises(ConfigError) as refused:
+        posenc.attention(q, q, q, scheme)
+    message = str(refused.value)
+    assert "scheme device='meta'" in message and "cpu" in message and "\n" not in message

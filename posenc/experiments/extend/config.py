@@ -19,10 +19,10 @@ from posenc.experiments.config.fields import distinct
 from posenc.experiments.config.sections import DEVICE_NAME
 from posenc.experiments.extend.long_context import DTYPES
 from posenc.experiments.extend.methods import (
-    ALIASES,
     DEGENERATE,
     EXTENSIONS,
     build_method,
+    by_map_name,
     canonical,
     check_method_options,
 )
@@ -81,7 +81,7 @@ class SweepOptions:
                 raise bad_value("extend.methods", list(self.methods), f"distinct methods ({twice})")
         object.__setattr__(self, "methods", names)
         check_method_options(self.method_options)
-        options = {ALIASES.get(k, k): dict(v) for k, v in self.method_options.items()}
+        options = {k: dict(v) for k, v in by_map_name("extend.method_options", self.method_options).items()}
         object.__setattr__(self, "method_options", options)
         maps = {name.split("+")[0] for name in self.methods}
         for name in options:  # options of a map no row uses would be recorded and never read
@@ -158,7 +158,7 @@ class TuneOptions:
             if points > MOST_POINTS:
                 raise bad_value(f"tune.grid.{name}", options, f"at most {MOST_POINTS} combinations (this is {points}; "
                                                               "each one runs every tuning prompt)")
-        object.__setattr__(self, "grid", {ALIASES.get(k, k): dict(v) for k, v in grid.items()})
+        object.__setattr__(self, "grid", {k: dict(v) for k, v in by_map_name("tune.grid", grid).items()})
         if self.length is not None:
             _integer("tune.length", self.length, 2)
         _integer("tune.passkeys", self.passkeys, 0)
@@ -277,6 +277,8 @@ class ExtendConfig:
         grid, given = self.tune.grid, self.extend.method_options
         maps = {name.split("+")[0] for name in self.extend.methods}
         for name, options in grid.items():
+            if name not in EXTENSIONS:  # a scaling's row reads no options: every point would be the same row
+                raise unknown_name("tune.grid", name, EXTENSIONS)
             if name not in maps:
                 raise bad_value(f"tune.grid.{name}", options, f"options of a map in extend.methods "
                                                               f"({', '.join(self.extend.methods)})")
@@ -344,6 +346,8 @@ class ExtendConfig:
                 out["passkey.lengths"] = why("passkey or ruler")
         if "ppl" not in measures:
             out["perplexity.windows"] = why("ppl")
+        if all(name == "none" for name in self.extend.methods):
+            out["model.extension_layers"] = "extend.methods is only none: no scaling or map to place on layers"
         if not self.tune.grid:
             out.update({f"tune.{key}": "tune.grid is empty: no option sweep" for key in
                         ("length", "passkeys", "ruler_tasks", "seed")})

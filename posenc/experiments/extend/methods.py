@@ -97,6 +97,19 @@ def build_method(name: str, t: Target, options: Mapping[str, Mapping[str, Any]] 
     return Method(name, PRESETS[scaling](t) if plus else None, built.spec(), built.plain_within, built.length_scaled)
 
 
+def by_map_name(field: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """{map or its alias: value} -> {map: value}; two spellings of one map (`dca` and `dual_chunk`) are refused:
+    one of them would be dropped without a word."""
+    out: dict[str, Any] = {}
+    for name, value in options.items():
+        if ALIASES.get(name, name) in out:
+            first = next(k for k in options if ALIASES.get(k, k) == ALIASES.get(name, name))
+            raise bad_value(field, dict(options), f"one entry per map ({first!r} and {name!r} are both "
+                                                  f"{ALIASES.get(name, name)})")
+        out[ALIASES.get(name, name)] = value
+    return out
+
+
 def check_method_options(options: Any) -> None:
     if not isinstance(options, Mapping) or any(not isinstance(v, Mapping) for v in options.values()):
         raise bad_value("extend.method_options", options, "a mapping {map: {option: value}}, e.g. "

@@ -6,14 +6,15 @@ The text is the landmark-attention code's, lines joined by newlines. Lengths and
 tokens: a prompt has exactly `length` tokens and the needle sentence starts after
 round(depth x filler tokens) filler tokens, so depth 0 puts it right after the instructions and
 depth 1 right before the question. Pieces are tokenized once and concatenated; the filler is a
-token stream cut anywhere (the original cuts characters), continuing after the needle.
+token stream cut anywhere (the original cuts characters), continuing after the needle. `start`
+(sequence_start.py: the model's BOS where its tokenizer adds one) comes first and counts in the length.
 """
 
 from __future__ import annotations
 
 import random
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from posenc.errors import bad_value
@@ -35,13 +36,13 @@ class Prompt:
 
 
 class PromptBuilder:
-    def __init__(self, encode: Callable[[str], list[int]]) -> None:
-        self.encode = encode
+    def __init__(self, encode: Callable[[str], list[int]], start: Sequence[int] = ()) -> None:
+        self.encode, self.start = encode, list(start)
         self.intro, self.filler, self.question = encode(INTRO), encode(FILLER), encode(QUESTION)
         self.needle_len = len(encode(NEEDLE.format(key=KEY_RANGE[0])))
 
     def min_length(self) -> int:
-        return len(self.intro) + self.needle_len + len(self.question) + 1
+        return len(self.start) + len(self.intro) + self.needle_len + len(self.question) + 1
 
     def filler_tokens(self, n: int) -> list[int]:
         return (self.filler * (n // len(self.filler) + 1))[:n]
@@ -51,13 +52,13 @@ class PromptBuilder:
             raise bad_value("lengths", length, f"at least {self.min_length()} tokens for a passkey prompt")
         if not 0.0 <= depth <= 1.0:
             raise bad_value("depths", depth, "fractions in [0, 1]")
-        needle = self.encode(NEEDLE.format(key=key))
-        n_filler = length - len(self.intro) - self.needle_len - len(self.question)
+        needle, head = self.encode(NEEDLE.format(key=key)), self.start + self.intro
+        n_filler = length - len(head) - self.needle_len - len(self.question)
         before = round(depth * n_filler)
         stream = self.filler_tokens(n_filler + len(self.filler))
-        after = length - len(self.intro) - before - len(needle) - len(self.question)  # exact length for any key
-        ids = self.intro + stream[:before] + needle + stream[before : before + after] + self.question
-        return Prompt(ids, key, len(self.intro) + before, depth)
+        after = length - len(head) - before - len(needle) - len(self.question)  # exact length for any key
+        ids = head + stream[:before] + needle + stream[before : before + after] + self.question
+        return Prompt(ids, key, len(head) + before, depth)
 
     def answer_tokens(self) -> int:
         """Tokens to decode: the key with its leading space, plus one to see that the number ended."""

@@ -15,7 +15,7 @@ computation another method already ran reuse its answers.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -31,21 +31,26 @@ from posenc.experiments.extend.resource_usage import PeakMemory
 from posenc.models.llama import Llama
 
 
-def token_windows(tokenize: Callable[[str], list[int]], text: str, length: int, windows: int) -> Tensor:
-    """(windows, length) token ids from the start of text, tokenizing only as much as needed."""
-    need, chars = length * windows + 1, length * windows * 6
+def token_windows(tokenize: Callable[[str], list[int]], text: str, length: int, windows: int,
+                  start: Sequence[int] = ()) -> Tensor:
+    """(windows, length) token ids from the start of text, tokenizing only as much as needed: each window is
+    `start` (the model's BOS where its tokenizer adds one; sequence_start.py) then length - len(start) text
+    tokens, consecutive windows continuing the text. token_nll never scores position 0, so never the start."""
+    text_len = length - len(start)
+    need, chars = text_len * windows + 1, text_len * windows * 6
     while True:
         ids = tokenize(text[:chars])
         if len(ids) >= need or chars >= len(text):
             break
         chars *= 2
     if len(ids) < need:
-        if len(ids) // length == 0:  # the longest length itself does not fit: name the length the user typed
-            raise bad_value("perplexity.lengths", length, f"at most {len(ids) - 1:,} tokens, the length of this "
-                                                          "corpus (perplexity.corpus)")
+        if len(ids) // text_len == 0:  # the longest length itself does not fit: name the length the user typed
+            raise bad_value("perplexity.lengths", length, f"at most {len(ids) - 1 + len(start):,} tokens, the "
+                                                          "length of this corpus (perplexity.corpus)")
         raise bad_value("perplexity.windows", windows,
-                        f"at most {len(ids) // length} windows of {length} tokens in this corpus")
-    return torch.tensor(ids[: length * windows]).view(windows, length)
+                        f"at most {len(ids) // text_len} windows of {length} tokens in this corpus")
+    body = torch.tensor(ids[: text_len * windows]).view(windows, text_len)
+    return torch.cat([torch.tensor(list(start), dtype=body.dtype).expand(windows, len(start)), body], dim=1)
 
 
 def token_nll(model: Llama, ids: Tensor, chunk: int = 0) -> Tensor:

@@ -126,6 +126,17 @@ def _check_rows(saved: dict[str, Any]) -> None:
     for i, forward in enumerate(saved["forwards"]):
         need(isinstance(forward, dict) and _whole(forward.get("length")) and _number(forward.get("seconds"), 0.0),
              f"forwards[{i}]", forward, "an object with length and seconds")
+    for name, record in saved["tuning"].items():  # the option sweep (extend/tuning.py)
+        need(isinstance(record, dict) and _whole(record.get("length")) and isinstance(record.get("points"), list),
+             f"tuning[{name!r}]", record, "an object with length and points [...]")
+        for i, point in enumerate(record["points"]):
+            need(isinstance(point, dict) and isinstance(point.get("options"), dict)
+                 and _number(point.get("score"), 0.0, 1.0) and point.get("score") is not None
+                 and _whole(point.get("prompts")), f"tuning[{name!r}].points[{i}]", point,
+                 "an object with options {...}, score from 0 to 1 and prompts")
+        if "chosen" in record:  # the choice is one of the points scored
+            need(record["chosen"] in [p["options"] for p in record["points"]], f"tuning[{name!r}].chosen",
+                 record["chosen"], "the options of one of its points")
 
 
 def _int_keys(row: dict[str, Any]) -> dict[str, Any]:

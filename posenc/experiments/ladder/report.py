@@ -163,4 +163,4 @@ def rerender(run_dir: Path, stored: dict[str, Any]) -> Path:
     """`posenc report`: the report again from the saved units and run.json (its settings and wall time)."""
     cfg = config_loader.build(LadderConfig, stored["config"])
     wall = float(stored.get("wall_seconds") or 0.0)
-    return report_writer.write(run_dir, report(load_units(run_dir), cfg, wall))[-1]
+    return report_writer.write(run_dir, report(load_units(run_dir, cfg.compare, cfg.ladder.sizes), cfg, wall))[-1]

@@ -46,7 +46,8 @@ def run(cfg: LadderConfig, run_dir: Path | None) -> int:
     from posenc.experiments.ladder.report import report
 
     corpus = preflight_ladder(cfg)  # every size's models checked before any training
-    with run_folder(run_dir, cfg.out_dir, RULE, cfg.to_dict(), corpus, on_stop=on_stop(cfg, report)) as opened:
+    stopped = on_stop(cfg, report, cfg.ladder.sizes)  # the saved units checked against the ladder's sizes
+    with run_folder(run_dir, cfg.out_dir, RULE, cfg.to_dict(), corpus, on_stop=stopped) as opened:
         units, files = units_reported(opened, cfg, report, ladder)
     return finished(units, opened.path, files)
 

@@ -26,10 +26,11 @@ def save_units(run_dir: Path, units: list[dict[str, Any]]) -> Path:
     return write_json(Path(run_dir) / RESULTS, {"units": units})
 
 
-def load_units(run_dir: Path, asked: Any = None) -> list[dict[str, Any]]:
+def load_units(run_dir: Path, asked: Any = None, sizes: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
     """The saved units, checked as a whole (a hand-edited file included): one line naming the file and
     what is wrong, never a traceback from deep in the report. With `asked` (the run's compare section), each
-    unit is one the run asked for, and none is there twice (a duplicate would count as a seed)."""
+    unit is one the run asked for, and none is there twice (a duplicate would count as a seed); with `sizes`
+    (a ladder's), each unit's size is one of them (a unit of another size would be dropped without a word)."""
     path = Path(run_dir) / RESULTS
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -49,6 +50,9 @@ def load_units(run_dir: Path, asked: Any = None) -> list[dict[str, Any]]:
         if asked is not None and (unit["scheme"] not in asked.schemes or unit["seed"] not in asked.seeds):
             raise bad_value(f"results units[{i}]", f"{unit['scheme']} seed {unit['seed']}", f"a unit of this run: "
                             f"compare.schemes {list(asked.schemes)} x seeds {list(asked.seeds)} ({path})")
+        if sizes is not None and unit.get("size") not in sizes:
+            raise bad_value(f"results units[{i}].size", unit.get("size"), f"one of ladder.sizes {list(sizes)} "
+                                                                          f"({path})")
     return checked
 
 
@@ -72,6 +76,8 @@ def _checked_unit(path: Path, index: int, unit: Any) -> dict[str, Any]:
         labels = [v for v in table.values() if isinstance(v, str) and v not in LABELS]
         if labels:
             raise bad(f"{key} values that are numbers or one of {', '.join(LABELS)} (not {labels[0]!r})")
+        if key == "ppl" and any(isinstance(v, (int, float)) and v <= 0 for v in table.values()):
+            raise bad(f"ppl values above 0 (a perplexity is exp of a loss; not {min(table.values(), key=_number)})")
         tables[key] = {int(k): (math.nan if v is None else v) for k, v in table.items()}
     for key in ("final_train_loss", "shift_dloss", "seconds", "params"):
         if key in unit and not (unit[key] is None or isinstance(unit[key], (int, float)) or unit[key] in LABELS):
@@ -79,6 +85,10 @@ def _checked_unit(path: Path, index: int, unit: Any) -> dict[str, Any]:
     if unit["status"] == "ok" and "ppl" not in unit:
         raise bad("a finished unit with its ppl table")
     return {**unit, **tables}
+
+
+def _number(v: Any) -> float:
+    return v if isinstance(v, (int, float)) else math.inf  # labels and None sort last
 
 
 def failed(units: list[dict[str, Any]]) -> list[str]:
@@ -95,7 +105,9 @@ def finished(units: list, path: Path, files: list) -> int:
     return 0
 
 
-def report_saved(run_dir: Path, cfg: Any, report: Any, wall_seconds: float) -> None:
+def report_saved(run_dir: Path, cfg: Any, report: Any, wall_seconds: float, sizes: tuple[str, ...] | None = None) \
+        -> None:
     """The report of the units saved so far (a stopped run), marked incomplete; nothing when none finished."""
     if (Path(run_dir) / RESULTS).is_file():
-        report_writer.write(run_dir, report(load_units(run_dir, cfg.compare), cfg, wall_seconds), echo=False)
+        units = load_units(run_dir, cfg.compare, sizes)
+        report_writer.write(run_dir, report(units, cfg, wall_seconds), echo=False)

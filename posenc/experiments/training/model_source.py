@@ -1,6 +1,6 @@
 """Where a training run's model and tokens come from: a fresh GPT on bytes (the default), the weights
 of an earlier posenc run (fine-tune, e.g. with a new seq_len_interpolation_factor: NeMo's PI for SFT),
-or a pretrained Llama GGUF with its own tokenizer (`trainer.init_from=gguf:smollm2` or `gguf:/path`).
+or a pretrained GGUF with its own tokenizer (`trainer.init_from=gguf:smollm2`, `gguf:gemma3-270m` or `gguf:/path`).
 RoPE tables are buffers rebuilt from the config, never loaded, so a changed scaling takes effect."""
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ from posenc.rotary.rope import scaling_from_config
 
 
 def _gguf_path(spec: str) -> Path:
-    from posenc.models.gguf import builtin_smollm2_path
+    from posenc.models.builtin import gguf_spec_file
 
-    name = spec.removeprefix("gguf:")
-    path = builtin_smollm2_path() if name == "smollm2" else Path(name)
+    path = gguf_spec_file(spec.removeprefix("gguf:"))
     if not path.is_file():
-        raise bad_value("trainer.init_from", spec, "gguf:smollm2, gguf:/path/to/model.gguf, or a posenc run folder")
+        raise bad_value("trainer.init_from", spec, "gguf:smollm2, gguf:gemma3-270m, gguf:/path/to/model.gguf, or a "
+                                                   "posenc run folder")
     return path
 
 

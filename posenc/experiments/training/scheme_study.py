@@ -37,9 +37,10 @@ def run_with_bar(function: Callable[[Any], dict[str, Any]], jobs: Sequence[Any],
         bar.close()
 
 
-def on_stop(cfg: Any, report: Callable) -> Callable:
-    """runs.lifecycle.run_folder's on_stop for a study: the report of the units saved so far, marked incomplete."""
-    return lambda opened: report_saved(opened.path, cfg, report, opened.wall_seconds)
+def on_stop(cfg: Any, report: Callable, sizes: tuple[str, ...] | None = None) -> Callable:
+    """runs.lifecycle.run_folder's on_stop for a study: the report of the units saved so far, marked incomplete
+    (sizes: the ladder's, which its saved units are checked against)."""
+    return lambda opened: report_saved(opened.path, cfg, report, opened.wall_seconds, sizes)
 
 
 def units_reported(opened: Any, cfg: Any, report: Callable, units_of: Callable[..., list[dict[str, Any]]]
