@@ -107,11 +107,12 @@ def check_outputs(built: PositionMap, field: str) -> None:
     """A map's three functions on four positions: n_maps integer position tensors of the input's shape and a
     selector of int8 values in -1..n_maps-1, so a map of one's own that breaks the protocol is one line naming it
     before any forward, not an error from inside attention."""
-    pos, origin = torch.arange(4)[None], torch.zeros(1, 1, dtype=torch.long)  # (1,4), (1,1)
     try:
-        outputs = {"query_positions": built.query_positions(pos, origin),
-                   "key_positions": built.key_positions(pos, origin)}
-        select = built.select(pos, pos, origin)
+        with torch.device("cpu"):  # real tensors even where a model is built on the meta device (its size alone)
+            pos, origin = torch.arange(4)[None], torch.zeros(1, 1, dtype=torch.long)  # (1,4), (1,1)
+            outputs = {"query_positions": built.query_positions(pos, origin),
+                       "key_positions": built.key_positions(pos, origin)}
+            select = built.select(pos, pos, origin)
     except Exception as e:  # the user's code: its options may not fit its own arithmetic
         raise bad_value(field, built.spec(), f"options its functions run with ({type(e).__name__}: {e})") from None
     for method, out in outputs.items():

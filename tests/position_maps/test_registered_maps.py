@@ -130,3 +130,14 @@ def test_a_map_of_ones_own_that_keeps_the_protocol_runs(own_registry):
     with torch.no_grad():
         plain, halved = model(ids), model.set_attention_extension({"type": "halves"})(ids)
     assert torch.isfinite(halved).all() and (halved - plain).abs().max().item() > 1e-3
+
+
+def test_a_model_with_a_map_builds_on_the_meta_device():
+    """The ladder counts parameters on the meta device: the map's protocol check runs on real positions there."""
+    from posenc.models import GPT, GPTConfig
+
+    with torch.device("meta"):
+        model = GPT(GPTConfig(vocab_size=32, n_layer=1, n_head=2, d_model=16, max_seq_len=16,
+                              position_embedding_type="rope",
+                              attention_extension={"type": "self_extend", "group_size": 2, "window": 4}))
+    assert next(model.parameters()).is_meta
