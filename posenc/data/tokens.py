@@ -4,6 +4,7 @@ batches."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -56,16 +57,27 @@ def sample_starts(n_tokens: int, batch_size: int, seq_len: int, generator: torch
     return torch.randint(0, n_tokens - seq_len - 1, (batch_size,), generator=generator).tolist()
 
 
-def sample_batch(tokens: Tensor, batch_size: int, seq_len: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
-    """Random windows: inputs (B,L) and next-token targets (B,L)."""
-    return windows_at(tokens, sample_starts(len(tokens), batch_size, seq_len, generator), seq_len)
+def sample_batch(tokens: Tensor, batch_size: int, seq_len: int, generator: torch.Generator,
+                 first: Sequence[int] = ()) -> tuple[Tensor, Tensor]:
+    """Random windows: inputs (B,L) and next-token targets (B,L), each row begun with `first` (windows_at)."""
+    return windows_at(tokens, sample_starts(len(tokens), batch_size, seq_len, generator), seq_len, first)
 
 
-def windows_at(tokens: Tensor, starts: list[int], seq_len: int) -> tuple[Tensor, Tensor]:
-    windows = torch.stack([tokens[s : s + seq_len + 1] for s in starts])  # (B,L+1)
+def windows_at(tokens: Tensor, starts: list[int], seq_len: int, first: Sequence[int] = ()) -> tuple[Tensor, Tensor]:
+    """Inputs (B,L) and next-token targets (B,L) of the windows at `starts`. `first` (a pretrained model's BOS
+    where its tokenizer adds one: posenc.experiments.sequence_start) begins every row and takes one of the L input
+    positions: a row is first + text[s : s + L + 1 - len(first)], so the BOS is an input, never a target, and L
+    text tokens are targets either way. Without it the rows are text[s : s + L + 1], as ever."""
+    if len(first) > 1:  # a second token before the text would be a target
+        raise bad_value("first", list(first), "[] or one token (the model's BOS)")
+    text = seq_len + 1 - len(first)
+    head = torch.tensor(list(first), dtype=tokens.dtype).expand(len(starts), -1)  # (B,len(first))
+    windows = torch.cat([head, torch.stack([tokens[s : s + text] for s in starts])], dim=1)  # (B,L+1)
     return windows[:, :-1], windows[:, 1:]
 
 
-def target_bytes(byte_lengths: Tensor, starts: list[int], seq_len: int) -> int:
-    """UTF-8 bytes of the text the targets of windows at `starts` cover (sample_batch's targets)."""
-    return sum(int(byte_lengths[s + 1 : s + seq_len + 1].sum()) for s in starts)
+def target_bytes(byte_lengths: Tensor, starts: list[int], seq_len: int, first: Sequence[int] = ()) -> int:
+    """UTF-8 bytes of the text the targets of windows at `starts` cover (windows_at's targets: the text from
+    s + 1 - len(first), L tokens)."""
+    shift = 1 - len(first)
+    return sum(int(byte_lengths[s + shift : s + shift + seq_len].sum()) for s in starts)

@@ -15,8 +15,7 @@ from posenc.experiments.extend.methods import Method
 from posenc.experiments.extend.passkey_prompts import PromptBuilder
 from posenc.experiments.extend.perplexity import NllMemo, perplexities, token_windows
 from posenc.experiments.extend.ruler import TASKS, RulerBuilder
-from posenc.experiments.extend.run import _check_same_start
-from posenc.experiments.extend.sequence_start import sequence_start, start_record
+from posenc.experiments.sequence_start import check_same_start, sequence_start, start_record
 from tests.experiments.test_extend import Counter, tiny_llama
 from tests.experiments.test_ruler_tasks import char_decode, char_encode, check_needle_starts
 
@@ -108,8 +107,8 @@ def test_a_ruler_prompt_starts_with_the_start_and_keeps_its_length(task):
 def test_a_run_resumes_only_with_the_start_it_began_with(tmp_path, stored, start, refused):
     opened = SimpleNamespace(stored=stored, path=tmp_path)
     if not refused:
-        _check_same_start(opened, start)
+        check_same_start(opened, start)
         return
     with pytest.raises(ValueError) as err:
-        _check_same_start(opened, start)
+        check_same_start(opened, start)
     assert str(err.value).startswith("run_dir=") and "[2]" in str(err.value) and "\n" not in str(err.value)

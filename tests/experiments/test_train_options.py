@@ -30,9 +30,9 @@ def assert_same_weights(a: torch.nn.Module, b: torch.nn.Module, atol: float) -> 
 def test_bf16_trains_a_repeated_batch_with_finite_falling_loss_close_to_fp32(tmp_path, monkeypatch):
     fixed = {}
 
-    def same_batch(tokens, batch_size, seq_len, generator):
+    def same_batch(tokens, batch_size, seq_len, generator, first=()):
         return fixed.setdefault((batch_size, seq_len), sample_batch(tokens, batch_size, seq_len,
-                                                                    torch.Generator().manual_seed(0)))
+                                                                    torch.Generator().manual_seed(0), first))
 
     monkeypatch.setattr(train_module, "sample_batch", same_batch)
     steps = ["trainer.max_steps=6", "trainer.checkpoint_interval=6", "trainer.lr=3e-3"]

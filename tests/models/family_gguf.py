@@ -6,6 +6,7 @@ prefixed by the architecture."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,8 +53,9 @@ def _metadata(writer: Any, config: Any, entry: Any) -> None:
         writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
 
 
-def write_gguf(hf: Any, path: Path) -> Path:
-    """The transformers model `hf` (float32 tensors written) as a GGUF file at `path`."""
+def write_gguf(hf: Any, path: Path, vocabulary: Callable[[Any], None] | None = None) -> Path:
+    """The transformers model `hf` (float32 tensors written) as a GGUF file at `path`; `vocabulary(writer)` adds a
+    tokenizer's tokenizer.ggml.* keys where a test needs one."""
     import gguf
 
     config = hf.config
@@ -62,6 +64,8 @@ def write_gguf(hf: Any, path: Path) -> Path:
     names = gguf.get_tensor_name_map(arch, config.num_hidden_layers)
     writer = gguf.GGUFWriter(str(path), entry.gguf_arch)
     _metadata(writer, config, entry)
+    if vocabulary is not None:
+        vocabulary(writer)
     tied = config.tie_word_embeddings
     for name, tensor in hf.state_dict().items():
         stem, _, kind = name.rpartition(".")

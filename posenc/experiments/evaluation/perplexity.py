@@ -4,11 +4,16 @@ Non-overlapping: cut the text into windows of length T and score every token (ea
 only its own window, so early tokens have little context). Sliding (ALiBi paper, Fig. 1): windows
 of length T advance by `stride` and only the last `stride` tokens of each are scored, so every
 scored token has at least T - stride tokens of context.
+
+A pretrained model whose tokenizer adds a BOS (posenc.experiments.sequence_start) gets it first in every window:
+a window of T positions is the BOS and T - 1 text tokens, its targets the T text tokens that follow the positions
+(posenc.data.tokens.windows_at's counting), so the same text is scored with a start and without.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -38,10 +43,12 @@ def _window_starts(n_tokens: int, length: int, step: int, max_windows: int) -> l
 
 @torch.no_grad()
 def window_nll(model: torch.nn.Module, tokens: Tensor, start: int, length: int, score_from: int,
-               position_offset: int = 0) -> tuple[float, int]:
-    """Summed next-token NLL of tokens[start+score_from+1 : start+length+1] given the window."""
+               position_offset: int = 0, first: Sequence[int] = ()) -> tuple[float, int]:
+    """Summed next-token NLL of tokens[start+score_from+1-k : start+length+1-k] given the window, k = len(first):
+    the window is `first` (the model's BOS, or nothing) then the text from `start`."""
     device = model_device(model)
-    window = tokens[start : start + length + 1][None].to(device)  # (1,T+1)
+    window = torch.cat([torch.tensor(list(first), dtype=tokens.dtype),
+                        tokens[start : start + length + 1 - len(first)]])[None].to(device)  # (1,T+1)
     pos = torch.arange(position_offset, position_offset + length, device=device)[None]
     logits = model(window[:, :-1], position_ids=pos)  # (1,T,V)
     nll = F.cross_entropy(logits[0, score_from:].float(), window[0, score_from + 1 :], reduction="sum")
@@ -55,18 +62,20 @@ def perplexity(model: torch.nn.Module, tokens: Tensor, length: int, mode: str = 
 
 def total_nll(model: torch.nn.Module, tokens: Tensor, length: int, mode: str = "nonoverlapping",
               stride: int | None = None, max_windows: int = 16, position_offset: int = 0,
-              byte_lengths: Tensor | None = None) -> tuple[float, int, int]:
-    """(summed nats, tokens scored, UTF-8 bytes those tokens cover: 0 without byte_lengths)."""
+              byte_lengths: Tensor | None = None, first: Sequence[int] = ()) -> tuple[float, int, int]:
+    """(summed nats, tokens scored, UTF-8 bytes those tokens cover: 0 without byte_lengths); every window begins
+    with `first` (the model's BOS where its tokenizer adds one)."""
     if mode not in EVAL_MODES:
         raise bad_value("eval.mode", mode, " | ".join(EVAL_MODES))
     stride = length if mode == "nonoverlapping" else min(stride or max(1, length // 2), length)
     total, count, n_bytes = 0.0, 0, 0
     for i, start in enumerate(_window_starts(len(tokens), length, stride, max_windows)):
         score_from = 0 if (mode == "nonoverlapping" or i == 0) else length - stride
-        nll, n = window_nll(model, tokens, start, length, score_from, position_offset)
+        nll, n = window_nll(model, tokens, start, length, score_from, position_offset, first)
         total, count = total + nll, count + n
-        if byte_lengths is not None:  # window_nll's targets: tokens[start + score_from + 1 : start + length + 1]
-            n_bytes += int(byte_lengths[start + score_from + 1 : start + length + 1].sum())
+        if byte_lengths is not None:  # window_nll's targets, k = len(first)
+            shift = start + 1 - len(first)
+            n_bytes += int(byte_lengths[shift + score_from : shift + length].sum())
     return total, count, n_bytes
 
 
@@ -81,24 +90,26 @@ def bits_per_byte(total_nats: float, n_bytes: int) -> float:
 
 
 def perplexity_by_length(model: torch.nn.Module, tokens: Tensor, train_len: int, cfg: EvalConfig,
-                         progress=None) -> dict[int, Score]:
+                         progress=None, first: Sequence[int] = ()) -> dict[int, Score]:
     """Perplexity at each length, every length scoring the same text: `max_windows` windows of the
     longest length (or as many as the text holds), cut into windows of each length. A curve then
     compares lengths, not passages (with a window count per length, 8x read 8 times the text of 1x
     and a hard passage showed up as a bump at one length)."""
-    return scores_by_length(model, tokens, None, train_len, cfg, progress)[0]
+    return scores_by_length(model, tokens, None, train_len, cfg, progress, first)[0]
 
 
 def scores_by_length(model: torch.nn.Module, tokens: Tensor, byte_lengths: Tensor | None, train_len: int,
-                     cfg: EvalConfig, progress=None) -> tuple[dict[int, Score], dict[int, Score]]:
-    """(perplexity per token, bits per byte) at each length (perplexity_by_length's protocol); bits per byte
-    needs byte_lengths (UTF-8 bytes per token) and is empty without them."""
+                     cfg: EvalConfig, progress=None,
+                     first: Sequence[int] = ()) -> tuple[dict[int, Score], dict[int, Score]]:
+    """(perplexity per token, bits per byte) at each length (perplexity_by_length's protocol), every window begun
+    with `first`; bits per byte needs byte_lengths (UTF-8 bytes per token) and is empty without them."""
     text = scored_text(tokens, train_len, cfg)
     ppl, bpb = {}, {}
     for m in cfg.length_multipliers:
         length = m * train_len
         try:
-            total, count, n_bytes = total_nll(model, text, length, cfg.mode, cfg.stride, len(text), 0, byte_lengths)
+            total, count, n_bytes = total_nll(model, text, length, cfg.mode, cfg.stride, len(text), 0, byte_lengths,
+                                              first)
         except PositionTooLarge:
             ppl[length] = bpb[length] = BEYOND_TABLE
         else:

@@ -23,11 +23,11 @@ from posenc.experiments.extend.perplexity import planned_forwards, planned_token
 from posenc.experiments.extend.progress import STATE_FILE, RunState
 from posenc.experiments.extend.report import longest_forward, run_meta, write_results
 from posenc.experiments.extend.ruler_sweep import planned_ruler_prompts, run_ruler
-from posenc.experiments.extend.sequence_start import sequence_start, start_record
 from posenc.experiments.extend.tuning import check_points_act, planned_tuning_prompts, run_tuning, tune_length
 from posenc.experiments.runs import manifest
 from posenc.experiments.runs.lifecycle import run_folder
 from posenc.experiments.runs.rule import Run
+from posenc.experiments.sequence_start import check_same_start, sequence_start, start_record
 from posenc.models.llama import Llama
 
 
@@ -56,16 +56,6 @@ def _check_tune_length(cfg: ExtendConfig, builder: PromptBuilder, ruler_builder:
     if length < least:
         raise bad_value("tune.length", length, f"at least {least} tokens (the tuning prompts' instructions, needles "
                                                "and questions alone take that many tokens of this tokenizer)")
-
-
-def _check_same_start(opened: Run, start: list[int]) -> None:
-    """A resumed run goes on with the sequences it began with (a run from before BOSes were added had none)."""
-    if opened.stored is None:
-        return
-    before = (opened.stored.get("sequence_start") or {}).get("ids", [])
-    if before != start:
-        raise bad_value("run_dir", str(opened.path), f"a run whose sequences start with {start}, as this model's "
-                                                     f"tokenizer asks (its sequences start with {before}: start anew)")
 
 
 def estimate_minutes(cfg: ExtendConfig, model: Llama) -> float:
@@ -145,7 +135,7 @@ def _sweep(cfg: ExtendConfig, opened: Run, corpus: Any, sweeping: dict[str, RunS
         _check_ruler_lengths(cfg, ruler_builder)
     windows = (token_windows(encode, corpus.text, max(cfg.ppl_lengths), cfg.perplexity.windows, start)
                if cfg.ppl_lengths else None)
-    _check_same_start(opened, start)
+    check_same_start(opened, start)  # a run from before BOSes were added had none
     opened.note(sequence_start=start_record(start))
     state = RunState.load(run_dir, on_save=lambda: opened.tick(force=True))
     extended = [i for i in range(model.cfg.n_layer) if model.cfg.extends_layer(i)]

@@ -1,5 +1,6 @@
 """What `posenc finetune` measures at every checkpoint: passkey accuracy at each length (greedy, cached
-decoding of the answer), the passkey range, and perplexity at each length on the validation text."""
+decoding of the answer), the passkey range, and perplexity at each length on the validation text, every
+prompt and window begun with the model's BOS where its tokenizer adds one (vocab.start)."""
 
 from __future__ import annotations
 
@@ -52,6 +53,6 @@ def measure(model: nn.Module, cfg: FinetuneConfig, val_stream: Tensor, retrieval
                                 cfg.passkey.trials, cfg.passkey.seed)
     p = cfg.perplexity
     ppl = perplexity_by_length(model, val_stream, L, EvalConfig(length_multipliers=p.length_multipliers,
-                                                                max_windows=p.max_windows))
+                                                                max_windows=p.max_windows), first=vocab.start)
     model.train()
     return {"passkey": accuracy, "range": passkey_range(accuracy, cfg.finetune.range_threshold), "ppl": ppl}

@@ -1,6 +1,7 @@
 """One training step's loss in `posenc finetune`, at the base's length L and at the target length alike:
 corpus windows scored on every token (language modelling) plus passkey sequences scored on the answer
-only, the two means added. Every batch is a pure function of (seed, phase, step), so a resumed run
+only, the two means added, every row begun with the retrieval's start (the model's BOS where its tokenizer
+adds one; never a target). Every batch is a pure function of (seed, phase, step), so a resumed run
 replays the same data."""
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ class Mixture:
         device, total = model_device(model), torch.zeros(())
         n_text = self.rows - self.passkey_rows
         if n_text:
-            x, y = sample_batch(self.stream, n_text, self.length, batch_generator(self.seed, step, PHASES[self.phase]))
+            x, y = sample_batch(self.stream, n_text, self.length, batch_generator(self.seed, step, PHASES[self.phase]),
+                                self.retrieval.start)
             total = total + _cross_entropy(model(x.to(device)), y.to(device))  # (n_text, L, V)
         if self.passkey_rows:
             rng = random.Random(f"{self.phase}:{self.seed}:{step}")

@@ -1,13 +1,16 @@
 """Where `posenc finetune` gets its model and tokens: posenc's own RoPE GPT on bytes (trained here, one
 per seed, in `seed-N/base/`; or the newest checkpoint of a `posenc train` run folder), or a Llama GGUF
 with its own tokenizer (`gguf:smollm2`, `gguf:gemma3-270m`). Each method is the base's weights under that method's
-rope_scaling: RoPE tables are buffers rebuilt from the config, never loaded, so the scaling takes effect."""
+rope_scaling: RoPE tables are buffers rebuilt from the config, never loaded, so the scaling takes effect. Every
+sequence fed to a GGUF begins with its BOS exactly when its own tokenizer adds one (posenc.experiments.sequence_start:
+the vocabulary's `start`); posenc's own GPT on bytes never had one."""
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,7 @@ from posenc.errors import bad_value
 from posenc.experiments.config.training_run import from_plain
 from posenc.experiments.finetune.config import FinetuneConfig
 from posenc.experiments.runs import checkpoint
+from posenc.experiments.sequence_start import sequence_start
 from posenc.models import GPT, GPTConfig
 
 
@@ -26,7 +30,8 @@ from posenc.models import GPT, GPTConfig
 class Vocabulary:
     encode: Callable[[str], list[int]]
     decode: Callable[[list[int]], str]
-    stream: Callable[[str], Tensor]  # a whole text as token ids (N,)
+    stream: Callable[[str], Tensor]  # a whole text as token ids (N,), nothing added
+    start: list[int] = field(default_factory=list)  # what every sequence begins with: [BOS] or []
 
 
 BYTES = Vocabulary(lambda text: list(text.encode("utf-8")), lambda ids: bytes(ids).decode("utf-8", "replace"),
@@ -75,13 +80,20 @@ def check_base(cfg: FinetuneConfig) -> None:
 def vocabulary(cfg: FinetuneConfig) -> Vocabulary:
     if not cfg.finetune.is_gguf:
         return BYTES
+    path = gguf_path(cfg.finetune.base)
+    return _gguf_vocabulary(path, path.stat().st_size, path.stat().st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=2)  # the run reads the start, then its units (in this process with jobs=1) encode
+def _gguf_vocabulary(path: Path, _size: int, _mtime_ns: int) -> Vocabulary:
     from posenc.models.gguf import load_tokenizer
 
-    tokenizer = load_tokenizer(gguf_path(cfg.finetune.base))
+    tokenizer = load_tokenizer(path)
     return Vocabulary(lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
                       lambda ids: tokenizer.decode(ids),
                       lambda text: torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"],
-                                                dtype=torch.int64))
+                                                dtype=torch.int64),
+                      sequence_start(tokenizer))
 
 
 def gpt_config(cfg: FinetuneConfig, scaling: dict[str, Any] | None) -> GPTConfig:

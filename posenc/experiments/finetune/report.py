@@ -183,7 +183,8 @@ def _intro(cfg: FinetuneConfig, wall_seconds: float) -> str:
 
 
 def finetune_report(cfg: FinetuneConfig, units: Sequence[dict], bases: Sequence[dict],
-                    wall_seconds: float) -> Report:
+                    wall_seconds: float, sequence_start: dict[str, Any] | None = None) -> Report:
+    """The report; `sequence_start` (run.json's record of what every sequence began with) is kept in results.json."""
     f, L = cfg.finetune, cfg.data.seq_len
     # The base itself is method none at step 0; without that row it is not checked (nothing to check it with).
     retrieves = {seed: bool((r := _record(units, "none", seed, 0)) and r["passkey"].get(L, 0) >= f.range_threshold)
@@ -214,7 +215,7 @@ def finetune_report(cfg: FinetuneConfig, units: Sequence[dict], bases: Sequence[
     diverged = [f"{u['method']} seed {u['seed']}" for u in units if u.get("status") != "ok"]
     results = {"config": cfg.to_dict(), "bases": list(bases), "units": list(units), "diverged": diverged,
                "claims": [dataclasses.asdict(v) for v in verdicts], "wall_seconds": wall_seconds,
-               "complete": not missing}
+               "sequence_start": sequence_start, "complete": not missing}
     return Report("Fine-tuning to extend the context (posenc finetune)",
                   _intro(cfg, wall_seconds) + _stopped(cfg, missing), tables, _plots(cfg, units), results)
 
@@ -223,5 +224,5 @@ def rerender(run_dir: Path, stored: dict) -> Path:
     """`posenc report RUN_DIR`: the report again from results.json and run.json (no model is loaded)."""
     units, bases = stored_files.results(Path(run_dir) / "results.json")  # checked as a whole, before any rewrite
     cfg = resolved(config_loader.build(FinetuneConfig, stored["config"]))
-    report = finetune_report(cfg, units, bases, float(stored.get("wall_seconds") or 0.0))
+    report = finetune_report(cfg, units, bases, float(stored.get("wall_seconds") or 0.0), stored.get("sequence_start"))
     return report_writer.write(Path(run_dir), report, markdown=MARKDOWN, echo=False)[-1]

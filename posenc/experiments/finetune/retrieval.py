@@ -8,7 +8,9 @@ et al. 2023 and Peng et al. 2023), short enough that a small GPT learns it at L 
 The filler is the corpus with the marker tokens ('<', '>') taken out, so the only '<' before the
 question is the needle's: the key is found by content (an induction head), and what breaks past the
 trained length is how RoPE positions that content. A sequence of length n holds n + 1 tokens, so a
-model reads exactly n positions while training on it, and answering at length L is in distribution."""
+model reads exactly n positions while training on it, and answering at length L is in distribution.
+A pretrained model whose tokenizer adds a BOS (posenc.experiments.sequence_start) gets it first: it is
+one of the n + 1 tokens (one filler token fewer) and never a target."""
 
 from __future__ import annotations
 
@@ -38,29 +40,31 @@ class Sequence:
 
 
 class Retrieval:
-    """Passkey sequences over one token stream (the training or the validation split)."""
+    """Passkey sequences over one token stream (the training or the validation split), each begun with `start`
+    (the model's BOS where its tokenizer adds one, else nothing)."""
 
-    def __init__(self, encode: Callable[[str], list[int]], stream: Tensor) -> None:
+    def __init__(self, encode: Callable[[str], list[int]], stream: Tensor, start: list[int] | None = None) -> None:
         self.encode = encode
+        self.start = list(start or [])
         self.question = encode(QUESTION)
         markers = torch.tensor(sorted({t for m in MARKERS for t in encode(m)}), dtype=stream.dtype)
         self.filler = stream[~torch.isin(stream, markers)]  # (N,) no marker token left
-        self.shortest = len(encode(NEEDLE.format(key=KEY_RANGE[1]))) + len(self.question) + 8
+        self.shortest = len(self.start) + len(encode(NEEDLE.format(key=KEY_RANGE[1]))) + len(self.question) + 8
 
     def sequence(self, length: int, depth: float, key: int, rng: random.Random) -> Sequence:
-        """`length` + 1 tokens: filler with the needle after round(depth x filler) of its tokens, the question,
-        the answer. The filler starts at a place drawn from rng."""
+        """`length` + 1 tokens: the start, filler with the needle after round(depth x filler) of its tokens, the
+        question, the answer. The filler starts at a place drawn from rng."""
         if length < self.shortest:
             raise bad_value("passkey length", length, f"at least {self.shortest} tokens (needle and question)")
         needle, answer = self.encode(NEEDLE.format(key=key)), self.encode(ANSWER.format(key=key))
-        n_filler = length + 1 - len(needle) - len(self.question) - len(answer)
+        n_filler = length + 1 - len(self.start) - len(needle) - len(self.question) - len(answer)
         if n_filler >= len(self.filler):
             raise bad_value("passkey length", length, f"shorter than the text it hides the key in "
                                                       f"({len(self.filler)} tokens)")
         start = rng.randrange(len(self.filler) - n_filler)
         filler = self.filler[start : start + n_filler].tolist()
         before = round(depth * n_filler)
-        ids = filler[:before] + needle + filler[before:] + self.question + answer
+        ids = self.start + filler[:before] + needle + filler[before:] + self.question + answer
         return Sequence(ids, len(ids) - len(answer), key)
 
     def training_rows(self, length: int, rows: int, rng: random.Random) -> tuple[Tensor, Tensor]:

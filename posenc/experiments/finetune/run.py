@@ -5,7 +5,9 @@ perplexity by length at every step of a schedule, over several seeds.
 Two stages, each a set of independent units run one process per core: the bases (posenc's own GPT,
 one per seed, when no base is given), then every (seed, method) fine-tuning (tune.py). Finished work is
 kept in the run folder and never redone: a resumed run trains only what is missing, and results.json
-is rewritten after every unit, so a kill loses at most the steps since a unit's last scheduled one."""
+is rewritten after every unit, so a kill loses at most the steps since a unit's last scheduled one.
+Every sequence fed to a GGUF base begins with its BOS exactly when its tokenizer adds one (run.json and
+results.json record it as `sequence_start`; a resume with another start is refused)."""
 
 from __future__ import annotations
 
@@ -22,13 +24,14 @@ from posenc.experiments import report_writer
 from posenc.experiments.config.sections import run_device
 from posenc.experiments.finetune import stored
 from posenc.experiments.finetune.config import RULE, FinetuneConfig
-from posenc.experiments.finetune.model_source import BYTES, check_base
+from posenc.experiments.finetune.model_source import BYTES, check_base, vocabulary
 from posenc.experiments.finetune.pretrain import base_finished, train_base
 from posenc.experiments.finetune.report import MARKDOWN, finetune_report
 from posenc.experiments.finetune.retrieval import Retrieval
 from posenc.experiments.finetune.tune import finetune_unit, unit_dir
 from posenc.experiments.runs.lifecycle import run_folder
 from posenc.experiments.runs.rule import Run
+from posenc.experiments.sequence_start import check_same_start, start_record
 from posenc.experiments.training import preflight
 from posenc.experiments.training.parallel import default_workers, run_units
 
@@ -64,14 +67,17 @@ def run(cfg: FinetuneConfig, run_dir: Path | None) -> int:
     """`posenc finetune`: the bases, then every (seed, method) unit in a run folder, then the report; a stopped
     run leaves the report of the units that finished, marked incomplete."""
     corpus = preflight_all(cfg)
+    start = vocabulary(cfg).start  # [BOS] where the GGUF's own tokenizer adds one: every sequence's start
     stopped = lambda opened: _report_saved(cfg, opened)
     with run_folder(run_dir, cfg.out_dir, RULE, cfg.to_dict(), corpus, on_stop=stopped) as opened:
         run_dir = opened.path
+        check_same_start(opened, start)  # a run from before BOSes were added had none
+        opened.note(sequence_start=start_record(start))
         _check_kept(cfg, run_dir)
         bases = _bases(cfg, run_dir, opened)
         units = _finetune(cfg, run_dir, opened, bases)
-        files = report_writer.write(run_dir, finetune_report(cfg, units, bases, opened.wall_seconds),
-                                    markdown=MARKDOWN)
+        files = report_writer.write(run_dir, finetune_report(cfg, units, bases, opened.wall_seconds,
+                                                             opened.record["sequence_start"]), markdown=MARKDOWN)
     print(f"run folder: {run_dir}\nreport:     {files[-1]}")
     diverged = [f"{u['method']} seed {u['seed']}" for u in units if u["status"] != "ok"]
     if diverged:  # a result (kept on resume, named in the report), but never a success
@@ -86,8 +92,8 @@ def _report_saved(cfg: FinetuneConfig, opened: Run) -> None:
     path = opened.path / "results.json"
     if path.is_file():
         units, bases = stored.results(path)  # checked as a whole, as `posenc report` reads it
-        report_writer.write(opened.path, finetune_report(cfg, units, bases, opened.wall_seconds), markdown=MARKDOWN,
-                            echo=False)
+        report = finetune_report(cfg, units, bases, opened.wall_seconds, opened.record.get("sequence_start"))
+        report_writer.write(opened.path, report, markdown=MARKDOWN, echo=False)
 
 
 def _check_kept(cfg: FinetuneConfig, run_dir: Path) -> None:
@@ -132,7 +138,7 @@ def _finetune(cfg: FinetuneConfig, run_dir: Path, opened: Run, bases: list[dict]
         bar.update()
         opened.tick(force=True)
         write_json(run_dir / "results.json", {"config": cfg.to_dict(), "bases": bases, "units": done,
-                                              "complete": False})
+                                              "sequence_start": opened.record["sequence_start"], "complete": False})
 
     try:
         units = run_units(finetune_unit, jobs, _jobs(cfg), finished)

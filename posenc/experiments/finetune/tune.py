@@ -52,7 +52,8 @@ def finetune_unit(job: tuple[FinetuneConfig, Path, int, str]) -> dict[str, Any]:
         return unit | status | {"records": stored_records(folder)}
     vocab = vocabulary(cfg)
     train_stream, val_stream = split(vocab.stream(load_corpus(cfg.data.corpus).text), cfg.data.val_fraction)
-    train_task, val_task = Retrieval(vocab.encode, train_stream), Retrieval(vocab.encode, val_stream)
+    train_task, val_task = (Retrieval(vocab.encode, train_stream, vocab.start),
+                            Retrieval(vocab.encode, val_stream, vocab.start))
     model = load_model(cfg, run_dir, seed, rope_scaling(method, cfg.finetune.factor, cfg.data.seq_len))
     model.to(run_device(cfg.trainer.device))
     opt, start, history = make_optimizer(model, cfg.trainer), 0, []

@@ -4,6 +4,10 @@ run folder that records how the run ended: complete, diverged or interrupted.
 
 Exactness: the learning rate and every batch are pure functions of (seed, step), torch's RNG is
 reseeded per step, and optimizer moments are checkpointed, so a resumed run replays the same numbers.
+
+From a GGUF (trainer.init_from=gguf:...), every training and validation window begins with the model's BOS
+exactly when its own tokenizer adds one (posenc.experiments.sequence_start): L positions, the BOS and L - 1 text
+tokens, the BOS never a target. run.json and train.json record it; a resume with another start is refused.
 """
 
 from __future__ import annotations
@@ -32,9 +36,10 @@ from posenc.experiments.evaluation.perplexity import model_device
 from posenc.experiments.runs import checkpoint, manifest
 from posenc.experiments.runs.files import removed_if_unused
 from posenc.experiments.runs.rule import Run, open_run
+from posenc.experiments.sequence_start import check_same_start, start_record
 from posenc.experiments.training import preflight
 from posenc.experiments.training.loop import Diverged, fit, lr_at, make_optimizer
-from posenc.experiments.training.model_source import build_model, corpus_record
+from posenc.experiments.training.model_source import build_model, corpus_record, sequence_start_of
 from posenc.experiments.training.start_point import RULE, fork_point, stored_train_run
 from posenc.models import GPT
 
@@ -62,6 +67,7 @@ class Prepared:
     val_tokens: Tensor
     corpus: dict[str, str]
     val_byte_lengths: Tensor
+    start: list[int]  # what every window begins with: the GGUF's BOS where its tokenizer adds one, else []
 
 
 def world() -> tuple[int, int]:
@@ -78,17 +84,19 @@ def _loss(model: torch.nn.Module, x: Tensor, y: Tensor, precision: str) -> Tenso
 
 
 @torch.no_grad()
-def validation_loss(model: GPT, val: Tensor, byte_lengths: Tensor, cfg: RunConfig) -> tuple[float, float]:
-    """(mean loss per token, bits per byte) over eval_batches random held-out batches; bits per byte is the
-    batches' summed nats / (ln 2 x the UTF-8 bytes their targets cover), so tokenizers compare."""
+def validation_loss(model: GPT, val: Tensor, byte_lengths: Tensor, cfg: RunConfig,
+                    first: list[int] | tuple[int, ...] = ()) -> tuple[float, float]:
+    """(mean loss per token, bits per byte) over eval_batches random held-out batches, each row begun with
+    `first` (windows_at); bits per byte is the batches' summed nats / (ln 2 x the UTF-8 bytes their targets
+    cover), so tokenizers compare."""
     model.eval()
     t, device, L = cfg.trainer, model_device(model), cfg.data.seq_len
     losses, n_bytes = [], 0
     for i in range(t.eval_batches):
         starts = sample_starts(len(val), t.batch_size, L, batch_generator(t.seed, -1 - i))
-        x, y = windows_at(val, starts, L)
+        x, y = windows_at(val, starts, L, first)
         losses.append(_loss(model, x.to(device), y.to(device), t.precision).item())
-        n_bytes += target_bytes(byte_lengths, starts, L)
+        n_bytes += target_bytes(byte_lengths, starts, L, first)
     model.train()
     loss = sum(losses) / len(losses)
     return loss, loss * len(losses) * t.batch_size * L / (math.log(2) * n_bytes)
@@ -114,12 +122,13 @@ def prepare(cfg: RunConfig) -> Prepared:
     train_tokens, val_tokens = tokens.split(cfg.data.val_fraction)
     preflight.check_text_lengths(cfg.data.seq_len, len(val_tokens), len(train_tokens))
     return Prepared(model, make_optimizer(model, t), train_tokens.ids, val_tokens.ids,
-                    corpus_record(cfg, corpus, tokenizer), val_tokens.byte_lengths)
+                    corpus_record(cfg, corpus, tokenizer), val_tokens.byte_lengths, sequence_start_of(cfg, model))
 
 
-def _backward(model: torch.nn.Module, train_tokens: Tensor, cfg: RunConfig, rank: int, world_size: int):
-    """step -> summed loss of the step's global batch, cut into accumulation chunks, this rank's rows.
-    The global batch is drawn once per step, so grad_accum changes memory use, never the data."""
+def _backward(model: torch.nn.Module, train_tokens: Tensor, cfg: RunConfig, rank: int, world_size: int,
+              first: list[int]):
+    """step -> summed loss of the step's global batch, cut into accumulation chunks, this rank's rows, each
+    begun with `first`. The global batch is drawn once per step, so grad_accum changes memory use, never the data."""
     t = cfg.trainer
     chunk = t.batch_size // t.grad_accum
     per_rank = chunk // world_size
@@ -127,7 +136,8 @@ def _backward(model: torch.nn.Module, train_tokens: Tensor, cfg: RunConfig, rank
 
     def backward(step: int) -> float:
         total = 0.0
-        inputs, targets = sample_batch(train_tokens, t.batch_size, cfg.data.seq_len, batch_generator(t.seed, step))
+        inputs, targets = sample_batch(train_tokens, t.batch_size, cfg.data.seq_len, batch_generator(t.seed, step),
+                                       first)
         for micro in range(t.grad_accum):
             rows = slice(micro * chunk + rank * per_rank, micro * chunk + (rank + 1) * per_rank)
             x, y = inputs[rows].to(device), targets[rows].to(device)  # (per_rank, L)
@@ -181,13 +191,16 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = True, fork_from: s
 def _train(cfg: RunConfig, run_dir: Path, resume: bool, fork_from: str | Path | None) -> TrainResult:
     rank, world_size = world()
     prepared = prepare(cfg)
-    parent = fork_point(Path(fork_from), cfg, prepared.corpus) if fork_from is not None else None
+    parent = fork_point(Path(fork_from), cfg, prepared.corpus, prepared.start) if fork_from is not None else None
     # Rank 0 holds the folder (lock, checks, run.json); the other ranks wait until it has.
     opened = open_run(run_dir, RULE, cfg.to_dict(), prepared.corpus, read=stored_train_run,
                       **({"forked_from": parent[1]} if parent else {})) if rank == 0 else contextlib.nullcontext()
     if world_size > 1 and rank != 0:
         dist.barrier()
     with opened as run:
+        if run is not None:  # a resume goes on with the windows it began with, then the start is kept
+            check_same_start(run, prepared.start)
+            run.note(sequence_start=start_record(prepared.start))
         if world_size > 1 and rank == 0:
             dist.barrier()
         start_ckpt = parent[0] if parent else checkpoint.latest(run_dir)
@@ -209,12 +222,14 @@ def _run(cfg: RunConfig, run_dir: Path, p: Prepared, start_ckpt: Path | None, fo
     bar = tqdm(total=t.max_steps, initial=start, desc=cfg.model.position_embedding_type,
                disable=not t.progress or rank != 0, leave=False)
     seen, clock = [0], time.perf_counter()
-    meta = lambda: {"history": history, "config": cfg.to_dict(), "corpus": p.corpus, "forked_from": forked}
+    meta = lambda: {"history": history, "config": cfg.to_dict(), "corpus": p.corpus, "forked_from": forked,
+                    "sequence_start": start_record(p.start)}
 
     def after_step(step: int, loss: float) -> None:
         record = {"step": step, "loss": loss, "lr": lr_at(step - 1, t)}
         if step % t.eval_interval == 0 or step == t.max_steps:
-            record["val_loss"], record["val_bpb"] = validation_loss(model, p.val_tokens, p.val_byte_lengths, cfg)
+            record["val_loss"], record["val_bpb"] = validation_loss(model, p.val_tokens, p.val_byte_lengths, cfg,
+                                                                    p.start)
             if not math.isfinite(record["val_loss"]):
                 raise Diverged(step, record["val_loss"], "the validation loss")
         history.append(record)
@@ -231,7 +246,7 @@ def _run(cfg: RunConfig, run_dir: Path, p: Prepared, start_ckpt: Path | None, fo
         if saves:
             checkpoint.save(run_dir, step, model, opt, meta(), t.keep_checkpoints)
 
-    backward = _backward(step_model, p.train_tokens, cfg, rank, world_size)
+    backward = _backward(step_model, p.train_tokens, cfg, rank, world_size, p.start)
     try:
         fit(step_model, opt, t, start, t.seed, backward, after_step, _mean_over_ranks(world_size),
             agree=_same_stop_on_every_rank(world_size))

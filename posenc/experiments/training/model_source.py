@@ -1,7 +1,8 @@
 """Where a training run's model and tokens come from: a fresh GPT on bytes (the default), the weights
 of an earlier posenc run (fine-tune, e.g. with a new seq_len_interpolation_factor: NeMo's PI for SFT),
 or a pretrained GGUF with its own tokenizer (`trainer.init_from=gguf:smollm2`, `gguf:gemma3-270m` or `gguf:/path`).
-RoPE tables are buffers rebuilt from the config, never loaded, so a changed scaling takes effect."""
+RoPE tables are buffers rebuilt from the config, never loaded, so a changed scaling takes effect. A GGUF's windows
+begin with its BOS exactly when its tokenizer adds one (posenc.experiments.sequence_start)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from posenc.data.tokens import load_corpus
 from posenc.errors import bad_value
 from posenc.experiments.config.training_run import RunConfig
 from posenc.experiments.runs import checkpoint
+from posenc.experiments.sequence_start import sequence_start
 from posenc.models import GPT
 from posenc.rotary.rope import scaling_from_config
 
@@ -41,6 +43,13 @@ def backend_tokenizer(name: str, backend) -> TextTokenizer:
     """A TextTokenizer around a tokenizers.Tokenizer that came with a model (a GGUF's)."""
     return TextTokenizer(name, hashlib.sha256(backend.to_str().encode("utf-8")).hexdigest(),
                          backend.get_vocab_size(with_added_tokens=True), backend)
+
+
+def sequence_start_of(cfg: RunConfig, model: nn.Module) -> list[int]:
+    """What every window this run feeds the model begins with: a GGUF's BOS where its own tokenizer adds one;
+    nothing for posenc's own GPT (it was never trained with one)."""
+    source = cfg.trainer.init_from
+    return sequence_start(model.tokenizer) if source is not None and source.startswith("gguf:") else []
 
 
 def build_model(cfg: RunConfig, corpus: Corpus | None = None) -> tuple[nn.Module, Tokens, TextTokenizer]:

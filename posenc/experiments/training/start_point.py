@@ -12,6 +12,7 @@ from posenc.errors import bad_value
 from posenc.experiments.config.training_run import RunConfig, from_plain
 from posenc.experiments.runs import checkpoint, manifest
 from posenc.experiments.runs.rule import RunRule
+from posenc.experiments.sequence_start import recorded_start
 
 # Keys that can differ between a run and its continuation without changing a single number it computes.
 RULE = RunRule("train", keeps_results=("trainer.progress", "trainer.tensorboard", "trainer.checkpoint_interval",
@@ -49,8 +50,10 @@ def stored_train_run(run_dir: Path) -> dict[str, Any] | None:
     return None if stored is None else stored | {"config": from_plain(stored["config"]).to_dict()}
 
 
-def fork_point(parent: Path, cfg: RunConfig, corpus: dict[str, str]) -> tuple[Path, dict[str, Any]]:
-    """(the parent's newest checkpoint, the record of what the fork changes) for --fork."""
+def fork_point(parent: Path, cfg: RunConfig, corpus: dict[str, str],
+               start: list[int] | None = None) -> tuple[Path, dict[str, Any]]:
+    """(the parent's newest checkpoint, the record of what the fork changes) for --fork; `start`: what this run's
+    windows begin with (a change from the parent's, e.g. a BOS its run lacked, is named)."""
     stored = stored_run(parent)
     last = checkpoint.latest(parent) if stored is not None else None
     if last is None:
@@ -59,4 +62,6 @@ def fork_point(parent: Path, cfg: RunConfig, corpus: dict[str, str]) -> tuple[Pa
               "changed": manifest.differences(stored["config"], cfg.to_dict(), RULE.keeps_results)}
     if stored.get("corpus") and stored["corpus"].get("sha256") != corpus["sha256"]:
         record["changed"].append(f"corpus sha256: {stored['corpus']['sha256'][:12]}... -> {corpus['sha256'][:12]}...")
+    if start is not None and recorded_start(stored) != start:
+        record["changed"].append(f"sequence_start: {recorded_start(stored)} -> {start}")
     return last, record
