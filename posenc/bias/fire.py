@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from posenc.bias._distance import shared_rows
 from posenc.bias._piecewise import relu_mlp_pieces
+from posenc.nn.kept_tables import kept, kept_span, wanted_gradient
 from posenc.scheme import Dims, PiecewiseBias, Scheme, from_first_key
 from posenc.validators import number_in, positive_int
 
@@ -90,11 +91,26 @@ class FIRE(Scheme):
     def piecewise_bias(self, q_pos: Tensor, low: int, high: int) -> PiecewiseBias:
         """The bias as the MLP's exact pieces of x = psi(i - j) / psi(max(L, i)): feature psi(m - n) for
         r = n - m in [low, high] (future keys clamped to 0, as fire_inputs does), divisor per query."""
-        distance = (-torch.arange(low, high + 1, device=q_pos.device)).clamp_min(0).to(torch.float32)  # m - n
         i = shared_rows(q_pos, q_pos)[0].to(torch.float32)  # (B|1,Tq)
-        divisor = torch.log1p(self.c * torch.maximum(i, self.threshold)) + FIRE_EPS
-        knots, slopes, intercepts = relu_mlp_pieces(self.mlp[0], self.mlp[2])
-        return PiecewiseBias(torch.log1p(self.c * distance), low, divisor, knots, slopes, intercepts)
+        c, threshold, (knots, slopes, intercepts) = self._parameter_terms()
+        divisor = torch.log1p(c * torch.maximum(i, threshold)) + FIRE_EPS
+
+        def feature(first: int, last: int) -> Tensor:  # psi(m - n) for r = first..last
+            distance = (-torch.arange(first, last + 1, device=q_pos.device)).clamp_min(0).to(torch.float32)
+            return torch.log1p(c * distance)
+
+        if wanted_gradient(self):
+            return PiecewiseBias(feature(low, high), low, divisor, knots, slopes, intercepts)
+        kept_feature = kept_span(self, ("feature", q_pos.device), low, high, feature)  # a decode step: one more r
+        return PiecewiseBias(kept_feature, low, divisor, knots, slopes, intercepts)
+
+    def _parameter_terms(self) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor, Tensor]]:
+        """c, L and the MLP's pieces: functions of the parameters alone, kept while they are unchanged and no
+        gradient is wanted (a decode step asked for them at every token: about 20 small operators)."""
+        def build() -> tuple[Tensor, Tensor, tuple[Tensor, Tensor, Tensor]]:
+            return self.c, self.threshold, relu_mlp_pieces(self.mlp[0], self.mlp[2])
+
+        return build() if wanted_gradient(self) else kept(self, "parameter terms", lambda _: True, build)
 
     def extra_repr(self) -> str:
         return f"heads={self.dims.n_head}, mlp_width={self.mlp[0].out_features}"
