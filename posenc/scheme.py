@@ -231,6 +231,15 @@ def shared_row(pos: Tensor) -> Tensor:
     return pos
 
 
+def extremes(pos: Tensor) -> tuple[int, int]:
+    """(lowest, highest) position of pos (any shape; (0, 0) when empty), read with one synchronisation."""
+    if pos.numel() <= 1:
+        only = int(pos.reshape(())) if pos.numel() else 0
+        return only, only
+    lowest, highest = pos.aminmax()
+    return int(lowest), int(highest)
+
+
 def cast(t: Tensor, dtype: torch.dtype) -> Tensor:
     """t in dtype: t itself when it is already (a no-op .to() is still an operator call, and a decode step pays
     the hooks' calls in every layer)."""

@@ -27,24 +27,28 @@ from posenc.scheme import PiecewiseBias, Scheme
 
 def rows_decode(call: Call) -> Tensor | None:
     """Rows per head: SDPA with the step's bias row as the mask (its single-query kernel is faster)."""
-    if call.dropout != 0.0 or not (on_gpu(call) or runs_native(call)):
-        return None
     mask = step_row(call, "distance row", _distance_row)
     return None if mask is None else _attend(call, mask)
 
 
 def pieces_decode(call: Call) -> Tensor | None:
     """FIRE's decode step: its MLP over every key's distance once per step, then SDPA in every layer."""
-    if call.dropout != 0.0 or not (on_gpu(call) or runs_native(call)):
-        return None
     mask = step_row(call, "pieces row", _pieces_row)
     return None if mask is None else _attend(call, mask)
 
 
 def step_row(call: Call, kind: str, build: Callable[[Call], Tensor | None]) -> Tensor | None:
-    """build(call), the (B|1,H,1,Tk) bias row in q's dtype (or None: the path does not serve), once per step."""
-    return row_paths.per_forward(call.scheme, kind, call.q_pos, call.k_pos, (call.k.shape[-2], call.q.dtype),
-                                 lambda: build(call))
+    """build(call), the (B|1,H,1,Tk) bias row in q's dtype, once per step; None where these kernels do not serve
+    (dropout, a device or dtype neither SDPA's mask path nor the native kernels take). Every layer of a step
+    has the same shapes, dtype, device and positions, so that is asked once per step too."""
+    q, k = call.q, call.k
+    key = (q.shape, k.shape, q.dtype, q.device, call.causal, call.dropout)
+    return row_paths.per_forward(call.scheme, kind, call.q_pos, call.k_pos, key,
+                                 lambda: build(call) if _serves(call) else None)
+
+
+def _serves(call: Call) -> bool:
+    return call.dropout == 0.0 and (on_gpu(call) or runs_native(call))
 
 
 def _attend(call: Call, mask: Tensor) -> Tensor:

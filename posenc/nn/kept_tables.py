@@ -24,16 +24,25 @@ _children: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> 
 State = tuple[tuple[Tensor, int, int], ...]
 
 
+def parameters(module: nn.Module) -> tuple[Tensor, ...]:
+    """module.parameters(), read from each module's own dict (its submodules listed once): asked once per step,
+    and in every layer for a scheme per layer, where module.parameters()'s generators cost more than what they
+    guard."""
+    return tuple(t for m in _modules(module) for t in m._parameters.values() if t is not None)
+
+
 def state(module: nn.Module) -> State:
     """The module's parameters and buffers with their versions and storage: an optimizer step or load_state_dict
-    (a new version), .to() (new storage in the same tensor object) or a replaced tensor changes it. Read from each
-    module's own dicts (its submodules listed once): a scheme per layer asks in every layer of a decode step, and
-    module.parameters()'s generators cost more than the table's slice."""
+    (a new version), .to() (new storage in the same tensor object) or a replaced tensor changes it."""
+    return tuple((t, t._version, t.data_ptr()) for m in _modules(module)
+                 for t in itertools.chain(m._parameters.values(), m._buffers.values()) if t is not None)
+
+
+def _modules(module: nn.Module) -> tuple[nn.Module, ...]:
     children = _children.get(module)
     if children is None:
         children = _children[module] = tuple(module.modules())[1:]  # not the module itself: the key must stay weak
-    return tuple((t, t._version, t.data_ptr()) for m in (module, *children)
-                 for t in itertools.chain(m._parameters.values(), m._buffers.values()) if t is not None)
+    return (module, *children)
 
 
 def _same(a: State, b: State) -> bool:
@@ -73,7 +82,7 @@ def kept_span(module: nn.Module, kind: Any, low: int, high: int, build: Callable
 
 def wanted_gradient(module: nn.Module) -> bool:
     """Autograd is on and one of the module's parameters wants a gradient: a kept table would drop it."""
-    return torch.is_grad_enabled() and any(p.requires_grad for p in module.parameters())
+    return torch.is_grad_enabled() and any(p.requires_grad for p in parameters(module))
 
 
-__all__ = ["kept", "kept_span", "state", "wanted_gradient"]
+__all__ = ["kept", "kept_span", "parameters", "state", "wanted_gradient"]

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from posenc.nn import fused_attention, recomputed
+from posenc.nn import fused_attention, kept_tables, recomputed
 from posenc.nn import triton as gpu
 from posenc.nn.call import Call
 from posenc.scheme import PiecewiseBias, Scheme, cast
@@ -65,9 +65,10 @@ def _counts_up(pos: Tensor) -> bool:
 def _offsets(q_pos: Tensor, k_pos: Tensor) -> Offsets | None:
     if q_pos.dim() != 2 or k_pos.dim() != 2 or not (_counts_up(q_pos) and _counts_up(k_pos)):
         return None
-    delta = (q_pos[:, 0] - k_pos[:, 0]).to(torch.int64)
+    delta = q_pos[:, 0] - k_pos[:, 0]
+    delta = delta if delta.dtype == torch.int64 else delta.to(torch.int64)
     if delta.shape[0] == 1:
-        return Offsets(delta, *(2 * [int(delta[0])]))
+        return Offsets(delta, *(2 * [int(delta)]))
     return Offsets(delta, int(delta.min()), int(delta.max()))
 
 
@@ -99,7 +100,7 @@ def per_forward(scheme: Scheme, kind: object, q_pos: Tensor, k_pos: Tensor, key:
     if (hit is not None and hit.q_pos is q_pos and hit.k_pos is k_pos and hit.key == key
             and all(p._version == v for p, v in zip(hit.params, hit.versions, strict=True))):
         return hit.value
-    params = tuple(scheme.parameters())
+    params = kept_tables.parameters(scheme)
     versions = tuple(p._version for p in params)
     value = recomputed.shared(build, params)
     kept[kind] = _Entry(q_pos, k_pos, key, params, versions, value)

@@ -17,7 +17,7 @@ from torch import Tensor
 from posenc.errors import bad_value
 from posenc.rotary._core import apply_rotary, cos_sin
 from posenc.rotary.scaling import SEQ_LEN_DEPENDENT, frequencies, rope_type
-from posenc.scheme import Dims, Scheme, shared_row
+from posenc.scheme import Dims, Scheme, extremes, shared_row
 from posenc.validators import number_in, optional_number_at_least
 
 
@@ -66,15 +66,6 @@ class RotaryOptions:
         if self.rope_scaling is not None:
             object.__setattr__(self, "rope_scaling", dict(self.rope_scaling))
         scaling_from_config(self)
-
-
-def extremes(pos: Tensor) -> tuple[int, int]:
-    """(lowest, highest) position of pos (any shape; (0, 0) when empty), read with one synchronisation."""
-    if pos.numel() <= 1:
-        only = int(pos.reshape(())) if pos.numel() else 0
-        return only, only
-    lowest, highest = pos.aminmax()
-    return int(lowest), int(highest)
 
 
 def gather_rows(table: Tensor, pos: Tensor, highest: int) -> Tensor:

@@ -25,8 +25,8 @@ from torch import Tensor
 
 from posenc.rotary import rope
 from posenc.rotary._core import angles, apply_rotary
-from posenc.rotary.rope import TABLE_CAP, RoPE, RotaryOptions, extremes, gather_rows
-from posenc.scheme import Dims, from_first_key, shared_row
+from posenc.rotary.rope import TABLE_CAP, RoPE, RotaryOptions, gather_rows
+from posenc.scheme import Dims, extremes, from_first_key, shared_row
 from posenc.validators import number_in
 
 XPOS_MAX_LOG = 40.0  # e^40 ~ 2e17: q and k scales multiply to at most e^80 < float32 max e^88

@@ -1,7 +1,7 @@
 """Decoding through the KV cache with the tables kept across steps (posenc.nn.kept_tables: rows by distance, FIRE's
-pieces and feature, Transformer-XL's projections; RoPE's and xPos' rows by position): every registered scheme decodes
-what the full forward computes while those tables are outgrown, a step builds them again only when outgrown or when
-the scheme's parameters changed, and a change made in place between steps is seen."""
+pieces and feature, Transformer-XL's projections; the rows by position of RoPE, xPos and the sinusoids): every
+registered scheme decodes what the full forward computes while those tables are outgrown, a step builds them again only
+when outgrown or when the scheme's parameters changed, and a change made in place between steps is seen."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import posenc
+from posenc.absolute import sinusoidal
 from posenc.content.transformer_xl import TransformerXL
 from posenc.nn import dispatch, row_paths
 from posenc.registry import SCHEMES
@@ -38,10 +39,12 @@ def ids(batch: int = 1) -> torch.Tensor:
 @torch.no_grad()
 def test_token_by_token_decoding_equals_the_full_forward_while_the_tables_grow(name, monkeypatch):
     monkeypatch.setattr(rope, "TABLE_MIN", 8)  # RoPE's and xPos' rows by position: outgrown at 8 and 16
+    monkeypatch.setattr(sinusoidal, "TABLE_MIN", 8)  # and the sinusoids' rows
     model = tiny_gpt(name)
     tokens = ids()
+    decoded = decode(model, tokens)  # first: the full forward would build every table at its full size
     full = model(tokens)
-    torch.testing.assert_close(decode(model, tokens), full, rtol=1e-4, atol=1e-4 * full.abs().max().item())
+    torch.testing.assert_close(decoded, full, rtol=1e-4, atol=1e-4 * full.abs().max().item())
 
 
 def _with_rows(name: str) -> bool:
@@ -77,7 +80,7 @@ def test_a_change_in_place_between_steps_reaches_the_next_step(name, monkeypatch
 # (scheme, where the table is built, bound on builds over the prefill and STEPS steps (2 layers); kept nowhere, a
 # step built each of them once per step or once per layer per step)
 BUILDS = [*((name, (row_paths, "distance_rows"), 5) for name in ("alibi", "kerple", "sandwich", "relative")),
-          ("fire", ("posenc.bias.fire", "relu_mlp_pieces"), 1),
+          ("fire", ("posenc.bias.fire", "relu_mlp_pieces"), 5),
           ("transformer_xl", (TransformerXL, "projected_distances"), 2 * 5)]
 
 
