@@ -7,8 +7,8 @@ Notation as in attention.py.
 Each kernel here takes a posenc.nn.dispatch.Call and returns the output or None (it does not serve); which of
 them runs for which scheme, device, dtype, gradient and decode step is decided in posenc.nn.dispatch alone.
 On a CUDA device (posenc.nn.triton, when triton imports) rows per head, FIRE's pieces (its MLP per tile), rows
-per query (Shaw, Transformer-XL, from their tables) and CoPE run in Triton kernels, training included; FIRE's
-decode step takes one bias row and SDPA.
+per query (Shaw, Transformer-XL, from their tables) and CoPE run in Triton kernels, training included. A decode
+step of rows per head or of FIRE's pieces takes one bias row per step and SDPA (posenc.nn.decode_paths).
 
 Rows are indexed by r = n - m (key minus query). They serve when every row of positions counts up by one
 (n - m = j - i - delta for key j, query i): the usual training, prompt and cached-decoding layout. Any other
