@@ -84,19 +84,21 @@ def _pieces_row(call: Call) -> Tensor | None:
 
 
 def one_query(pieces: PiecewiseBias, offsets: Offsets, tk: int) -> Tensor:
-    """The piecewise bias of one query per batch row over its tk keys, (B|1,H,1,Tk), evaluated in PyTorch."""
+    """The piecewise bias of one query per batch row over its tk keys, (B|1,H,1,Tk), evaluated in PyTorch (each
+    operator counts here: a decode step runs this once, with every cache line cold)."""
     shared = offsets.lowest == offsets.highest
+    divisor = pieces.divisor if pieces.divisor.shape[1] == 1 else pieces.divisor[:, :1]  # (b|1,1)
     if shared and 0 <= (first := -offsets.highest - pieces.low) <= pieces.feature.shape[0] - tk:
-        feature = pieces.feature[first : first + tk][None]  # (1,Tk) a view: the usual decode step
+        x = pieces.feature.narrow(0, first, tk) / divisor  # (1,Tk): the usual decode step reads a view
     else:
         e = (-pieces.low - offsets.delta)[: 1 if shared else None]  # (b,) index of each row's first key
-        feature = pieces.feature[e[:, None] + torch.arange(tk, device=e.device)]  # (b,Tk)
-    x = feature / pieces.divisor[:, :1]  # (b,Tk)
+        x = pieces.feature[e[:, None] + torch.arange(tk, device=e.device)] / divisor  # (b,Tk)
     segment = torch.searchsorted(pieces.knots, x)  # knots below x
     # Each key's slope and intercept in one column gather (3x faster than two advanced-indexing gathers).
     h, b = pieces.slopes.shape[0], x.shape[0]
-    lines = torch.cat((pieces.slopes, pieces.intercepts)).index_select(1, segment.view(-1)).view(2 * h, b, tk)
-    return torch.addcmul(lines[h:], lines[:h], x).transpose(0, 1).unsqueeze(2)  # (H,b,Tk) -> (b,H,1,Tk)
+    lines = torch.cat((pieces.slopes, pieces.intercepts)).index_select(1, segment.view(-1)).view(2, h, b, tk)
+    row = torch.addcmul(lines[1], lines[0], x)  # (H,b,Tk)
+    return row.view(1, h, 1, tk) if b == 1 else row.transpose(0, 1).unsqueeze(2)  # (b,H,1,Tk)
 
 
 __all__ = ["kept_distance_rows", "one_query", "pieces_decode", "rows_decode", "step_row"]

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from posenc.nn import dispatch
+from posenc.nn import triton as gpu
 from posenc.nn.kernel_checks import check_rotary
 from posenc.rotary import _fast
 
@@ -81,9 +82,11 @@ def rotation_grad(x: Tensor, cos: Tensor, sin: Tensor) -> str:
 def rotation_device(x: Tensor, cos: Tensor, sin: Tensor, grad: str) -> str:
     """The device of the rotation's key: cuda where the Triton kernel takes x with these tables (and they are not
     learned), cpu for another CPU tensor, other for the rest."""
+    if x.is_cpu and not gpu.interpreting():  # the common case first: Triton serves no CPU tensor but the interpreter's
+        return "cpu"
     if grad != "tables" and _fast.triton_fits(x, cos, sin):
         return "cuda"
-    return "cpu" if x.device.type == "cpu" else "other"
+    return "cpu" if x.is_cpu else "other"
 
 
 class _Rotate(torch.autograd.Function):

@@ -103,7 +103,7 @@ def rotate_native(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, sign: 
         out = torch.empty(x.shape, dtype=x.dtype)
     strides = _native_strides(x.shape, x.stride(), out.stride(), cos.shape, cos.stride())
     lib.posenc_rotate(x.data_ptr(), strides[0], out.data_ptr(), strides[1], cos.data_ptr(), sin.data_ptr(), strides[2],
-                      strides[3], int(interleaved), sign, native.threads())
+                      strides[3], int(interleaved), sign, torch.get_num_threads())  # native.threads(), inlined
     return out
 
 

@@ -143,7 +143,7 @@ class RoPE(Scheme):
         cq, sq = self.tables(q_pos)
         if k_pos is q_pos and q.shape[-2] == 1 and q.dtype == k.dtype:  # a decode step: one call, not two
             both = apply_rotary(torch.cat((q, k), dim=1), cq, sq, self.interleaved)  # (B,H+Hkv,1,Dh)
-            return both[:, : q.shape[1]], both[:, q.shape[1] :]
+            return both.split((q.shape[1], k.shape[1]), dim=1)  # one operator for both views
         ck, sk = (cq, sq) if k_pos is q_pos else self.tables(k_pos)
         return apply_rotary(q, cq, sq, self.interleaved), apply_rotary(k, ck, sk, self.interleaved)
 
