@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import torch
 from torch import Tensor, nn
 
 # flex_attention's score_mod signature: (score, batch, head, q_idx, kv_idx) -> score.
@@ -228,3 +229,18 @@ def shared_row(pos: Tensor) -> Tensor:
     if pos.stride(0) == 0 or bool((pos == pos[:1]).all()):
         return pos[:1]
     return pos
+
+
+def extremes(pos: Tensor) -> tuple[int, int]:
+    """(lowest, highest) position of pos (any shape; (0, 0) when empty), read with one synchronisation."""
+    if pos.numel() <= 1:
+        only = int(pos.reshape(())) if pos.numel() else 0
+        return only, only
+    lowest, highest = pos.aminmax()
+    return int(lowest), int(highest)
+
+
+def cast(t: Tensor, dtype: torch.dtype) -> Tensor:
+    """t in dtype: t itself when it is already (a no-op .to() is still an operator call, and a decode step pays
+    the hooks' calls in every layer)."""
+    return t if t.dtype == dtype else t.to(dtype)

@@ -17,7 +17,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from posenc.scheme import Dims, Scheme, shared_row
+from posenc.nn.kept_tables import kept
+from posenc.scheme import Dims, Scheme, cast, extremes, shared_row
+
+TABLE_ELEMENTS = 1 << 22  # floats of the kept table at most (16 MiB): positions past it are computed per call
+TABLE_MIN = 64  # rows of the first table
 
 
 def sinusoidal_table(pos: Tensor, d: int, base: float = 10000.0) -> Tensor:
@@ -39,4 +43,22 @@ class Sinusoidal(Scheme):
 
     def embed(self, x: Tensor, pos: Tensor, input_ids: Tensor | None = None) -> Tensor:
         rows = shared_row(pos)  # (1,T) when every batch row holds the same positions: one table, broadcast
-        return x + (self.scale * sinusoidal_table(rows, self.dims.d_model)).to(x.dtype)  # (B,T,D)
+        return x + cast(self.scaled_rows(rows), x.dtype)  # (B,T,D)
+
+    def scaled_rows(self, pos: Tensor) -> Tensor:
+        """scale * the sinusoid of positions (b,T) -> (b,T,D) float32, gathered from a table of positions 0..N-1
+        kept across forwards (grown by doubling, at most TABLE_ELEMENTS floats): a decode step computed the float64
+        sinusoid of its one position, about 15 small operators. Positions past the table are computed directly."""
+        d = self.dims.d_model
+        lowest, highest = extremes(pos)
+        if lowest < 0 or (highest + 1) * d > TABLE_ELEMENTS:
+            return self.scale * sinusoidal_table(pos, d)
+        size = min(max(TABLE_MIN, 1 << highest.bit_length()), TABLE_ELEMENTS // d)  # > highest
+
+        def build() -> Tensor:
+            return self.scale * sinusoidal_table(torch.arange(size, device=pos.device), d)  # (N,D)
+
+        table = kept(self, ("rows", pos.device), lambda t: t.shape[0] > highest, build)
+        if pos.numel() == 1:
+            return table.narrow(0, highest, 1).view(1, 1, d)
+        return table.index_select(0, pos.reshape(-1)).view(*pos.shape, d)

@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from posenc.bias._distance import shared_rows
 from posenc.bias._piecewise import relu_mlp_pieces
+from posenc.nn.kept_tables import kept, wanted_gradient
 from posenc.scheme import Dims, PiecewiseBias, Scheme, from_first_key
 from posenc.validators import number_in, positive_int
 
@@ -44,6 +45,12 @@ def fire_inputs(q_pos: Tensor, k_pos: Tensor, c: Tensor, threshold: Tensor) -> T
     distance = (i - j).clamp_min(0.0)  # (B,Tq,Tk)
     normalizer = torch.log1p(c * torch.maximum(i, threshold)) + FIRE_EPS  # (B,Tq,1)
     return torch.log1p(c * distance) / normalizer
+
+
+def _feature(c: Tensor, low: int, high: int, device: torch.device) -> Tensor:
+    """psi(m - n) = log(1 + c (m - n)) for r = n - m = low..high, future keys (r > 0) clamped to 0 as in fire_inputs."""
+    distance = (-torch.arange(low, high + 1, device=device)).clamp_min(0).to(torch.float32)
+    return torch.log1p(c * distance)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,11 +97,32 @@ class FIRE(Scheme):
     def piecewise_bias(self, q_pos: Tensor, low: int, high: int) -> PiecewiseBias:
         """The bias as the MLP's exact pieces of x = psi(i - j) / psi(max(L, i)): feature psi(m - n) for
         r = n - m in [low, high] (future keys clamped to 0, as fire_inputs does), divisor per query."""
-        distance = (-torch.arange(low, high + 1, device=q_pos.device)).clamp_min(0).to(torch.float32)  # m - n
         i = shared_rows(q_pos, q_pos)[0].to(torch.float32)  # (B|1,Tq)
-        divisor = torch.log1p(self.c * torch.maximum(i, self.threshold)) + FIRE_EPS
-        knots, slopes, intercepts = relu_mlp_pieces(self.mlp[0], self.mlp[2])
-        return PiecewiseBias(torch.log1p(self.c * distance), low, divisor, knots, slopes, intercepts)
+        if wanted_gradient(self):
+            c, threshold, (knots, slopes, intercepts) = self.c, self.threshold, self._pieces()
+            feature = _feature(c, low, high, q_pos.device)
+        else:
+            c, threshold, (knots, slopes, intercepts), feature = self._kept_terms(low, high, q_pos.device)
+        divisor = torch.log1p(c * torch.maximum(i, threshold)) + FIRE_EPS
+        return PiecewiseBias(feature, low, divisor, knots, slopes, intercepts)
+
+    def _pieces(self) -> tuple[Tensor, Tensor, Tensor]:
+        return relu_mlp_pieces(self.mlp[0], self.mlp[2])
+
+    def _kept_terms(self, low: int, high: int, device: torch.device) -> tuple:
+        """c, L, the MLP's pieces and the feature for r = low..high: functions of the parameters alone, kept while
+        they are unchanged (a decode step asked for all of them at every token: about 30 small operators) over a
+        span of r that doubles when outgrown."""
+        def covers(value: tuple) -> bool:
+            return value[0] <= low and high <= value[1]
+
+        def build() -> tuple:
+            first, last = min(low, 2 * low), max(high, 2 * high)
+            c = self.c
+            return first, last, c, self.threshold, self._pieces(), _feature(c, first, last, device)
+
+        first, _, c, threshold, pieces, feature = kept(self, ("terms", device), covers, build)
+        return c, threshold, pieces, feature[low - first : high - first + 1]
 
     def extra_repr(self) -> str:
         return f"heads={self.dims.n_head}, mlp_width={self.mlp[0].out_features}"

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from posenc.masks import causal_mask
-from posenc.scheme import Dims, Scheme
+from posenc.scheme import Dims, Scheme, cast
 from posenc.validators import positive_int
 
 
@@ -79,7 +79,7 @@ class CoPE(Scheme):
 
     def contextual_rows(self, q: Tensor) -> Tensor:
         """q . e[n] for every integer position n (B,H,Tq,npos): the fast paths interpolate them per pair."""
-        return q.float() @ self.table.float().T
+        return cast(q, torch.float32) @ cast(self.table, torch.float32).T
 
     def extra_repr(self) -> str:
         return f"npos_max={self.table.shape[0]}, head_dim={self.dims.head_dim}"

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from posenc.errors import bad_value
-from posenc.scheme import Dims, RelativeRows, RelativeTable, Scheme
+from posenc.scheme import Dims, RelativeRows, RelativeTable, Scheme, cast
 
 
 def check_max_relative_position(value: Any) -> None:
@@ -68,8 +68,8 @@ class Shaw(Scheme):
 
     def relative_rows(self, q: Tensor, low: int, high: int) -> RelativeRows:
         """Both terms as rows at clip(n - m, -k, k): q . a^K (B,H,Tq,2k+1) scaled, and P_V for the values."""
-        rows = (q @ self.key_table.to(q.dtype).T) * q.shape[-1] ** -0.5  # (B,H,Tq,2k+1)
-        return RelativeRows(rows, -self.max_relative_position, self.value_table.to(q.dtype))
+        rows = (q @ cast(self.key_table, q.dtype).T) * q.shape[-1] ** -0.5  # (B,H,Tq,2k+1)
+        return RelativeRows(rows, -self.max_relative_position, cast(self.value_table, q.dtype))
 
     def relative_table(self, low: int, high: int, like: Tensor) -> RelativeTable:
         """relative_rows before the product with q: P_K for every head, scaled; P_V for the values."""

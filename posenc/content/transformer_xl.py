@@ -27,8 +27,9 @@ import torch
 from torch import Tensor, nn
 
 from posenc.absolute.sinusoidal import sinusoidal_table
+from posenc.nn.kept_tables import kept_span
 from posenc.nn.triangular import triangular_rows
-from posenc.scheme import Dims, RelativeRows, RelativeTable, Scheme
+from posenc.scheme import Dims, RelativeRows, RelativeTable, Scheme, cast
 
 
 class TransformerXL(Scheme):
@@ -51,17 +52,15 @@ class TransformerXL(Scheme):
         projected = self.w_r(r).to(like.dtype)  # in W_R's dtype: bf16 tensors on a float32 scheme (no autocast)
         return projected.view(-1, self.dims.n_head, self.dims.head_dim).transpose(0, 1)  # (H,L,Dh)
 
-    def kept_projected_distances(self, low: int, high: int, like: Tensor) -> Tensor:
-        """projected_distances, kept across calls when no gradient reaches W_R: a decode step asks for one more
-        distance than the last, and projecting all of them again cost 5x the step. Grown by doubling."""
+    def projected_by_offset(self, low: int, high: int, like: Tensor) -> Tensor:
+        """W_R R_{i-j} for r = n - m = low..high (distance i - j = -r) -> (H, L, Dh), kept across calls when no
+        gradient reaches W_R: a decode step asks for one more offset than the last, and projecting all of them
+        again cost 5x the step. Kept in r's order over a range that doubles, so a step's rows come out in key
+        order (no flip per layer)."""
         if torch.is_grad_enabled() and self.w_r.weight.requires_grad:
-            return self.projected_distances(low, high, like)
-        key = (self.w_r.weight._version, like.dtype, like.device)
-        kept = getattr(self, "_kept", None)
-        if kept is None or kept[0] != key or kept[1] > low or kept[2] < high:
-            first, last = min(low, 0), max(high, 2 * high, 64)
-            kept = self._kept = (key, first, last, self.projected_distances(first, last, like).contiguous())
-        return kept[3][:, low - kept[1] : high - kept[1] + 1]  # (H,L,Dh)
+            return self.projected_distances(-high, -low, like).flip(1)
+        return kept_span(self, ("projected", like.dtype, like.device), low, high,
+                         lambda first, last: self.projected_distances(-last, -first, like).flip(1).contiguous(), dim=1)
 
     def content_bias(self, k: Tensor) -> Tensor:
         """Term (c), u.k_j: k (B,Hkv,Tk,Dh) -> (B,H,1,Tk); GQA query head h reads key head h // group."""
@@ -82,19 +81,19 @@ class TransformerXL(Scheme):
 
     def relative_rows(self, q: Tensor, low: int, high: int) -> RelativeRows:
         """(b) + (d) as rows at r = n - m in [low, high] (distance i - j = -r), scaled; (c) as q_shift = u."""
-        rk = self.kept_projected_distances(-high, -low, q)  # (H,L,Dh) for i - j = -high..-low
-        scaled = (q + self.v.to(q.dtype)[:, None, :]) * q.shape[-1] ** -0.5  # (B,H,Tq,Dh): scale before the matmul
-        if q.shape[0] * q.shape[2] < q.shape[3]:  # few queries (decoding): reverse the small rows
-            rows = (scaled @ rk.transpose(-1, -2)).flip(-1)
-        else:  # reverse the distances once, not a (B,H,Tq,L) tensor
-            rows = triangular_rows(scaled, rk.flip(1))
-        return RelativeRows(rows, low, q_shift=self.u.to(q.dtype))  # rows (B,H,Tq,L) for r = low..high
+        rk = self.projected_by_offset(low, high, q)  # (H,L,Dh) for r = low..high
+        scaled = (q + cast(self.v, q.dtype)[:, None, :]) * q.shape[-1] ** -0.5  # (B,H,Tq,Dh): scale before the matmul
+        if q.shape[0] * q.shape[2] < q.shape[3]:  # few queries (decoding): every row in full
+            rows = scaled @ rk.transpose(-1, -2)
+        else:
+            rows = triangular_rows(scaled, rk)
+        return RelativeRows(rows, low, q_shift=cast(self.u, q.dtype))  # rows (B,H,Tq,L) for r = low..high
 
     def relative_table(self, low: int, high: int, like: Tensor) -> RelativeTable:
         """relative_rows before the product with q: W_R R_{i-j} per head for r = n - m = low..high (distance
         i - j = -r, hence the flip), and the shifts v (rows) and u (content)."""
-        rk = self.kept_projected_distances(-high, -low, like)  # (H,L,Dh) for i - j = -high..-low
-        return RelativeTable(rk.flip(1), low, self.dims.head_dim**-0.5, row_shift=self.v, q_shift=self.u)
+        rk = self.projected_by_offset(low, high, like).contiguous()  # (H,L,Dh) for r = low..high
+        return RelativeTable(rk, low, self.dims.head_dim**-0.5, row_shift=self.v, q_shift=self.u)
 
     def extra_repr(self) -> str:
         return f"heads={self.dims.n_head}, head_dim={self.dims.head_dim}"

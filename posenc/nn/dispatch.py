@@ -95,7 +95,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from posenc.nn import bias_paths, mapped_attention, mapped_gpu, row_paths
+from posenc.nn import bias_paths, decode_paths, mapped_attention, mapped_gpu, row_paths
 from posenc.nn import triton as gpu
 from posenc.nn.call import Call, needs_grad
 from posenc.position_map import MappedScheme
@@ -103,10 +103,10 @@ from posenc.scheme import Scheme, materialises_bias
 
 KERNELS: dict[str, Callable[[Call], Tensor | None]] = {
     "sdpa": bias_paths.plain,  # SDPA's own kernels (a CPU decode in half precision: float32)
-    "rows_decode": row_paths.rows_decode,  # SDPA with one bias row per head as the mask
+    "rows_decode": decode_paths.rows_decode,  # SDPA with the step's bias row as the mask, built once per step
     "native_rows": row_paths.native_rows,  # csrc/attention_*.cpp, rows per head
     "triton_rows": row_paths.triton_rows,  # triton/attention.py, rows per head
-    "pieces_decode": row_paths.pieces_decode,  # SDPA with FIRE's one bias row as the mask
+    "pieces_decode": decode_paths.pieces_decode,  # SDPA with FIRE's bias row as the mask, built once per step
     "native_pieces": row_paths.native_pieces,  # csrc, FIRE's MLP per block of scores
     "triton_pieces": row_paths.triton_pieces,  # triton/piecewise_attention.py, FIRE's MLP per tile
     "native_contextual": row_paths.native_contextual,  # csrc/cope.cpp

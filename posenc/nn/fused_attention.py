@@ -49,8 +49,17 @@ class CopeArgs(ctypes.Structure):
     _fields_ = [("rows", _FLOAT_P), ("positions", ctypes.c_int64), ("grad", _FLOAT_P)]
 
 
+FEW_QUERIES = 4  # up to this many query rows (a decode step) run as one block of up to DECODE_KEYS keys
+DECODE_KEYS = 4096
+
+
 def blocks(tq: int) -> tuple[int, int]:
-    """(query rows, key columns) per block, as SDPA's CPU kernel chooses them."""
+    """(query rows, key columns) per block, as SDPA's CPU kernel chooses them; a few queries (a decode step) take
+    their own count of rows and longer key blocks: a block of 32 rows zero-filled 32x the scores one query needs,
+    and 512 keys made 16 GEMM calls per head at 4k keys (one query against 4k keys: ~10% slower than SDPA, then
+    at its speed)."""
+    if tq <= FEW_QUERIES:
+        return max(tq, 1), DECODE_KEYS
     return (256 if tq >= 768 else 64 if tq >= 192 else 32), 512
 
 
@@ -75,33 +84,42 @@ def _dense_last(t: Tensor) -> Tensor:
 
 
 def _attention(q, k, v, out, lse, causal, scale, grads=None) -> Attention:
-    """The kernel's view of the operands; grads = (dout, dq, dk, dv) for the backward."""
+    """The kernel's view of the operands; grads = (dout, dq, dk, dv) for the backward. (Fields given one by one:
+    a decode step builds this in every layer.)"""
     b, h, tq, d = q.shape
     q_block, kv_block = blocks(tq)
-    dout, dq, dk, dv = grads or (None,) * 4
-    tensors = {"q": q, "k": k, "v": v, "o": out, "do": dout, "dq": dq, "dk": dk, "dv": dv}
-    fields = {name: native.ptr(t) for name, t in zip(("q", "k", "v", "out", "dout", "dq", "dk", "dv"),
-                                                        tensors.values(), strict=True)}
-    strides = {f"{n}_strides": _strides(t) for n, t in tensors.items() if t is not None}
-    return Attention(**fields, lse=native.ptr(lse), **strides, B=b, H=h, Hkv=k.shape[1], Tq=tq, Tk=k.shape[2], D=d,
-                     scale=scale, causal=int(causal), q_block=q_block if grads is None else min(q_block, 64),
-                     kv_block=kv_block, threads=native.threads())
+    attention = Attention(q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), out=out.data_ptr(), lse=lse.data_ptr(),
+                          q_strides=_strides(q), k_strides=_strides(k), v_strides=_strides(v),
+                          o_strides=_strides(out), B=b, H=h, Hkv=k.shape[1], Tq=tq, Tk=k.shape[2], D=d, scale=scale,
+                          causal=int(causal), q_block=q_block if grads is None else min(q_block, 64),
+                          kv_block=kv_block, threads=native.threads())
+    if grads is not None:
+        for name, t in zip(("do", "dq", "dk", "dv"), grads, strict=True):
+            setattr(attention, "dout" if name == "do" else name, native.ptr(t))
+            setattr(attention, f"{name}_strides", _strides(t))
+    return attention
 
 
 def _zeros_like_operands(q, k, v):
     return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)  # the kernel accumulates
 
 
+def _rows_forward(q, k, v, rows, e, causal, scale, want_mass):
+    """The row kernel's forward: (out, lse, mass or None) and the dense operands it read."""
+    q, k, v, rows = _dense_last(q), _dense_last(k), _dense_last(v), rows.contiguous()
+    out, lse = torch.empty_like(q), torch.empty(q.shape[:3])  # lse: the backward recomputes weights from it
+    mass = torch.empty(*q.shape[:3], rows.shape[-1]) if want_mass else None
+    args = RowArgs(native.ptr(rows), _row_strides(rows), rows.shape[-1], native.ptr(e), None, native.ptr(mass),
+                   None, _row_strides(mass))
+    attention = _attention(q, k, v, out, lse, causal, scale)
+    native.library().posenc_attention_rows_forward(ctypes.addressof(attention), ctypes.addressof(args))
+    return out, lse, mass, (q, k, v, rows)
+
+
 class _RowBiasAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, rows, e, causal, scale, want_mass):
-        q, k, v, rows = _dense_last(q), _dense_last(k), _dense_last(v), rows.contiguous()
-        out, lse = torch.empty_like(q), torch.empty(q.shape[:3])  # lse: the backward recomputes weights from it
-        mass = torch.empty(*q.shape[:3], rows.shape[-1]) if want_mass else None
-        args = RowArgs(native.ptr(rows), _row_strides(rows), rows.shape[-1], native.ptr(e), None, native.ptr(mass),
-                       None, _row_strides(mass))
-        attention = _attention(q, k, v, out, lse, causal, scale)
-        native.library().posenc_attention_rows_forward(ctypes.addressof(attention), ctypes.addressof(args))
+        out, lse, mass, (q, k, v, rows) = _rows_forward(q, k, v, rows, e, causal, scale, want_mass)
         ctx.save_for_backward(q, k, v, out, lse, rows, e, mass)
         ctx.causal, ctx.scale = causal, scale
         if mass is None:
@@ -148,13 +166,19 @@ class _PiecewiseAttention(torch.autograd.Function):
         return dq, dk, dv, *grads, None, None, None, None
 
 
+def _contextual_forward(q, k, v, rows, scale):
+    """CoPE's kernel forward: (out, lse) and the dense operands it read."""
+    q, k, v, rows = _dense_last(q), _dense_last(k), _dense_last(v), rows.contiguous()
+    out, lse = torch.empty_like(q), torch.empty(q.shape[:3])
+    args, attention = CopeArgs(native.ptr(rows), rows.shape[-1], None), _attention(q, k, v, out, lse, True, scale)
+    native.library().posenc_cope_forward(ctypes.addressof(attention), ctypes.addressof(args))
+    return out, lse, (q, k, v, rows)
+
+
 class _ContextualAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, rows, scale):
-        q, k, v, rows = _dense_last(q), _dense_last(k), _dense_last(v), rows.contiguous()
-        out, lse = torch.empty_like(q), torch.empty(q.shape[:3])
-        args, attention = CopeArgs(native.ptr(rows), rows.shape[-1], None), _attention(q, k, v, out, lse, True, scale)
-        native.library().posenc_cope_forward(ctypes.addressof(attention), ctypes.addressof(args))
+        out, lse, (q, k, v, rows) = _contextual_forward(q, k, v, rows, scale)
         ctx.save_for_backward(q, k, v, out, lse, rows)
         ctx.scale = scale
         return out
@@ -185,7 +209,14 @@ def per_batch_row(e: Tensor, q: Tensor) -> Tensor:
     if e.dim() != 1 or e.shape[0] not in (1, q.shape[0]):
         raise ValueError(f"row offsets e have shape {tuple(e.shape)}; expected (1,) or ({q.shape[0]},): "
                          "one per batch row")
+    if e.dtype == torch.int64 and e.shape[0] == q.shape[0] and e.is_contiguous():
+        return e  # already what the kernels read (a decode step of one row)
     return e.to(torch.int64).expand(q.shape[0]).contiguous()
+
+
+def _autograd(*tensors: Tensor) -> bool:
+    """A backward may reach these inputs; otherwise the kernels run without an autograd node (a decode step)."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 def can_run(q: Tensor, k: Tensor, v: Tensor) -> bool:
@@ -198,8 +229,11 @@ def attend_rows(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, e: Tensor, causal
     """q (B,H,Tq,Dh), k/v (B,Hkv,Tk,Dh), rows (B|1,H,Tq|1,S), e (B,) int64 -> out (B,H,Tq,Dh) and, if asked,
     mass (B,H,Tq,S). Only where can_run(q, k, v); any other shape is refused before the kernel runs."""
     check_operands(q, k, v, causal)
-    rows, e = rows.to(torch.float32), per_batch_row(e, q)
+    rows, e = (rows if rows.dtype == torch.float32 else rows.to(torch.float32)), per_batch_row(e, q)
     check_rows(rows, q, e)
+    if not _autograd(q, k, v, rows):
+        out, _, mass, _ = _rows_forward(q, k, v, rows, e, causal, q.shape[-1] ** -0.5, want_mass)
+        return out, mass
     out, mass = _RowBiasAttention.apply(q, k, v, rows, e, causal, q.shape[-1] ** -0.5, want_mass)
     return out, (mass if want_mass else None)
 
@@ -221,8 +255,10 @@ def attend_contextual(q: Tensor, k: Tensor, v: Tensor, rows: Tensor) -> Tensor:
     sigmoid(q_i . k_t / sqrt(Dh)), interpolated, clamped to P - 1 -> (B,H,Tq,Dh). Only where can_run(q, k, v); any
     other shape is refused before the kernel runs."""
     check_operands(q, k, v, True)
-    rows = rows.to(torch.float32)
+    rows = rows if rows.dtype == torch.float32 else rows.to(torch.float32)
     check_contextual(rows, q)
+    if not _autograd(q, k, v, rows):
+        return _contextual_forward(q, k, v, rows, q.shape[-1] ** -0.5)[0]
     return _ContextualAttention.apply(q, k, v, rows, q.shape[-1] ** -0.5)
 
 

@@ -7,8 +7,8 @@ Notation as in attention.py.
 Each kernel here takes a posenc.nn.dispatch.Call and returns the output or None (it does not serve); which of
 them runs for which scheme, device, dtype, gradient and decode step is decided in posenc.nn.dispatch alone.
 On a CUDA device (posenc.nn.triton, when triton imports) rows per head, FIRE's pieces (its MLP per tile), rows
-per query (Shaw, Transformer-XL, from their tables) and CoPE run in Triton kernels, training included; FIRE's
-decode step takes one bias row and SDPA.
+per query (Shaw, Transformer-XL, from their tables) and CoPE run in Triton kernels, training included. A decode
+step of rows per head or of FIRE's pieces takes one bias row per step and SDPA (posenc.nn.decode_paths).
 
 Rows are indexed by r = n - m (key minus query). They serve when every row of positions counts up by one
 (n - m = j - i - delta for key j, query i): the usual training, prompt and cached-decoding layout. Any other
@@ -25,10 +25,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from posenc.nn import fused_attention, recomputed
+from posenc.nn import fused_attention, kept_tables, recomputed
 from posenc.nn import triton as gpu
 from posenc.nn.call import Call
-from posenc.scheme import PiecewiseBias, Scheme
+from posenc.scheme import PiecewiseBias, Scheme, cast
 
 QUERY_CHUNK = 256  # queries per chunk for rows per query (Transformer-XL's span every key the chunk sees)
 # Positions and rows are shared by all layers of a forward: one check and one row per forward, not per layer.
@@ -59,16 +59,16 @@ def _counts_up(pos: Tensor) -> bool:
     if pos.shape[1] == 1:  # one position per row (a decode step)
         return True
     rows = pos[:1] if pos.stride(0) == 0 else pos  # an expanded tensor: one row to check
-    steps = torch.arange(pos.shape[1], device=pos.device)
-    return bool((rows - rows[:, :1] == steps).all())
+    return bool((rows.diff(dim=1) == 1).all())
 
 
 def _offsets(q_pos: Tensor, k_pos: Tensor) -> Offsets | None:
     if q_pos.dim() != 2 or k_pos.dim() != 2 or not (_counts_up(q_pos) and _counts_up(k_pos)):
         return None
-    delta = (q_pos[:, 0] - k_pos[:, 0]).to(torch.int64)
+    delta = q_pos[:, 0] - k_pos[:, 0]
+    delta = delta if delta.dtype == torch.int64 else delta.to(torch.int64)
     if delta.shape[0] == 1:
-        return Offsets(delta, *(2 * [int(delta[0])]))
+        return Offsets(delta, *(2 * [int(delta)]))
     return Offsets(delta, int(delta.min()), int(delta.max()))
 
 
@@ -77,34 +77,49 @@ def relative_span(offsets: Offsets, tq: int, tk: int, causal: bool) -> tuple[int
     return -(tq - 1) - offsets.highest, (tk - tq if causal else tk - 1) - offsets.lowest
 
 
-def _per_forward(scheme: Scheme, kind: str, q_pos: Tensor, k_pos: Tensor, span: tuple[int, int], build):
+class _Entry(NamedTuple):
+    q_pos: Tensor
+    k_pos: Tensor
+    key: tuple
+    params: tuple[Tensor, ...]
+    versions: tuple[int, ...]
+    value: object
+
+
+def per_forward(scheme: Scheme, kind: object, q_pos: Tensor, k_pos: Tensor, key: tuple, build):
     """build(), once per forward: all layers share the scheme, the positions and the parameters' versions.
     The memo keeps values, never an autograd graph (posenc.nn.recomputed): a backward frees a graph, and the
-    next forward over the same positions and parameters would read the freed one."""
-    params = list(scheme.parameters())
-    key = (kind, span, q_pos._version, k_pos._version, torch.is_grad_enabled(), tuple(p._version for p in params))
-    kept = _memo.setdefault(scheme, {})
+    next forward over the same positions and parameters would read the freed one. A hit compares the versions of
+    the parameters the entry was built with (walking the scheme's modules for every layer cost more than a decode
+    step's rows)."""
+    key = (key, q_pos._version, k_pos._version, torch.is_grad_enabled())
+    kept = _memo.get(scheme)
+    if kept is None:
+        kept = _memo[scheme] = {}
     hit = kept.get(kind)
-    if hit is not None and hit[0] is q_pos and hit[1] is k_pos and hit[2] == key:
-        return hit[3]
+    if (hit is not None and hit.q_pos is q_pos and hit.k_pos is k_pos and hit.key == key
+            and all(p._version == v for p, v in zip(hit.params, hit.versions, strict=True))):
+        return hit.value
+    params = kept_tables.parameters(scheme)
+    versions = tuple(p._version for p in params)
     value = recomputed.shared(build, params)
-    kept[kind] = (q_pos, k_pos, key, value)
+    kept[kind] = _Entry(q_pos, k_pos, key, params, versions, value)
     return value
 
 
-def _distance_rows(scheme: Scheme, low: int, high: int, device: torch.device) -> Tensor | None:
+def distance_rows(scheme: Scheme, low: int, high: int, device: torch.device) -> Tensor | None:
     """(1,H,1,S) rows over r = n - m = low..high from the scheme's bias of m - n = -r."""
     by_distance = scheme.bias_by_distance(torch.arange(-high, -low + 1, device=device))  # (H,S), m - n ascending
     return None if by_distance is None else by_distance.flip(-1)[None, :, None, :]
 
 
-class _Span(NamedTuple):
+class Span(NamedTuple):
     offsets: Offsets
     low: int
     high: int
 
 
-def _span(call: Call) -> _Span | None:
+def span_of(call: Call) -> Span | None:
     """Where every kernel here starts: no dropout, positions that count up, and rows no longer than the scores."""
     if call.dropout != 0.0 or (offsets := position_offsets(call.q_pos, call.k_pos)) is None:
         return None
@@ -112,40 +127,40 @@ def _span(call: Call) -> _Span | None:
     low, high = relative_span(offsets, tq, tk, call.causal)
     if high - low + 1 > 2 * (tq + tk):  # batch rows far apart: rows would be longer than the scores
         return None
-    return _Span(offsets, low, high)
+    return Span(offsets, low, high)
 
 
-def _on_gpu(call: Call) -> bool:
+def on_gpu(call: Call) -> bool:
     return gpu.attention_fits(call.q, call.k, call.v, call.causal)
 
 
-def _native(call: Call) -> bool:
+def runs_native(call: Call) -> bool:
     return fused_attention.can_run(call.q, call.k, call.v)
 
 
-def _rows(call: Call, span: _Span) -> Tensor | None:
+def _rows(call: Call, span: Span) -> Tensor | None:
     """(1,H,1,S) rows per head over span.low..span.high, once per forward for all layers."""
     scheme, device = call.scheme, call.q.device
-    return _per_forward(scheme, "rows", call.q_pos, call.k_pos, (span.low, span.high),
-                        lambda: _distance_rows(scheme, span.low, span.high, device))
+    return per_forward(scheme, "rows", call.q_pos, call.k_pos, (span.low, span.high),
+                       lambda: distance_rows(scheme, span.low, span.high, device))
 
 
-def _pieces(call: Call, span: _Span) -> PiecewiseBias | None:
+def _pieces(call: Call, span: Span) -> PiecewiseBias | None:
     scheme, q_pos = call.scheme, call.q_pos
-    return _per_forward(scheme, "pieces", q_pos, call.k_pos, (span.low, span.high),
-                        lambda: scheme.piecewise_bias(q_pos, span.low, span.high))
+    return per_forward(scheme, "pieces", q_pos, call.k_pos, (span.low, span.high),
+                       lambda: scheme.piecewise_bias(q_pos, span.low, span.high))
 
 
 def native_rows(call: Call) -> Tensor | None:
     """Rows per head in the native CPU kernel (csrc/attention_*.cpp), forward and backward."""
-    if not _native(call) or (span := _span(call)) is None or (rows := _rows(call, span)) is None:
+    if not runs_native(call) or (span := span_of(call)) is None or (rows := _rows(call, span)) is None:
         return None
     return fused_attention.attend_rows(call.q, call.k, call.v, rows, -span.offsets.delta - span.low, call.causal)[0]
 
 
 def triton_rows(call: Call) -> Tensor | None:
     """Rows per head in the Triton kernel (triton/attention.py), forward and backward."""
-    if not _on_gpu(call) or (span := _span(call)) is None or (rows := _rows(call, span)) is None:
+    if not on_gpu(call) or (span := span_of(call)) is None or (rows := _rows(call, span)) is None:
         return None
     from posenc.nn.triton.attention import attend_rows  # imports triton: only once a GPU tensor shows up
 
@@ -155,7 +170,7 @@ def triton_rows(call: Call) -> Tensor | None:
 def triton_relative(call: Call) -> Tensor | None:
     """Rows per query (Transformer-XL; Shaw with its value term) in the Triton kernel (triton/relative.py), formed
     per tile from the scheme's table (Scheme.relative_table), forward and backward."""
-    if not _on_gpu(call) or (span := _span(call)) is None:
+    if not on_gpu(call) or (span := span_of(call)) is None:
         return None
     if (relative := call.scheme.relative_table(span.low, span.high, call.q)) is None:
         return None
@@ -166,29 +181,9 @@ def triton_relative(call: Call) -> Tensor | None:
     return kernel.attend_relative(call.q, call.k, call.v, relative, -span.offsets.delta - relative.low, call.causal)
 
 
-def rows_decode(call: Call) -> Tensor | None:
-    """One query per row, no gradient: SDPA with the bias row as the mask (its single-query kernel is faster)."""
-    if not (_on_gpu(call) or _native(call)) or (span := _span(call)) is None or (rows := _rows(call, span)) is None:
-        return None
-    return _rows_as_mask(call.q, call.k, call.v, rows, span.offsets, span.low)
-
-
-def pieces_decode(call: Call) -> Tensor | None:
-    """FIRE's decode step: one bias row for all layers, then SDPA."""
-    if not (_on_gpu(call) or _native(call)) or (span := _span(call)) is None:
-        return None
-    if (pieces := _pieces(call, span)) is None:
-        return None
-    offsets, tk = span.offsets, call.k.shape[-2]
-    bias = _per_forward(call.scheme, "pieces_row", call.q_pos, call.k_pos, (span.low, span.high),
-                        lambda: _one_query(pieces, offsets, tk))
-    q, k, v = call.q, call.k, call.v
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), enable_gqa=k.shape[1] != q.shape[1])
-
-
 def native_pieces(call: Call) -> Tensor | None:
     """FIRE's MLP evaluated per block of scores inside the native CPU kernel."""
-    if not _native(call) or (span := _span(call)) is None or (pieces := _pieces(call, span)) is None:
+    if not runs_native(call) or (span := span_of(call)) is None or (pieces := _pieces(call, span)) is None:
         return None
     return fused_attention.attend_piecewise(call.q, call.k, call.v, pieces.feature, pieces.divisor, pieces.knots,
                                             pieces.slopes, pieces.intercepts, -span.offsets.delta - pieces.low,
@@ -198,7 +193,7 @@ def native_pieces(call: Call) -> Tensor | None:
 def triton_pieces(call: Call) -> Tensor | None:
     """FIRE's pieces evaluated per tile inside the Triton kernel (triton/piecewise_attention.py), forward and
     backward."""
-    if not _on_gpu(call) or (span := _span(call)) is None or (pieces := _pieces(call, span)) is None:
+    if not on_gpu(call) or (span := span_of(call)) is None or (pieces := _pieces(call, span)) is None:
         return None
     from posenc.nn.triton.piecewise_attention import attend_pieces  # imports triton: only for a GPU tensor
 
@@ -208,7 +203,7 @@ def triton_pieces(call: Call) -> Tensor | None:
 
 def native_contextual(call: Call) -> Tensor | None:
     """CoPE in the native CPU kernel (causal only; it reads no positions)."""
-    if call.dropout != 0.0 or not call.causal or not _native(call):
+    if call.dropout != 0.0 or not call.causal or not runs_native(call):
         return None
     if (contextual := call.scheme.contextual_rows(call.q)) is None:
         return None
@@ -217,7 +212,7 @@ def native_contextual(call: Call) -> Tensor | None:
 
 def triton_contextual(call: Call) -> Tensor | None:
     """CoPE in the Triton kernel (triton/cope.py), forward and backward (causal only; it reads no positions)."""
-    if call.dropout != 0.0 or not call.causal or not _on_gpu(call):
+    if call.dropout != 0.0 or not call.causal or not on_gpu(call):
         return None
     from posenc.nn.triton import cope  # imports triton: only once a GPU tensor shows up
 
@@ -230,14 +225,14 @@ def triton_contextual(call: Call) -> Tensor | None:
 
 def native_relative(call: Call) -> Tensor | None:
     """Rows per query (Transformer-XL; Shaw with its value term) in the native CPU kernel."""
-    if not _native(call) or (span := _span(call)) is None:
+    if not runs_native(call) or (span := span_of(call)) is None:
         return None
     return _relative_in_chunks(call.q, call.k, call.v, call.scheme, span.offsets, call.causal, call.grad)
 
 
 def relative_decode(call: Call) -> Tensor | None:
     """One query per row, no gradient, rows per query without a value term: SDPA with the row as the mask."""
-    if not (_on_gpu(call) or _native(call)) or (span := _span(call)) is None:
+    if not (on_gpu(call) or runs_native(call)) or (span := span_of(call)) is None:
         return None
     return _relative(call.q, call.k, call.v, call.scheme, span.offsets, span.low, span.high, call.causal,
                      as_mask=True)
@@ -263,39 +258,37 @@ def _relative_in_chunks(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, offsets
     return torch.cat(outs, dim=2)  # (B,H,Tq,Dh)
 
 
-def _one_query(pieces: PiecewiseBias, offsets: Offsets, tk: int) -> Tensor:
-    """The piecewise bias of one query per batch row over its tk keys, (B|1,H,1,Tk), evaluated in PyTorch."""
-    e = (-offsets.delta - pieces.low)[: 1 if offsets.lowest == offsets.highest else None]  # (b,)
-    x = pieces.feature[e[:, None] + torch.arange(tk, device=e.device)] / pieces.divisor[:, :1]  # (b,Tk)
-    segment = torch.searchsorted(pieces.knots, x)  # knots below x
-    return (pieces.slopes[:, segment] * x + pieces.intercepts[:, segment]).transpose(0, 1).unsqueeze(2)
-
-
 def _relative(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, offsets: Offsets, low: int, high: int,
               causal: bool, as_mask: bool = False) -> Tensor | None:
     relative = scheme.relative_rows(q, low, high)  # reads q: per layer
     if relative is None:
         return None
-    q_in = q if relative.q_shift is None else q + relative.q_shift.to(q.dtype)[None, :, None, :]
+    q_in = q if relative.q_shift is None else q + cast(relative.q_shift, q.dtype)[:, None, :]  # (H,1,Dh) broadcast
     if relative.values is None and as_mask:
         return _rows_as_mask(q_in, k, v, relative.rows, offsets, relative.low)
-    out, mass = fused_attention.attend_rows(q_in, k, v, relative.rows, -offsets.delta - relative.low, causal,
+    out, mass = fused_attention.attend_rows(q_in, k, v, relative.rows, -relative.low - offsets.delta, causal,
                                             want_mass=relative.values is not None)  # e: index of key j - i
-    return out if mass is None else out + mass @ relative.values.to(q.dtype)  # (B,H,Tq,S) @ (S,Dh)
+    return out if mass is None else out + mass @ cast(relative.values, q.dtype)  # (B,H,Tq,S) @ (S,Dh)
 
 
 def _rows_as_mask(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, offsets: Offsets, low: int) -> Tensor:
     """One query per row (B,H,1,Dh): SDPA with the bias as a mask, one row slice (B|1,H,1,Tk) of rows (B|1,H,1,S)."""
-    tk, length = k.shape[-2], rows.shape[-1]
+    bias = row_slice(rows, offsets, low, k.shape[-2], q.shape[0])
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias if bias.dtype == q.dtype else bias.to(q.dtype),
+                                          enable_gqa=k.shape[1] != q.shape[1])
+
+
+def row_slice(rows: Tensor, offsets: Offsets, low: int, tk: int, batch: int) -> Tensor:
+    """The bias of one query per batch row over its tk keys, (B|1,H,1,Tk), from rows (B|1,H,1,S) over r = low..:
+    a view where every row shares its offset (the usual decode step), a gather otherwise."""
+    length = rows.shape[-1]
     first = -offsets.highest - low  # the lowest e
     if offsets.lowest == offsets.highest and first >= 0 and first + tk <= length:
-        bias = rows[..., first : first + tk]  # (B|1,H,1,Tk) a view
-    else:
-        index = (-offsets.delta[:, None] - low + torch.arange(tk, device=q.device)).clamp(0, length - 1)  # (B,Tk)
-        bias = rows.expand(q.shape[0], -1, -1, -1).gather(-1, index[:, None, None].expand(-1, rows.shape[1], 1, -1))
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), enable_gqa=k.shape[1] != q.shape[1])
+        return rows[..., first : first + tk]  # (B|1,H,1,Tk) a view
+    index = (-offsets.delta[:, None] - low + torch.arange(tk, device=rows.device)).clamp(0, length - 1)  # (B,Tk)
+    return rows.expand(batch, -1, -1, -1).gather(-1, index[:, None, None].expand(-1, rows.shape[1], 1, -1))
 
 
-__all__ = ["Offsets", "native_contextual", "native_pieces", "native_relative", "native_rows",
-           "pieces_decode", "position_offsets", "relative_decode", "relative_span", "rows_decode",
-           "triton_contextual", "triton_pieces", "triton_relative", "triton_rows"]
+__all__ = ["Offsets", "Span", "distance_rows", "native_contextual", "native_pieces", "native_relative", "native_rows",
+           "on_gpu", "per_forward", "position_offsets", "relative_decode", "relative_span", "row_slice",
+           "runs_native", "span_of", "triton_contextual", "triton_pieces", "triton_relative", "triton_rows"]

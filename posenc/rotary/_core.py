@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from posenc.nn import dispatch
+from posenc.nn import triton as gpu
 from posenc.nn.kernel_checks import check_rotary
 from posenc.rotary import _fast
 
@@ -60,11 +61,13 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False)
     computes_in, kernels = dispatch.rotation_plan(device, x.dtype, grad)
     if computes_in is not None and computes_in != x.dtype:  # bf16/fp16: rotate in float32, round once
         return apply_rotary(x.to(computes_in), cos, sin, interleaved).to(x.dtype)
-    if device != "cuda":  # the Triton kernel keeps its tables float32; every other kernel reads them in x's dtype
+    # The Triton kernel keeps its tables float32; every other kernel reads them in x's dtype. (Compared here: a
+    # no-op .to() is still an operator call, and a decode step rotates in every layer.)
+    if device != "cuda" and (cos.dtype != x.dtype or sin.dtype != x.dtype):
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     if kernels[0] in ("formula", "rotation_function"):  # autograd's formula, or the kernels inside _Rotate
         return ROTATION_KERNELS[kernels[0]](x, cos, sin, interleaved)
-    return _rotate(x, cos, sin, interleaved)
+    return _first_served(kernels, x, cos, sin, interleaved, 1.0)  # grad none: the plan just asked is _rotate's
 
 
 def rotation_grad(x: Tensor, cos: Tensor, sin: Tensor) -> str:
@@ -79,9 +82,11 @@ def rotation_grad(x: Tensor, cos: Tensor, sin: Tensor) -> str:
 def rotation_device(x: Tensor, cos: Tensor, sin: Tensor, grad: str) -> str:
     """The device of the rotation's key: cuda where the Triton kernel takes x with these tables (and they are not
     learned), cpu for another CPU tensor, other for the rest."""
+    if x.is_cpu and not gpu.interpreting():  # the common case first: Triton serves no CPU tensor but the interpreter's
+        return "cpu"
     if grad != "tables" and _fast.triton_fits(x, cos, sin):
         return "cuda"
-    return "cpu" if x.device.type == "cpu" else "other"
+    return "cpu" if x.is_cpu else "other"
 
 
 class _Rotate(torch.autograd.Function):
@@ -100,6 +105,11 @@ class _Rotate(torch.autograd.Function):
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, sign: float = 1.0) -> Tensor:
     """No autograd: the kernels of the rotation table for x's key without a gradient, the first that serves."""
     _, kernels = dispatch.rotation_plan(rotation_device(x, cos, sin, "none"), x.dtype, "none")
+    return _first_served(kernels, x, cos, sin, interleaved, sign)
+
+
+def _first_served(kernels: tuple[str, ...], x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool,
+                  sign: float) -> Tensor:
     for name in kernels:
         out = ROTATION_KERNELS[name](x, cos, sin, interleaved, sign)
         if out is not None:

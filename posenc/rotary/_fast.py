@@ -12,6 +12,8 @@ compile falls back to the eager path for the rest of the process.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
 import warnings
 
@@ -19,6 +21,7 @@ import torch
 from torch import Tensor
 
 from posenc.nn import native
+from posenc.nn import triton as gpu
 from posenc.nn.kernel_checks import check_rotary
 
 COMPILE_MIN_ELEMENTS = 1 << 22  # ~16 MB of float32: below this the eager path costs < a few ms
@@ -62,9 +65,7 @@ def rotate_half_split_compiled(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor | 
 def triton_fits(x: Tensor, cos: Tensor, sin: Tensor) -> bool:
     """The Triton kernel rotates x (B,H,T,Dh) with these tables (B|1,1,T,R/2): triton installed, x on a CUDA
     device (or the interpreter's CPU); tables per head or in another layout take the eager path."""
-    from posenc.nn import triton as gpu
-
-    if x.dim() != 4 or cos.dim() != 4 or cos.shape != sin.shape or not gpu.serves(x):
+    if not gpu.serves(x) or x.dim() != 4 or cos.dim() != 4 or cos.shape != sin.shape:  # serves: a CPU tensor leaves
         return False
     b, _, t, d = x.shape
     return cos.shape[0] in (1, b) and cos.shape[1:3] == (1, t) and 2 * cos.shape[-1] <= d
@@ -89,19 +90,30 @@ def rotate_native(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, sign: 
     if x.dtype != torch.float32 or x.device.type != "cpu" or x.dim() != 4 or (lib := native.library()) is None:
         return None
     check_rotary(x, cos, sin)  # the kernel writes R = 2 * cos.shape[-1] dims of every row of out
-    b, h, t, d = x.shape
+    b, t = x.shape[0], x.shape[2]
     if cos.dim() != 4 or cos.shape[0] not in (1, b) or cos.shape[1:3] != (1, t):
         return None
     x = x if x.stride(-1) == 1 else x.contiguous()
-    cos, sin = cos.to(torch.float32), sin.to(torch.float32)
+    if cos.dtype != torch.float32 or sin.dtype != torch.float32:
+        cos, sin = cos.to(torch.float32), sin.to(torch.float32)
     if cos.stride() != sin.stride() or cos.stride(-1) != 1:
         cos, sin = cos.contiguous(), sin.contiguous()
     out = torch.empty_like(x)
     if out.stride(-1) != 1:
         out = torch.empty(x.shape, dtype=x.dtype)
-    cos_b = cos.stride(0) if cos.shape[0] > 1 else 0
-    lib.posenc_rotate(native.ptr(x), native.int64s(*x.stride()[:3]), native.ptr(out), native.int64s(*out.stride()[:3]),
-                      native.ptr(cos), native.ptr(sin), native.int64s(cos_b, cos.stride(2)),
-                      native.int64s(b, h, t, d, 2 * cos.shape[-1]), int(interleaved), sign,
-                      native.threads())
+    strides = _native_strides(x.shape, x.stride(), out.stride(), cos.shape, cos.stride())
+    lib.posenc_rotate(x.data_ptr(), strides[0], out.data_ptr(), strides[1], cos.data_ptr(), sin.data_ptr(), strides[2],
+                      strides[3], int(interleaved), sign, torch.get_num_threads())  # native.threads(), inlined
     return out
+
+
+@functools.lru_cache(maxsize=256)
+def _native_strides(shape: tuple[int, ...], x_strides: tuple[int, ...], out_strides: tuple[int, ...],
+                    cos_shape: tuple[int, ...], cos_strides: tuple[int, ...]) -> tuple[ctypes.Array, ...]:
+    """The kernel's stride and shape arrays for one layout, built once: a decode step rotates one row per layer with
+    the same layout every time, and building four ctypes arrays cost more than the rotation. The kernel only reads
+    them."""
+    b, h, t, d = shape
+    cos_b = cos_strides[0] if cos_shape[0] > 1 else 0
+    return (native.int64s(*x_strides[:3]), native.int64s(*out_strides[:3]), native.int64s(cos_b, cos_strides[2]),
+            native.int64s(b, h, t, d, 2 * cos_shape[-1]))

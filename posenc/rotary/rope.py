@@ -17,7 +17,7 @@ from torch import Tensor
 from posenc.errors import bad_value
 from posenc.rotary._core import apply_rotary, cos_sin
 from posenc.rotary.scaling import SEQ_LEN_DEPENDENT, frequencies, rope_type
-from posenc.scheme import Dims, Scheme, shared_row
+from posenc.scheme import Dims, Scheme, extremes, shared_row
 from posenc.validators import number_in, optional_number_at_least
 
 
@@ -68,7 +68,16 @@ class RotaryOptions:
         scaling_from_config(self)
 
 
+def gather_rows(table: Tensor, pos: Tensor, highest: int) -> Tensor:
+    """table (N, R/2) rows at positions pos (b,T) whose largest is highest -> (b,1,T,R/2); one position (a decode
+    step) is a view of its row."""
+    if pos.numel() == 1:
+        return table.narrow(0, highest, 1).view(1, 1, 1, -1)
+    return table.index_select(0, pos.reshape(-1)).view(pos.shape[0], 1, pos.shape[1], table.shape[-1])
+
+
 TABLE_CAP = 1 << 17  # positions with a cached cos/sin row (~32 MB at R=64); beyond: computed per call
+TABLE_MIN = 4096  # rows of the first table: most runs never grow it
 
 
 class RoPE(Scheme):
@@ -110,13 +119,12 @@ class RoPE(Scheme):
         if memo is not None and memo[0] is pos and memo[1] == pos._version:
             return memo[2], memo[3]
         key, pos = pos, shared_row(pos)  # (b,T), b = 1 when every row holds the same positions
-        highest = int(pos.max()) if pos.numel() else 0
+        lowest, highest = extremes(pos)
         if self._dynamic:  # frequencies depend on the current length: no reusable table
             inv_freq, scale = self._frequencies(highest + 1)
             cos, sin = cos_sin(pos, inv_freq.to(pos.device), scale)
-        elif highest < TABLE_CAP and (not pos.numel() or int(pos.min()) >= 0):
-            cos_table, sin_table = self._position_table(highest + 1, pos.device)  # (N, R/2)
-            cos, sin = cos_table[pos].unsqueeze(1), sin_table[pos].unsqueeze(1)
+        elif highest < TABLE_CAP and lowest >= 0:
+            cos, sin = (gather_rows(table, pos, highest) for table in self._position_table(highest + 1, pos.device))
         else:  # beyond the cap (e.g. a 1e6 offset): compute these rows directly, still in float64
             cos, sin = cos_sin(pos, self.inv_freq.to(pos.device), self.attention_scaling)
         self._memo = (key, key._version, cos, sin)
@@ -125,7 +133,7 @@ class RoPE(Scheme):
     def _position_table(self, needed: int, device: torch.device) -> tuple[Tensor, Tensor]:
         table = self._table
         if table is None or table[0].shape[0] < needed or table[0].device != device:
-            size = min(TABLE_CAP, max(4096, 1 << (needed - 1).bit_length()))
+            size = min(TABLE_CAP, max(TABLE_MIN, 1 << (needed - 1).bit_length()))
             cos, sin = cos_sin(torch.arange(size, device=device)[None], self.inv_freq.to(device),
                                self.attention_scaling)
             table = self._table = (cos[0, 0], sin[0, 0])  # (N, R/2) float32
@@ -135,7 +143,7 @@ class RoPE(Scheme):
         cq, sq = self.tables(q_pos)
         if k_pos is q_pos and q.shape[-2] == 1 and q.dtype == k.dtype:  # a decode step: one call, not two
             both = apply_rotary(torch.cat((q, k), dim=1), cq, sq, self.interleaved)  # (B,H+Hkv,1,Dh)
-            return both[:, : q.shape[1]], both[:, q.shape[1] :]
+            return both.split((q.shape[1], k.shape[1]), dim=1)  # one operator for both views
         ck, sk = (cq, sq) if k_pos is q_pos else self.tables(k_pos)
         return apply_rotary(q, cq, sq, self.interleaved), apply_rotary(k, ck, sk, self.interleaved)
 

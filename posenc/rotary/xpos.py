@@ -23,9 +23,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from posenc.rotary import rope
 from posenc.rotary._core import angles, apply_rotary
-from posenc.rotary.rope import RoPE, RotaryOptions
-from posenc.scheme import Dims, from_first_key, shared_row
+from posenc.rotary.rope import TABLE_CAP, RoPE, RotaryOptions, gather_rows
+from posenc.scheme import Dims, extremes, from_first_key, shared_row
 from posenc.validators import number_in
 
 XPOS_MAX_LOG = 40.0  # e^40 ~ 2e17: q and k scales multiply to at most e^80 < float32 max e^88
@@ -76,19 +77,38 @@ class XPos(RoPE):
         super().__init__(dims, options, **flat)
         self.scale_base = float(self.options.xpos_scale_base)
         self.register_buffer("log_zeta", xpos_log_zeta(self.rot_dim), persistent=False)
+        self._side_tables: dict[float, tuple[Tensor, Tensor]] = {}  # sign -> cos, sin (N, R/2), kept across forwards
 
     def frame(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
         return from_first_key(q_pos, k_pos)  # keeps zeta^(n/scale_base) in range at any offset
 
     def _tables(self, pos: Tensor, sign: float) -> tuple[Tensor, Tensor]:
-        """Per-forward memo, one entry per side (+1 queries, -1 keys), shared by all layers."""
+        """Per-forward memo, one entry per side (+1 queries, -1 keys), shared by all layers. Rows come from a
+        per-position table per side (as RoPE's: built once, grown by doubling), so a decode step gathers one row
+        instead of evaluating the float64 formula."""
         memo = self._memo if isinstance(self._memo, dict) else {}
         hit = memo.get(sign)
         if hit is not None and hit[0] is pos and hit[1] == pos._version:
             return hit[2]
-        tables = xpos_tables(shared_row(pos), self.inv_freq, self.log_zeta, self.scale_base, sign)
+        row = shared_row(pos)  # (b,T)
+        lowest, highest = extremes(row)
+        if highest < TABLE_CAP and lowest >= 0:
+            tables = tuple(gather_rows(t, row, highest) for t in self._side_table(sign, highest + 1, row.device))
+        else:  # beyond the cap: these rows directly, still in float64
+            tables = xpos_tables(row, self.inv_freq, self.log_zeta, self.scale_base, sign)
         self._memo = {**memo, sign: (pos, pos._version, tables)}
         return tables
+
+    def _side_table(self, sign: float, needed: int, device: torch.device) -> tuple[Tensor, Tensor]:
+        """cos, sin (N, R/2) of positions 0..N-1 for one side, N >= needed."""
+        table = self._side_tables.get(sign)
+        if table is None or table[0].shape[0] < needed or table[0].device != device:
+            size = min(TABLE_CAP, max(rope.TABLE_MIN, 1 << (needed - 1).bit_length()))
+            cos, sin = xpos_tables(torch.arange(size, device=device)[None], self.inv_freq.to(device),
+                                   self.log_zeta.to(device), self.scale_base, sign)
+            table = (cos[0, 0], sin[0, 0])  # (N, R/2) float32
+            self._side_tables = {**self._side_tables, sign: table}
+        return table
 
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
         cq, sq = self._tables(q_pos, +1.0)

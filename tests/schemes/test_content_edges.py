@@ -29,11 +29,11 @@ def test_transformer_xl_kept_projections_follow_in_place_weight_changes():
     txl = TransformerXL(DIMS).eval()
     like = torch.zeros(1)
     with torch.no_grad():
-        before = txl.kept_projected_distances(-20, 0, like).clone()
-        torch.testing.assert_close(before, txl.projected_distances(-20, 0, like))
+        before = txl.projected_by_offset(0, 20, like).clone()  # offsets r = 0..20 are distances 0..-20, reversed
+        torch.testing.assert_close(before, txl.projected_distances(-20, 0, like).flip(1))
         txl.w_r.weight.mul_(2.0)  # an optimizer step or a load_state_dict changes the weight in place
-        after = txl.kept_projected_distances(-20, 0, like)
-        torch.testing.assert_close(after, txl.projected_distances(-20, 0, like))
+        after = txl.projected_by_offset(0, 20, like)
+        torch.testing.assert_close(after, txl.projected_distances(-20, 0, like).flip(1))
         torch.testing.assert_close(after, 2 * before)
 
 

@@ -42,8 +42,7 @@ extern "C" void posenc_rotate(const float* x, const int64_t* x_strides, float* o
     // One task per (batch row, head), walking its T rows in order: x and out stream sequentially and the
     // (T, R/2) tables stay in cache. (Heads innermost made H strided streams per row: ~2x a copy's time.)
     const int64_t tasks = B * H;
-#pragma omp parallel for num_threads(threads) if (threads > 1 && tasks * T * D >= (1 << 16))
-    for (int64_t bh = 0; bh < tasks; ++bh) {
+    const auto rows = [&](int64_t bh) {
         const int64_t b = bh / H, h = bh % H;
         const float* xr = x + b * x_strides[0] + h * x_strides[1];
         float* orow = out + b * o_strides[0] + h * o_strides[1];
@@ -55,5 +54,11 @@ extern "C" void posenc_rotate(const float* x, const int64_t* x_strides, float* o
             else rotate_half_split(xr, orow, c, s, half, sign);
             if (R < D) std::memcpy(orow + R, xr + R, (D - R) * sizeof(float));
         }
+    };
+    if (threads > 1 && tasks * T * D >= (1 << 16)) {
+#pragma omp parallel for num_threads(threads)
+        for (int64_t bh = 0; bh < tasks; ++bh) rows(bh);
+    } else {  // a decode step's few rows: no OpenMP region at all (entering one cost more than the rotation)
+        for (int64_t bh = 0; bh < tasks; ++bh) rows(bh);
     }
 }

@@ -28,9 +28,16 @@ def installed() -> bool:
     return _found[0]
 
 
+_interpret: list[bool] = []  # the setting, read once per process
+
+
 def interpreting() -> bool:
-    """True when TRITON_INTERPRET=1: the kernels then run on CPU tensors (slowly; for tests)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    """True when TRITON_INTERPRET=1: the kernels then run on CPU tensors (slowly; for tests). Read once per
+    process, as Triton itself reads it (at import and when a kernel is decorated): this is asked per layer of
+    every CPU forward, and os.environ's lookup cost more than the rest of that question."""
+    if not _interpret:
+        _interpret.append(os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"))
+    return _interpret[0]
 
 
 def serves(*tensors: Tensor) -> bool:
@@ -38,10 +45,12 @@ def serves(*tensors: Tensor) -> bool:
     CPU under the interpreter), in bf16, fp16 or fp32."""
     if not tensors:
         return False
-    device = tensors[0].device
-    # The device first: on a CPU without the interpreter this is asked per layer of every forward (decode too).
-    if not (device.type == "cuda" or (device.type == "cpu" and interpreting())) or not installed():
+    first = tensors[0]
+    # The device first (is_cuda and is_cpu are the cheapest reads): on a CPU without the interpreter this is asked
+    # per layer of every forward (decode too).
+    if not (first.is_cuda or (first.is_cpu and interpreting())) or not installed():
         return False
+    device = first.device
     return all(t.device == device and t.dtype in (torch.bfloat16, torch.float16, torch.float32) for t in tensors)
 
 

@@ -1,0 +1,88 @@
+"""Tables a scheme derives from its own parameters and buffers alone (bias rows by distance, FIRE's MLP pieces,
+Transformer-XL's projected distances), kept across forwards while those tensors are unchanged.
+
+A decode step asks for the table of the step before, one distance longer: building it again cost most of what a
+scheme adds to a step (tens of small operators, or a projection of every distance). Kept over a range that doubles
+when outgrown, a step reads a slice. An entry holds values only, built without autograd: callers keep a table only
+where no gradient is wanted and build it afresh, with its graph, otherwise.
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+_kept: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> {kind: (state, value)}
+_children: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> every module below it
+
+
+State = tuple[tuple[Tensor, int, int], ...]
+
+
+def parameters(module: nn.Module) -> tuple[Tensor, ...]:
+    """module.parameters(), read from each module's own dict (its submodules listed once): asked once per step,
+    and in every layer for a scheme per layer, where module.parameters()'s generators cost more than what they
+    guard."""
+    return tuple(t for m in _modules(module) for t in m._parameters.values() if t is not None)
+
+
+def state(module: nn.Module) -> State:
+    """The module's parameters and buffers with their versions and storage: an optimizer step or load_state_dict
+    (a new version), .to() (new storage in the same tensor object) or a replaced tensor changes it."""
+    return tuple((t, t._version, t.data_ptr()) for m in _modules(module)
+                 for t in itertools.chain(m._parameters.values(), m._buffers.values()) if t is not None)
+
+
+def _modules(module: nn.Module) -> tuple[nn.Module, ...]:
+    children = _children.get(module)
+    if children is None:
+        children = _children[module] = tuple(module.modules())[1:]  # not the module itself: the key must stay weak
+    return (module, *children)
+
+
+def _same(a: State, b: State) -> bool:
+    return len(a) == len(b) and all(s[0] is t[0] and s[1:] == t[1:] for s, t in zip(a, b, strict=True))
+
+
+def kept(module: nn.Module, kind: Any, fits: Callable[[Any], bool], build: Callable[[], Any]) -> Any:
+    """build()'s value, kept for module under kind (a hashable naming the table, its device and dtype) while the
+    module's tensors are unchanged and fits(value) says it covers what the caller asks; built without autograd."""
+    entries = _kept.get(module)
+    if entries is None:
+        entries = _kept[module] = {}
+    now = state(module)
+    hit = entries.get(kind)
+    if hit is not None and _same(hit[0], now) and fits(hit[1]):
+        return hit[1]
+    with torch.no_grad():
+        value = build()
+    entries[kind] = (now, value)
+    return value
+
+
+def kept_span(module: nn.Module, kind: Any, low: int, high: int, build: Callable[[int, int], Tensor | None],
+              dim: int = -1) -> Tensor | None:
+    """build(first, last), a table whose axis dim runs over r = first..last, kept for module under kind over a
+    range that covers low..high and doubles when outgrown; returns its slice for low..high (a view)."""
+    def covers(value: tuple) -> bool:
+        return value[0] <= low and high <= value[1]
+
+    def grown() -> tuple:
+        first, last = min(low, 2 * low), max(high, 2 * high)
+        return first, last, build(first, last)
+
+    first, _, table = kept(module, kind, covers, grown)
+    return None if table is None else table.narrow(dim, low - first, high - low + 1)
+
+
+def wanted_gradient(module: nn.Module) -> bool:
+    """Autograd is on and one of the module's parameters wants a gradient: a kept table would drop it."""
+    return torch.is_grad_enabled() and any(p.requires_grad for p in parameters(module))
+
+
+__all__ = ["kept", "kept_span", "parameters", "state", "wanted_gradient"]
