@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from posenc.errors import bad_value
+from posenc.inference_tensors import made_for_one_call
 
 NAME = "posenc"
 
@@ -42,6 +43,7 @@ def posenc_attention(module: Any, query: Tensor, key: Tensor, value: Tensor, att
         query = query * (scaling * math.sqrt(head_dim))  # posenc's attention divides by sqrt(Dh)
     q_pos, k_pos = _positions(query, key, kwargs)
     q_pos, k_pos = scheme.frame(q_pos, k_pos)
+    made_for_one_call(q_pos, k_pos)  # fresh tensors (expand, cat, frame): memos may key on them
     out = scheme.attend(query, key, value, q_pos, k_pos, True, dropout if module.training else 0.0)  # (B,H,Tq,Dh)
     return out.transpose(1, 2).contiguous(), None
 

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from posenc.inference_tensors import made_for_one_call
 from posenc.models.attention_extension import wrap
 from posenc.models.inputs import check_positions, check_token_ids
 from posenc.models.limits import check_fits
@@ -65,6 +66,7 @@ class SchemeStack(nn.ModuleList):
         key = cache.add_positions(query) if cache is not None else query  # (B,Tk)
         tokens = cache.add_tokens(input_ids) if cache is not None else input_ids  # (B,Tk)
         query, key = self.layer(0).frame(query, key)
+        made_for_one_call(query, key)  # every layer's memos may key on them under inference_mode too
         return Positions(query, key, tokens)
 
     def embed(self, x: Tensor, positions: Positions) -> Tensor:

@@ -7,6 +7,7 @@ import torch
 from torch import Tensor
 
 from posenc.errors import bad_value
+from posenc.inference_tensors import made_for_one_call
 from posenc.nn import dispatch
 from posenc.nn.attention_core import attend
 from posenc.scheme import Scheme
@@ -71,6 +72,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, q_pos: Tensor | N
     k_pos = _positions(k_pos, b, tk, 0, "k_pos", q.device)  # (B,Tk)
     q_pos = _positions(q_pos, b, tq, tk - tq, "q_pos", q.device) if q_pos is not None else k_pos[:, tk - tq:]
     q_pos, k_pos = scheme.frame(q_pos, k_pos)
+    made_for_one_call(q_pos, k_pos)  # fresh tensors (expand, slice, frame): memos may key on them
     q, k = scheme.rotate(q, k, q_pos, k_pos)
     return dispatch.attention(q, k, v, scheme, q_pos, k_pos, causal)  # (B,H,Tq,Dh)
 

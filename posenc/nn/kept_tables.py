@@ -4,7 +4,11 @@ Transformer-XL's projected distances), kept across forwards while those tensors 
 A decode step asks for the table of the step before, one distance longer: building it again cost most of what a
 scheme adds to a step (tens of small operators, or a projection of every distance). Kept over a range that doubles
 when outgrown, a step reads a slice. An entry holds values only, built without autograd: callers keep a table only
-where no gradient is wanted and build it afresh, with its graph, otherwise.
+where no gradient is wanted and build it afresh, with its graph, otherwise. It is built outside inference_mode, so a
+training step after an evaluation under inference_mode can save it for backward (posenc.inference_tensors).
+
+A change is seen by the versions of the module's tensors, and load_state_dict also drops the module's entries: into a
+model built under inference_mode it copies in place without a version to see.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from posenc.inference_tensors import ordinary, tensor_version
 
 _kept: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> {kind: (state, value)}
 _children: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> every module below it
@@ -34,7 +40,7 @@ def parameters(module: nn.Module) -> tuple[Tensor, ...]:
 def state(module: nn.Module) -> State:
     """The module's parameters and buffers with their versions and storage: an optimizer step or load_state_dict
     (a new version), .to() (new storage in the same tensor object) or a replaced tensor changes it."""
-    return tuple((t, t._version, t.data_ptr()) for m in _modules(module)
+    return tuple((t, tensor_version(t), t.data_ptr()) for m in _modules(module)
                  for t in itertools.chain(m._parameters.values(), m._buffers.values()) if t is not None)
 
 
@@ -51,18 +57,25 @@ def _same(a: State, b: State) -> bool:
 
 def kept(module: nn.Module, kind: Any, fits: Callable[[Any], bool], build: Callable[[], Any]) -> Any:
     """build()'s value, kept for module under kind (a hashable naming the table, its device and dtype) while the
-    module's tensors are unchanged and fits(value) says it covers what the caller asks; built without autograd."""
+    module's tensors are unchanged and fits(value) says it covers what the caller asks; built without autograd
+    and outside inference_mode."""
     entries = _kept.get(module)
     if entries is None:
         entries = _kept[module] = {}
+        module.register_load_state_dict_post_hook(_forget)
     now = state(module)
     hit = entries.get(kind)
     if hit is not None and _same(hit[0], now) and fits(hit[1]):
         return hit[1]
-    with torch.no_grad():
-        value = build()
+    value = ordinary(build)  # ordinary tensors: a training step after an evaluation under inference_mode reads them
     entries[kind] = (now, value)
     return value
+
+
+def _forget(module: nn.Module, incompatible_keys: Any) -> None:
+    entries = _kept.get(module)  # None in a copy (deepcopy copies the hook, not the entries)
+    if entries is not None:
+        entries.clear()  # cleared, not removed: the hook stays registered once
 
 
 def kept_span(module: nn.Module, kind: Any, low: int, high: int, build: Callable[[int, int], Tensor | None],

@@ -20,6 +20,8 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from posenc.inference_tensors import tensor_version
+
 
 def _tensors(value: Any) -> tuple[Tensor, ...]:
     if isinstance(value, Tensor):
@@ -40,7 +42,7 @@ class _Recomputed(torch.autograd.Function):
     def forward(ctx, value: Any, build: Callable[[], Any], *params: Tensor) -> tuple[Tensor, ...]:
         # Kept as attributes, not saved tensors: saved tensors are freed by a backward, and this node must serve
         # every backward that reaches it. The parameters are leaves and build holds no output: no cycle.
-        ctx.build, ctx.params, ctx.versions = build, params, [p._version for p in params]
+        ctx.build, ctx.params, ctx.versions = build, params, [tensor_version(p) for p in params]
         outputs = _tensors(value)
         ctx.differentiable = [t.is_floating_point() for t in outputs]
         ctx.mark_non_differentiable(*(t for t, d in zip(outputs, ctx.differentiable, strict=True) if not d))
@@ -49,7 +51,7 @@ class _Recomputed(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, *grads: Tensor) -> tuple[Tensor | None, ...]:
-        if [p._version for p in ctx.params] != ctx.versions:
+        if [tensor_version(p) for p in ctx.params] != ctx.versions:
             raise RuntimeError("a scheme parameter was modified in place between the forward and the backward of "
                                "attention (optimizer.step() before loss.backward()?); its rows cannot be rebuilt")
         with torch.enable_grad():

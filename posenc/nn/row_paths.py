@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from posenc.inference_tensors import position_version, tensor_version
 from posenc.nn import fused_attention, kept_tables, recomputed
 from posenc.nn import triton as gpu
 from posenc.nn.call import Call
@@ -47,7 +48,7 @@ class Offsets(NamedTuple):
 def position_offsets(q_pos: Tensor, k_pos: Tensor) -> Offsets | None:
     """(B,Tq), (B,Tk) -> Offsets when every row of both counts up by one, else None."""
     hit = _offsets_memo[0]
-    versions = (q_pos._version, k_pos._version)
+    versions = (position_version(q_pos), position_version(k_pos))
     if hit is not None and hit[0] is q_pos and hit[1] is k_pos and hit[2] == versions:
         return hit[3]
     offsets = _offsets(q_pos, k_pos)
@@ -92,16 +93,16 @@ def per_forward(scheme: Scheme, kind: object, q_pos: Tensor, k_pos: Tensor, key:
     next forward over the same positions and parameters would read the freed one. A hit compares the versions of
     the parameters the entry was built with (walking the scheme's modules for every layer cost more than a decode
     step's rows)."""
-    key = (key, q_pos._version, k_pos._version, torch.is_grad_enabled())
+    key = (key, position_version(q_pos), position_version(k_pos), torch.is_grad_enabled())
     kept = _memo.get(scheme)
     if kept is None:
         kept = _memo[scheme] = {}
     hit = kept.get(kind)
     if (hit is not None and hit.q_pos is q_pos and hit.k_pos is k_pos and hit.key == key
-            and all(p._version == v for p, v in zip(hit.params, hit.versions, strict=True))):
+            and all(tensor_version(p) == v for p, v in zip(hit.params, hit.versions, strict=True))):
         return hit.value
     params = kept_tables.parameters(scheme)
-    versions = tuple(p._version for p in params)
+    versions = tuple(tensor_version(p) for p in params)
     value = recomputed.shared(build, params)
     kept[kind] = _Entry(q_pos, k_pos, key, params, versions, value)
     return value

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from posenc.errors import bad_value
+from posenc.inference_tensors import ordinary, position_version
 from posenc.rotary._core import apply_rotary, cos_sin
 from posenc.rotary.scaling import SEQ_LEN_DEPENDENT, frequencies, rope_type
 from posenc.scheme import Dims, Scheme, extremes, shared_row
@@ -116,7 +117,7 @@ class RoPE(Scheme):
         (grown by doubling) and gathered by position id; the gathered pair is remembered for the
         rest of the forward, so all layers share it."""
         memo = self._memo
-        if memo is not None and memo[0] is pos and memo[1] == pos._version:
+        if memo is not None and memo[0] is pos and memo[1] == position_version(pos):
             return memo[2], memo[3]
         key, pos = pos, shared_row(pos)  # (b,T), b = 1 when every row holds the same positions
         lowest, highest = extremes(pos)
@@ -127,15 +128,15 @@ class RoPE(Scheme):
             cos, sin = (gather_rows(table, pos, highest) for table in self._position_table(highest + 1, pos.device))
         else:  # beyond the cap (e.g. a 1e6 offset): compute these rows directly, still in float64
             cos, sin = cos_sin(pos, self.inv_freq.to(pos.device), self.attention_scaling)
-        self._memo = (key, key._version, cos, sin)
+        self._memo = (key, position_version(key), cos, sin)
         return cos, sin
 
     def _position_table(self, needed: int, device: torch.device) -> tuple[Tensor, Tensor]:
         table = self._table
         if table is None or table[0].shape[0] < needed or table[0].device != device:
             size = min(TABLE_CAP, max(TABLE_MIN, 1 << (needed - 1).bit_length()))
-            cos, sin = cos_sin(torch.arange(size, device=device)[None], self.inv_freq.to(device),
-                               self.attention_scaling)
+            cos, sin = ordinary(lambda: cos_sin(torch.arange(size, device=device)[None], self.inv_freq.to(device),
+                                                self.attention_scaling))  # kept: no inference tensor
             table = self._table = (cos[0, 0], sin[0, 0])  # (N, R/2) float32
         return table
 

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from posenc.inference_tensors import ordinary, position_version
 from posenc.rotary import rope
 from posenc.rotary._core import angles, apply_rotary
 from posenc.rotary.rope import TABLE_CAP, RoPE, RotaryOptions, gather_rows
@@ -88,7 +89,7 @@ class XPos(RoPE):
         instead of evaluating the float64 formula."""
         memo = self._memo if isinstance(self._memo, dict) else {}
         hit = memo.get(sign)
-        if hit is not None and hit[0] is pos and hit[1] == pos._version:
+        if hit is not None and hit[0] is pos and hit[1] == position_version(pos):
             return hit[2]
         row = shared_row(pos)  # (b,T)
         lowest, highest = extremes(row)
@@ -96,7 +97,7 @@ class XPos(RoPE):
             tables = tuple(gather_rows(t, row, highest) for t in self._side_table(sign, highest + 1, row.device))
         else:  # beyond the cap: these rows directly, still in float64
             tables = xpos_tables(row, self.inv_freq, self.log_zeta, self.scale_base, sign)
-        self._memo = {**memo, sign: (pos, pos._version, tables)}
+        self._memo = {**memo, sign: (pos, position_version(pos), tables)}
         return tables
 
     def _side_table(self, sign: float, needed: int, device: torch.device) -> tuple[Tensor, Tensor]:
@@ -104,8 +105,8 @@ class XPos(RoPE):
         table = self._side_tables.get(sign)
         if table is None or table[0].shape[0] < needed or table[0].device != device:
             size = min(TABLE_CAP, max(rope.TABLE_MIN, 1 << (needed - 1).bit_length()))
-            cos, sin = xpos_tables(torch.arange(size, device=device)[None], self.inv_freq.to(device),
-                                   self.log_zeta.to(device), self.scale_base, sign)
+            cos, sin = ordinary(lambda: xpos_tables(torch.arange(size, device=device)[None], self.inv_freq.to(device),
+                                                    self.log_zeta.to(device), self.scale_base, sign))  # kept
             table = (cos[0, 0], sin[0, 0])  # (N, R/2) float32
             self._side_tables = {**self._side_tables, sign: table}
         return table

@@ -1,0 +1,59 @@
+"""What torch.inference_mode changes for the memos and kept tables keyed on tensors.
+
+Positions are remembered across the layers of a forward (memos keyed on the positions tensor) and tables across
+forwards while a scheme's parameters are unchanged (posenc.nn.kept_tables); either is stale once its tensor was
+changed in place, which `t._version` counts. A tensor made under inference_mode (the positions of a forward run
+there; the parameters of a model built or moved there) has no version counter: reading it raises. And a tensor
+made there is an inference tensor, which autograd refuses to save: a table kept across forwards must not be one, or
+the training step after an evaluation under inference_mode fails.
+
+- Positions: an inference tensor that posenc made for one call (`made_for_one_call`, where an entry point frames
+  the positions: a fresh tensor each call) is never changed in place, so its identity is its version. Any other
+  (a user's, which a decode loop may advance in place: `input_pos += 1`) gets a version that no memo matches.
+- Parameters and buffers: an inference tensor changes in place only inside inference_mode (no optimizer can step
+  it; a load_state_dict run there can): it gets one fixed version, or every decode step of a model built under
+  inference_mode would build its tables again.
+- Kept tables are built as ordinary tensors (`ordinary`), whatever mode the call that builds them runs in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+import torch
+from torch import Tensor
+from torch.utils.weak import WeakIdKeyDictionary
+
+FIXED = -1  # the version of an inference tensor that cannot change unseen (counted versions start at 0)
+_one_call: WeakIdKeyDictionary = WeakIdKeyDictionary()  # inference tensors posenc made for one call -> True
+Value = TypeVar("Value")
+
+
+def made_for_one_call(*positions: Tensor) -> None:
+    """Positions an entry point made for this call alone: memos may key on their identity (inference tensors)."""
+    for pos in positions:
+        if pos.is_inference():
+            _one_call[pos] = True
+
+
+def position_version(pos: Tensor) -> object:
+    """pos._version; for an inference tensor FIXED if posenc made it for one call, else a new object (no memo hit)."""
+    if not pos.is_inference():
+        return pos._version
+    return FIXED if pos in _one_call else object()
+
+
+def tensor_version(t: Tensor) -> int:
+    """t._version of a parameter or buffer; FIXED for an inference tensor (see the module docstring)."""
+    return FIXED if t.is_inference() else t._version
+
+
+def ordinary(build: Callable[[], Value]) -> Value:
+    """build() without autograd and as ordinary tensors, also under inference_mode: a table kept across calls that
+    a training step may read later. (inference_mode(False) turns grad mode on: no_grad comes inside it.)"""
+    with torch.inference_mode(False), torch.no_grad():
+        return build()
+
+
+__all__ = ["FIXED", "made_for_one_call", "ordinary", "position_version", "tensor_version"]
