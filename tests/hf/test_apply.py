@@ -47,6 +47,26 @@ def test_applied_model_equals_posenc_decoder(tmp_path, family, method):
     assert torch.equal(theirs, ours.generate(PROMPT, max_new_tokens=6))
 
 
+@pytest.mark.parametrize("method", ["yarn", "self_extend"])  # posenc's rotary tables; posenc's attention function
+def test_a_users_loop_under_inference_mode_equals_no_grad(tmp_path, method):
+    """A user's own loop (or a pipeline) under torch.inference_mode: a forward, a prefill, cached steps."""
+    hf = posenc.hf.apply(load_hf(build("llama", tmp_path)), *METHODS[method])
+    ids = PROMPT[:, :10]
+
+    def run(mode) -> list[torch.Tensor]:
+        with mode():
+            out = hf(ids[:, :4], use_cache=True)
+            outs, cache = [hf(ids).logits, out.logits], out.past_key_values
+            for t in range(4, ids.shape[1]):
+                out = hf(ids[:, t : t + 1], cache=cache, use_cache=True)
+                outs.append(out.logits)
+                cache = out.past_key_values
+        return outs
+
+    first = run(torch.inference_mode)
+    assert all(torch.equal(a, b) for a, b in zip(first, run(torch.no_grad), strict=True))
+
+
 @pytest.mark.parametrize("name", sorted(POSITION_MAPS))
 def test_every_registered_map_applies(tmp_path, name):
     """A map added later works through apply with its defaults (self_extend has none: given here)."""
