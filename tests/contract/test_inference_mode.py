@@ -3,8 +3,8 @@ it as often as in no_grad): every registered scheme in every model, Llama under 
 position map, and posenc.attention give no_grad's outputs bit for bit (a full forward, a chunked prefill into the KV
 cache, token-by-token decoding, generation), and a training step after an evaluation under inference_mode takes
 the gradients of a model never evaluated there (tables kept across calls are ordinary tensors). Under
-inference_mode positions carry no version counter: memos keyed on them must neither raise nor miss a change made
-in place to a user's positions tensor."""
+inference_mode positions carry no version counter: memos keyed on them must neither raise, nor miss a change made
+in place to a user's positions tensor, nor stop sharing one forward's tables between its layers."""
 
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ import torch.nn.functional as F
 import posenc
 from posenc.contract import MODELS
 from posenc.models import Llama, LlamaConfig
+from posenc.nn import recomputed, row_paths
 from posenc.registry import POSITION_MAPS
+from posenc.rotary import rope, xpos
 from posenc.rotary.scaling import ROPE_SCALINGS
 from posenc.scheme import Dims
 from tests.conftest import VOCAB, tiny_gpt
@@ -63,6 +65,29 @@ def test_every_scheme_in_every_model_under_inference_mode_equals_no_grad(model, 
     if view.generate is not None and dtype == torch.float32:
         tokens = {mode: MODES[mode]()(view.generate)(IDS[:, :3], 3, True) for mode in MODES}
         assert torch.equal(tokens["inference_mode"], tokens["no_grad"])
+
+
+# What the layers of a forward share through memos keyed on its positions (one per forward, not one per layer)
+SHARED = [(row_paths, "_offsets"), (row_paths, "distance_rows"), (recomputed, "shared"), (rope, "gather_rows"),
+          (xpos, "gather_rows"), (rope, "cos_sin")]
+
+
+@pytest.mark.parametrize("scheme", posenc.available())
+def test_the_layers_share_as_much_under_inference_mode_as_under_no_grad(scheme, monkeypatch):
+    """Positions made under inference_mode have no version counter: the memos key on the tensor the entry point
+    made for the call, so every layer still reads the first layer's offsets, rows and rotary tables."""
+    calls: dict[str, int] = {}
+    for owner, name in SHARED:
+        real = getattr(owner, name)
+        monkeypatch.setattr(owner, name, lambda *a, _r=real, _k=f"{owner.__name__}.{name}", **kw:
+                            calls.update({_k: calls.get(_k, 0) + 1}) or _r(*a, **kw))
+    counts = []
+    for mode in ("no_grad", "inference_mode"):
+        model = tiny_gpt(scheme)
+        calls.clear()
+        evaluate(model, model.new_cache, mode)
+        counts.append(dict(calls))
+    assert counts[1] == counts[0]
 
 
 def tiny_llama(kind: str, name: str) -> Llama:
@@ -149,7 +174,7 @@ def test_a_users_positions_changed_in_place_under_inference_mode_are_seen(scheme
     q, k, v = (torch.randn(1, 4, 5, 8, generator=g) for _ in range(3))
     with torch.inference_mode():
         pos = torch.arange(5)[None]
-        built.rotate(q, k, pos, pos), posenc.attention(q, k, v, built, pos, pos)  # memos keyed on pos
+        posenc.attention(q, k, v, built, pos, pos), built.rotate(q, k, pos, pos)  # the last memo: keyed on pos
         pos += 7
         moved = [*built.rotate(q, k, pos, pos), posenc.attention(q, k, v, built, pos, pos)]
         fresh = torch.arange(7, 12)[None]
