@@ -24,7 +24,16 @@ from torch import Tensor, nn
 from posenc.inference_tensors import ordinary, tensor_version
 
 _kept: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> {kind: (state, value)}
-_children: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> every module below it
+_children: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> (_registrations then, modules below it)
+_registrations = [0]  # submodules registered anywhere so far: a parametrization or an adapter added after a table
+# was kept holds the tensors that change from then on, which a listing of the modules taken before it misses
+
+
+def _registered(module: nn.Module, name: str, submodule: Any) -> None:
+    _registrations[0] += 1
+
+
+nn.modules.module.register_module_module_registration_hook(_registered)
 
 
 State = tuple[tuple[Tensor, int, int], ...]
@@ -45,10 +54,10 @@ def state(module: nn.Module) -> State:
 
 
 def _modules(module: nn.Module) -> tuple[nn.Module, ...]:
-    children = _children.get(module)
-    if children is None:
-        children = _children[module] = tuple(module.modules())[1:]  # not the module itself: the key must stay weak
-    return (module, *children)
+    listed = _children.get(module)
+    if listed is None or listed[0] != _registrations[0]:  # a submodule was registered since: list them again
+        listed = _children[module] = (_registrations[0], tuple(module.modules())[1:])  # not module: the key stays weak
+    return (module, *listed[1])
 
 
 def _same(a: State, b: State) -> bool:

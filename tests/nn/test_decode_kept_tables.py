@@ -10,6 +10,7 @@ import importlib
 
 import pytest
 import torch
+from torch.nn.utils import parametrize
 
 import posenc
 from posenc.absolute import sinusoidal
@@ -93,3 +94,19 @@ def test_a_decode_step_builds_its_tables_only_when_outgrown(name, built, most, m
     monkeypatch.setattr(owner, attribute, lambda *a, **kw: calls.append(1) or real(*a, **kw))
     decode(tiny_gpt(name), ids())
     assert 0 < len(calls) <= most, f"{name}: {attribute} ran {len(calls)} times in {STEPS} steps"
+
+
+@pytest.mark.parametrize("name", ["fire", "transformer_xl"])
+@torch.no_grad()
+def test_a_parametrization_registered_after_decoding_is_followed(name):
+    """torch.nn.utils.parametrize (or an adapter) registered on a scheme's layer after a table was kept moves the
+    weight into a new submodule: its later changes reach the next decode step, as a fresh copy computes."""
+    model = tiny_gpt(name)
+    tokens = ids()
+    decode(model, tokens)  # keeps the scheme's tables, listing its modules
+    layer = next(m for m in model.schemes.modules() if isinstance(m, torch.nn.Linear))
+    parametrize.register_parametrization(layer, "weight", torch.nn.Identity())
+    decode(model, tokens)
+    layer.parametrizations.weight.original.mul_(1.7)  # in place: a new version of the new submodule's tensor
+    full = copy.deepcopy(model)(tokens)  # a copy keeps no tables
+    torch.testing.assert_close(decode(model, tokens), full, rtol=1e-4, atol=1e-4 * full.abs().max().item())
