@@ -110,3 +110,22 @@ def test_a_parametrization_registered_after_decoding_is_followed(name):
     layer.parametrizations.weight.original.mul_(1.7)  # in place: a new version of the new submodule's tensor
     full = copy.deepcopy(model)(tokens)  # a copy keeps no tables
     torch.testing.assert_close(decode(model, tokens), full, rtol=1e-4, atol=1e-4 * full.abs().max().item())
+
+
+@pytest.mark.parametrize("name", ["rope", "xpos", "p_rope"])
+@torch.no_grad()
+def test_rotary_rows_follow_a_frequency_patch_made_in_place(name, monkeypatch):
+    """A user's own frequency scaling written into inv_freq in place (as NTK patches do to HF models) reaches the
+    rows by position kept across forwards: logits equal those of a copy patched before its first forward."""
+    monkeypatch.setattr(rope, "TABLE_MIN", 8)
+    model = tiny_gpt(name)
+    patched_first = copy.deepcopy(model)  # no table kept yet
+    tokens = ids()
+    model(tokens)  # keeps the rows of the old frequencies
+    for m in (model, patched_first):
+        for scheme in m.schemes.modules():
+            if "inv_freq" in scheme._buffers:
+                scheme.inv_freq.mul_(0.25)
+    full = patched_first(tokens)
+    torch.testing.assert_close(model(tokens), full, rtol=1e-5, atol=1e-5 * full.abs().max().item())
+    torch.testing.assert_close(decode(model, tokens), full, rtol=1e-4, atol=1e-4 * full.abs().max().item())
