@@ -129,3 +129,22 @@ def test_rotary_rows_follow_a_frequency_patch_made_in_place(name, monkeypatch):
     full = patched_first(tokens)
     torch.testing.assert_close(model(tokens), full, rtol=1e-5, atol=1e-5 * full.abs().max().item())
     torch.testing.assert_close(decode(model, tokens), full, rtol=1e-4, atol=1e-4 * full.abs().max().item())
+
+
+@pytest.mark.parametrize("name", ["fire", "kerple", "transformer_xl"])
+def test_a_model_built_under_inference_mode_follows_a_change_in_place_made_there(name):
+    """Parameters made under inference_mode carry no version: a change written into them there (a converter's
+    p.copy_, adapters merged into the weights) reaches the next decode step, as in a model built outside it."""
+    tokens = ids(batch=2)
+    with torch.inference_mode():
+        model = tiny_gpt(name)  # inference tensors
+        decode(model, tokens)  # keeps the tables of the old parameters
+        for p in model.schemes.parameters():
+            p.mul_(1.3)
+        decoded = decode(model, tokens)
+    reference = tiny_gpt(name)  # the same draws, outside inference_mode
+    with torch.no_grad():
+        for p in reference.schemes.parameters():
+            p.mul_(1.3)
+        full = reference(tokens)
+    torch.testing.assert_close(decoded, full, rtol=1e-4, atol=1e-4 * full.abs().max().item())
