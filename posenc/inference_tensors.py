@@ -11,8 +11,8 @@ the training step after an evaluation under inference_mode fails.
   the positions: a fresh tensor each call) is never changed in place, so its identity is its version. Any other
   (a user's, which a decode loop may advance in place: `input_pos += 1`) gets a version that no memo matches.
 - Parameters and buffers: an inference tensor changes in place only inside inference_mode (no optimizer can step
-  it; a load_state_dict run there can): it gets one fixed version, or every decode step of a model built under
-  inference_mode would build its tables again.
+  it; a load_state_dict or p.copy_ run there can): it gets one fixed version, or every decode step of a model built
+  under inference_mode would build its tables again, and kept_tables compares a copy of its values instead.
 - Kept tables are built as ordinary tensors (`ordinary`), whatever mode the call that builds them runs in.
 """
 

@@ -7,8 +7,9 @@ when outgrown, a step reads a slice. An entry holds values only, built without a
 where no gradient is wanted and build it afresh, with its graph, otherwise. It is built outside inference_mode, so a
 training step after an evaluation under inference_mode can save it for backward (posenc.inference_tensors).
 
-A change is seen by the versions of the module's tensors, and load_state_dict also drops the module's entries: into a
-model built under inference_mode it copies in place without a version to see.
+A change is seen by the versions of the module's tensors; an inference tensor (a model built under inference_mode) has
+none, so a copy of its values kept with the table is compared instead (p.copy_ there changes it in place unseen), and
+load_state_dict also drops the module's entries. A write through `p.data` bumps no version: it is not seen.
 """
 
 from __future__ import annotations
@@ -21,10 +22,19 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from posenc.inference_tensors import ordinary, tensor_version
+from posenc.inference_tensors import FIXED, ordinary, tensor_version
 
 _kept: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> {kind: (state, value)}
-_children: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> every module below it
+_children: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> (_registrations then, modules below it)
+_registrations = [0]  # submodules registered anywhere so far: a parametrization or an adapter added after a table
+# was kept holds the tensors that change from then on, which a listing of the modules taken before it misses
+
+
+def _registered(module: nn.Module, name: str, submodule: Any) -> None:
+    _registrations[0] += 1
+
+
+nn.modules.module.register_module_module_registration_hook(_registered)
 
 
 State = tuple[tuple[Tensor, int, int], ...]
@@ -45,10 +55,10 @@ def state(module: nn.Module) -> State:
 
 
 def _modules(module: nn.Module) -> tuple[nn.Module, ...]:
-    children = _children.get(module)
-    if children is None:
-        children = _children[module] = tuple(module.modules())[1:]  # not the module itself: the key must stay weak
-    return (module, *children)
+    listed = _children.get(module)
+    if listed is None or listed[0] != _registrations[0]:  # a submodule was registered since: list them again
+        listed = _children[module] = (_registrations[0], tuple(module.modules())[1:])  # not module: the key stays weak
+    return (module, *listed[1])
 
 
 def _same(a: State, b: State) -> bool:
@@ -65,11 +75,21 @@ def kept(module: nn.Module, kind: Any, fits: Callable[[Any], bool], build: Calla
         module.register_load_state_dict_post_hook(_forget)
     now = state(module)
     hit = entries.get(kind)
-    if hit is not None and _same(hit[0], now) and fits(hit[1]):
+    if hit is not None and _same(hit[0], now) and _unchanged(hit[2]) and fits(hit[1]):
         return hit[1]
     value = ordinary(build)  # ordinary tensors: a training step after an evaluation under inference_mode reads them
-    entries[kind] = (now, value)
+    entries[kind] = (now, value, ordinary(lambda: _values(now)))
     return value
+
+
+def _values(now: State) -> tuple[tuple[Tensor, Tensor], ...]:
+    """A copy of each inference tensor's values: it has no version to show a change made in place under
+    inference_mode (p.copy_(...), an adapter merged into the weights), so the values themselves are compared."""
+    return tuple((t, t.clone()) for t, version, _ in now if version == FIXED)
+
+
+def _unchanged(values: tuple[tuple[Tensor, Tensor], ...]) -> bool:
+    return all(torch.equal(t, copy) for t, copy in values)
 
 
 def _forget(module: nn.Module, incompatible_keys: Any) -> None:

@@ -15,7 +15,8 @@ import torch
 from torch import Tensor
 
 from posenc.errors import bad_value
-from posenc.inference_tensors import ordinary, position_version
+from posenc.inference_tensors import position_version
+from posenc.nn.kept_tables import kept
 from posenc.rotary._core import apply_rotary, cos_sin
 from posenc.rotary.scaling import SEQ_LEN_DEPENDENT, frequencies, rope_type
 from posenc.scheme import Dims, Scheme, extremes, shared_row
@@ -99,7 +100,6 @@ class RoPE(Scheme):
         inv_freq, self.attention_scaling = self._frequencies(None)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self._memo: tuple | None = None  # (pos, version, cos, sin): one table per forward, shared by layers
-        self._table: tuple[Tensor, Tensor] | None = None  # cos, sin per position 0..N-1, kept across forwards
 
     @classmethod
     def check_config(cls, dims: Dims, options: RotaryOptions) -> None:
@@ -132,13 +132,15 @@ class RoPE(Scheme):
         return cos, sin
 
     def _position_table(self, needed: int, device: torch.device) -> tuple[Tensor, Tensor]:
-        table = self._table
-        if table is None or table[0].shape[0] < needed or table[0].device != device:
+        """cos, sin (N, R/2) float32 of positions 0..N-1, N >= needed, grown by doubling; kept while the scheme's
+        buffers are unchanged (kept_tables: a frequency patch made in place, .half(), a new inv_freq)."""
+        def build() -> tuple[Tensor, Tensor]:
             size = min(TABLE_CAP, max(TABLE_MIN, 1 << (needed - 1).bit_length()))
-            cos, sin = ordinary(lambda: cos_sin(torch.arange(size, device=device)[None], self.inv_freq.to(device),
-                                                self.attention_scaling))  # kept: no inference tensor
-            table = self._table = (cos[0, 0], sin[0, 0])  # (N, R/2) float32
-        return table
+            positions = torch.arange(size, device=device)[None]  # (1,N)
+            cos, sin = cos_sin(positions, self.inv_freq.to(device), self.attention_scaling)
+            return cos[0, 0], sin[0, 0]
+
+        return kept(self, ("rows", device), lambda table: table[0].shape[0] >= needed, build)
 
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
         cq, sq = self.tables(q_pos)

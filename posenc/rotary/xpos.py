@@ -23,7 +23,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from posenc.inference_tensors import ordinary, position_version
+from posenc.inference_tensors import position_version
+from posenc.nn.kept_tables import kept
 from posenc.rotary import rope
 from posenc.rotary._core import angles, apply_rotary
 from posenc.rotary.rope import TABLE_CAP, RoPE, RotaryOptions, gather_rows
@@ -78,7 +79,6 @@ class XPos(RoPE):
         super().__init__(dims, options, **flat)
         self.scale_base = float(self.options.xpos_scale_base)
         self.register_buffer("log_zeta", xpos_log_zeta(self.rot_dim), persistent=False)
-        self._side_tables: dict[float, tuple[Tensor, Tensor]] = {}  # sign -> cos, sin (N, R/2), kept across forwards
 
     def frame(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
         return from_first_key(q_pos, k_pos)  # keeps zeta^(n/scale_base) in range at any offset
@@ -101,15 +101,15 @@ class XPos(RoPE):
         return tables
 
     def _side_table(self, sign: float, needed: int, device: torch.device) -> tuple[Tensor, Tensor]:
-        """cos, sin (N, R/2) of positions 0..N-1 for one side, N >= needed."""
-        table = self._side_tables.get(sign)
-        if table is None or table[0].shape[0] < needed or table[0].device != device:
+        """cos, sin (N, R/2) of positions 0..N-1 for one side, N >= needed; kept while the scheme's buffers are
+        unchanged (kept_tables)."""
+        def build() -> tuple[Tensor, Tensor]:
             size = min(TABLE_CAP, max(rope.TABLE_MIN, 1 << (needed - 1).bit_length()))
-            cos, sin = ordinary(lambda: xpos_tables(torch.arange(size, device=device)[None], self.inv_freq.to(device),
-                                                    self.log_zeta.to(device), self.scale_base, sign))  # kept
-            table = (cos[0, 0], sin[0, 0])  # (N, R/2) float32
-            self._side_tables = {**self._side_tables, sign: table}
-        return table
+            cos, sin = xpos_tables(torch.arange(size, device=device)[None], self.inv_freq.to(device),
+                                   self.log_zeta.to(device), self.scale_base, sign)
+            return cos[0, 0], sin[0, 0]  # (N, R/2) float32
+
+        return kept(self, ("side rows", sign, device), lambda table: table[0].shape[0] >= needed, build)
 
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
         cq, sq = self._tables(q_pos, +1.0)

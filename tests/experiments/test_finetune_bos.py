@@ -197,3 +197,36 @@ def test_finetune_from_a_gguf_starts_every_sequence_with_its_bos(tmp_path, check
     (run / "run.json").write_text(json.dumps({k: v for k, v in stored.items() if k != "sequence_start"}))
     code, _, err = cli(capsys, "finetune", "--run-dir", run)  # a run from before the BOS: not continued with one
     assert code == 2 and "run_dir=" in one_line(err) and f"with [{bos}]" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_compare_unit_evaluates_its_model_with_the_start_it_trained_with(monkeypatch, tmp_path):
+    """`posenc compare trainer.init_from=gguf:...` trains each unit on windows begun with the BOS; its perplexity
+    by length, training fit and shift test read windows begun the same way (by hand: the BOS, then L text tokens)."""
+    from posenc.experiments.compare.config import CompareConfig
+    from posenc.experiments.config import loader
+    from posenc.experiments.training import scheme_units
+    from posenc.experiments.training.language_model import TrainResult
+    from tests.experiments.cli_helpers import TINY
+
+    model = tiny_gpt("rope")
+    text = torch.randint(1, VOCAB, (80,), generator=torch.Generator().manual_seed(4))  # (80,) no START inside
+    val, train = text[:40], text[40:]
+    result = TrainResult(model, [{"loss": 1.0}], val_tokens=val, train_tokens=train,
+                         val_byte_lengths=torch.ones(40, dtype=torch.int64), start=[START])
+    monkeypatch.setattr(scheme_units, "train", lambda cfg, run_dir: result)
+    cfg = loader.load(CompareConfig, None, ["compare.schemes=[rope]", "compare.seeds=[0]", *TINY])
+    unit = scheme_units.run_unit((cfg, "rope", 0, tmp_path))
+    L = cfg.data.seq_len
+
+    def by_hand(tokens: torch.Tensor, offset: int = 0) -> float:  # mean NLL of the windows BOS + tokens[s : s + L]
+        nll = []
+        for s in (0, L):  # each text below holds two windows of L before its last token
+            window = torch.cat([torch.tensor([START]), tokens[s : s + L]])  # (L+1,)
+            with torch.no_grad():
+                logits = model(window[None, :-1], position_ids=torch.arange(offset, offset + L)[None])[0]
+            nll.append(F.cross_entropy(logits, window[1:]).item())
+        return sum(nll) / len(nll)
+
+    assert unit["ppl"][1] == pytest.approx(math.exp(by_hand(val)), rel=1e-5)
+    assert unit["train_ppl@1x"] == pytest.approx(math.exp(by_hand(train[-(2 * L + 1):])), rel=1e-5)
+    assert unit["shift_loss_change"][10] == pytest.approx(by_hand(val, 10) - by_hand(val), abs=1e-5)

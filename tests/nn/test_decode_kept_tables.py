@@ -10,6 +10,7 @@ import importlib
 
 import pytest
 import torch
+from torch.nn.utils import parametrize
 
 import posenc
 from posenc.absolute import sinusoidal
@@ -93,3 +94,57 @@ def test_a_decode_step_builds_its_tables_only_when_outgrown(name, built, most, m
     monkeypatch.setattr(owner, attribute, lambda *a, **kw: calls.append(1) or real(*a, **kw))
     decode(tiny_gpt(name), ids())
     assert 0 < len(calls) <= most, f"{name}: {attribute} ran {len(calls)} times in {STEPS} steps"
+
+
+@pytest.mark.parametrize("name", ["fire", "transformer_xl"])
+@torch.no_grad()
+def test_a_parametrization_registered_after_decoding_is_followed(name):
+    """torch.nn.utils.parametrize (or an adapter) registered on a scheme's layer after a table was kept moves the
+    weight into a new submodule: its later changes reach the next decode step, as a fresh copy computes."""
+    model = tiny_gpt(name)
+    tokens = ids()
+    decode(model, tokens)  # keeps the scheme's tables, listing its modules
+    layer = next(m for m in model.schemes.modules() if isinstance(m, torch.nn.Linear))
+    parametrize.register_parametrization(layer, "weight", torch.nn.Identity())
+    decode(model, tokens)
+    layer.parametrizations.weight.original.mul_(1.7)  # in place: a new version of the new submodule's tensor
+    full = copy.deepcopy(model)(tokens)  # a copy keeps no tables
+    torch.testing.assert_close(decode(model, tokens), full, rtol=1e-4, atol=1e-4 * full.abs().max().item())
+
+
+@pytest.mark.parametrize("name", ["rope", "xpos", "p_rope"])
+@torch.no_grad()
+def test_rotary_rows_follow_a_frequency_patch_made_in_place(name, monkeypatch):
+    """A user's own frequency scaling written into inv_freq in place (as NTK patches do to HF models) reaches the
+    rows by position kept across forwards: logits equal those of a copy patched before its first forward."""
+    monkeypatch.setattr(rope, "TABLE_MIN", 8)
+    model = tiny_gpt(name)
+    patched_first = copy.deepcopy(model)  # no table kept yet
+    tokens = ids()
+    model(tokens)  # keeps the rows of the old frequencies
+    for m in (model, patched_first):
+        for scheme in m.schemes.modules():
+            if "inv_freq" in scheme._buffers:
+                scheme.inv_freq.mul_(0.25)
+    full = patched_first(tokens)
+    torch.testing.assert_close(model(tokens), full, rtol=1e-5, atol=1e-5 * full.abs().max().item())
+    torch.testing.assert_close(decode(model, tokens), full, rtol=1e-4, atol=1e-4 * full.abs().max().item())
+
+
+@pytest.mark.parametrize("name", ["fire", "kerple", "transformer_xl"])
+def test_a_model_built_under_inference_mode_follows_a_change_in_place_made_there(name):
+    """Parameters made under inference_mode carry no version: a change written into them there (a converter's
+    p.copy_, adapters merged into the weights) reaches the next decode step, as in a model built outside it."""
+    tokens = ids(batch=2)
+    with torch.inference_mode():
+        model = tiny_gpt(name)  # inference tensors
+        decode(model, tokens)  # keeps the tables of the old parameters
+        for p in model.schemes.parameters():
+            p.mul_(1.3)
+        decoded = decode(model, tokens)
+    reference = tiny_gpt(name)  # the same draws, outside inference_mode
+    with torch.no_grad():
+        for p in reference.schemes.parameters():
+            p.mul_(1.3)
+        full = reference(tokens)
+    torch.testing.assert_close(decoded, full, rtol=1e-4, atol=1e-4 * full.abs().max().item())

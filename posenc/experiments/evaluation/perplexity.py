@@ -56,8 +56,9 @@ def window_nll(model: torch.nn.Module, tokens: Tensor, start: int, length: int, 
 
 
 def perplexity(model: torch.nn.Module, tokens: Tensor, length: int, mode: str = "nonoverlapping",
-               stride: int | None = None, max_windows: int = 16, position_offset: int = 0) -> float:
-    return _from_nats(*total_nll(model, tokens, length, mode, stride, max_windows, position_offset)[:2])
+               stride: int | None = None, max_windows: int = 16, position_offset: int = 0,
+               first: Sequence[int] = ()) -> float:
+    return _from_nats(*total_nll(model, tokens, length, mode, stride, max_windows, position_offset, None, first)[:2])
 
 
 def total_nll(model: torch.nn.Module, tokens: Tensor, length: int, mode: str = "nonoverlapping",
@@ -133,12 +134,14 @@ def scored_text(tokens: Tensor, train_len: int, cfg: EvalConfig) -> Tensor:
 
 
 def training_fit(model: torch.nn.Module, train_tokens: Tensor, val_tokens: Tensor, train_len: int,
-                 cfg: EvalConfig) -> Score:
+                 cfg: EvalConfig, first: Sequence[int] = ()) -> Score:
     """Perplexity at the training length on the tail of the training split, as much text as the held-out
-    score reads: against ppl@1x it shows memorising (a held-out loss well above the training loss)."""
+    score reads (every window begun with `first`): against ppl@1x it shows memorising (a held-out loss well above
+    the training loss)."""
     n = len(scored_text(val_tokens, train_len, cfg))
     text = train_tokens[-n:]
-    return _guarded(lambda: perplexity(model, text, train_len, cfg.mode, cfg.stride, max_windows=len(text)))
+    return _guarded(lambda: perplexity(model, text, train_len, cfg.mode, cfg.stride, max_windows=len(text),
+                                       first=first))
 
 
 def _guarded(fn) -> Score:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -11,10 +12,11 @@ from posenc.experiments.evaluation.perplexity import Score, _guarded, perplexity
 
 
 def shift_test(model: torch.nn.Module, tokens: Tensor, length: int, offsets: tuple[int, ...],
-               max_windows: int = 8) -> dict[int, Score]:
-    """Loss (nats/token) with every position moved by k; relative schemes must not change."""
+               max_windows: int = 8, first: Sequence[int] = ()) -> dict[int, Score]:
+    """Loss (nats/token) with every position moved by k, every window begun with `first`; relative schemes must
+    not change."""
     return {k: _guarded(lambda k=k: math.log(perplexity(model, tokens, length, max_windows=max_windows,
-                                                        position_offset=k))) for k in offsets}
+                                                        position_offset=k, first=first))) for k in offsets}
 
 
 def loss_change(shifts: dict[int, Score]) -> dict[int, Score]:

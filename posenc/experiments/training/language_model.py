@@ -55,6 +55,7 @@ class TrainResult:
     val_tokens: Tensor | None = None  # the validation split it read: evaluation needs no second read
     train_tokens: Tensor | None = None  # the training split: the train/held-out gap is measured on its tail
     val_byte_lengths: Tensor | None = None  # UTF-8 bytes of each validation token: bits per byte
+    start: list[int] = field(default_factory=list)  # what every window began with (a GGUF's BOS): evaluation too
 
 
 @dataclass
@@ -268,7 +269,7 @@ def _run(cfg: RunConfig, run_dir: Path, p: Prepared, start_ckpt: Path | None, fo
         bar.close()
     elapsed = time.perf_counter() - clock
     result = TrainResult(model.eval(), history, seen[0] / elapsed if seen[0] else 0.0, run_dir, p.val_tokens,
-                         p.train_tokens, p.val_byte_lengths)
+                         p.train_tokens, p.val_byte_lengths, p.start)
     if seen[0] or not (run_dir / "train.json").exists():  # a finished run resumed keeps its record (tok/s)
         _record(run_dir, rank, meta() | {"status": "complete", "tokens_per_second": result.tokens_per_second})
     return result

@@ -58,14 +58,16 @@ def run_unit(job: tuple[CompareConfig, str, int, Path]) -> dict[str, Any]:
         result = train(cfg.run_config(scheme, seed), run_dir / scheme / f"seed-{seed}")
     except RunFailed as err:
         return unit | {"status": DIVERGED, "error": str(err), "seconds": time.perf_counter() - started}
-    # the text train() read and split
-    ppl, bpb = scores_by_length(result.model, result.val_tokens, result.val_byte_lengths, L, cfg.eval)
-    change = loss_change(shift_test(result.model, result.val_tokens, L, cfg.eval.shift_offsets))
+    # the text train() read and split, every window begun as training's were (a GGUF's BOS where it adds one)
+    ppl, bpb = scores_by_length(result.model, result.val_tokens, result.val_byte_lengths, L, cfg.eval,
+                                first=result.start)
+    change = loss_change(shift_test(result.model, result.val_tokens, L, cfg.eval.shift_offsets, first=result.start))
     numbers = [abs(v) for v in change.values() if is_number(v)]
     unit |= {"status": "ok", "params": sum(p.numel() for p in result.model.parameters()),
              "final_train_loss": result.history[-1]["loss"], "ppl": {length // L: v for length, v in ppl.items()},
              "bpb": {length // L: v for length, v in bpb.items()},
-             "train_ppl@1x": training_fit(result.model, result.train_tokens, result.val_tokens, L, cfg.eval),
+             "train_ppl@1x": training_fit(result.model, result.train_tokens, result.val_tokens, L, cfg.eval,
+                                           result.start),
              "shift_loss_change": change, "shift_dloss": max(numbers) if numbers else next(iter(change.values()))}
     if cfg.task.name:
         try:
