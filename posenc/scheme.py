@@ -113,6 +113,11 @@ class Scheme(nn.Module):
     # Stacks the scheme can serve: a causal decoder, a bidirectional encoder.
     supports_causal: ClassVar[bool] = True
     supports_bidirectional: ClassVar[bool] = True
+    # Buffers holding constants derived from the config (RoPE's frequencies) that must not be rounded when the model
+    # is cast to float16 or bfloat16: model.to(torch.bfloat16) would round inv_freq to 8 bits of mantissa, and at
+    # position p an angle p * inv_freq then errs by p * inv_freq * 2^-9 radians (~8 rad at p = 8k). They follow the
+    # model's device and a cast up (float64), never a cast down.
+    exact_buffers: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, dims: Dims, options: Any = None, **flat: Any) -> None:
         """options: an instance of `Options`; or its fields as keywords (`KERPLE(dims, kerple_kernel="power")`).
@@ -188,6 +193,17 @@ class Scheme(nn.Module):
         """bias() as a PiecewiseBias for r = n - m in [low, high] and queries at q_pos (B,Tq), or None (the
         default). Fast paths then evaluate it per block of scores, never as a (B,H,Tq,Tk) tensor."""
         return None
+
+    def _apply(self, fn: Any, recurse: bool = True) -> Scheme:
+        """nn.Module._apply (every .to(), .half(), .cuda()), except that exact_buffers never lose precision: a cast
+        that would lower it moves them to the new device with their values untouched; a cast up follows."""
+        before = {name: self._buffers[name] for name in self.exact_buffers if self._buffers.get(name) is not None}
+        super()._apply(fn, recurse)
+        for name, old in before.items():
+            new = self._buffers[name]
+            if new is not None and new.is_floating_point() and torch.finfo(new.dtype).eps > torch.finfo(old.dtype).eps:
+                self._buffers[name] = old.to(new.device)
+        return self
 
     def extra_repr(self) -> str:
         changed = {f.name: getattr(self.options, f.name) for f in dataclasses.fields(self.options)

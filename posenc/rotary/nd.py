@@ -71,6 +71,7 @@ class NdRoPE(Scheme):
         self.n_axes, self.rotary_base, self.interleaved = o.n_axes, float(o.rotary_base), bool(o.rotary_interleaved)
         for a, freq in enumerate(nd_inv_frequencies(self.rot_dim, self.rotary_base, self.n_axes)):
             self.register_buffer(f"inv_freq_{a}", freq, persistent=False)
+        self.exact_buffers = tuple(f"inv_freq_{a}" for a in range(self.n_axes))  # float32 under .to(bfloat16)
 
     def inv_freqs(self) -> list[Tensor]:
         return [getattr(self, f"inv_freq_{a}") for a in range(self.n_axes)]

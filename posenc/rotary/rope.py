@@ -85,6 +85,7 @@ TABLE_MIN = 4096  # rows of the first table: most runs never grow it
 class RoPE(Scheme):
     Options = RotaryOptions
     shift_invariant = True
+    exact_buffers = ("inv_freq",)  # the angles' frequencies stay float32 under model.to(bfloat16)
     # Pairing when the config leaves rotary_interleaved unset: Megatron-core's and NeMo's RoPE
     # rotate half-split pairs (rotate_half), as GPT-NeoX and HF Llama do.
     default_interleaved: ClassVar[bool] = False

@@ -66,6 +66,7 @@ class XPosOptions(RotaryOptions):
 
 class XPos(RoPE):
     Options = XPosOptions
+    exact_buffers = ("inv_freq", "log_zeta")
     shift_invariant = True  # up to the documented per-pair scale, which depends on m - n only
     # In an encoder, future keys (m - n < 0) would be amplified by zeta^(m-n) > 1, not decayed.
     supports_bidirectional = False

@@ -68,3 +68,27 @@ def test_biases_at_65k_tokens_stay_finite():
         assert bias.shape == (1, 8, 1, 65_536)
         assert torch.isfinite(bias).all(), type(scheme).__name__
         assert bias[..., -1].abs().max() < 1e-4  # zero distance, zero bias
+
+
+def test_a_model_cast_to_bf16_keeps_its_rotary_frequencies_exact():
+    """model.to(torch.bfloat16) / .half() casts every buffer; RoPE's frequencies rounded to bf16 would turn the
+    angle at position p by p * inv_freq * 2^-9 (radians: ~8 at p = 8k), so they stay float32 and the rotated
+    scores of a cast model stay within bf16's rounding of the float64 reference."""
+    from posenc.rotary.nd import NdRoPE
+
+    for scheme in (RoPE(DIMS), XPos(DIMS), NdRoPE(DIMS)):
+        before = {name: b.clone() for name, b in scheme.named_buffers()}
+        for cast in (lambda m: m.to(torch.bfloat16), lambda m: m.half(), lambda m: m.float()):
+            cast(scheme)
+            for name in scheme.exact_buffers:
+                assert torch.equal(getattr(scheme, name), before[name]), (type(scheme).__name__, name)
+        scheme.double()  # a cast up still follows the model
+        assert all(getattr(scheme, name).dtype == torch.float64 for name in scheme.exact_buffers)
+    rope = RoPE(DIMS).to(torch.bfloat16)
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 8, 4, 64, generator=g).to(torch.bfloat16)
+    pos = torch.arange(8188, 8192)[None]
+    qr, _ = rope.rotate(q, q, pos, pos)
+    exact = numpy_rotate(q, pos, RoPE(DIMS).inv_freq, False)
+    worst = ((qr.double() - exact).abs() / q.double().norm(dim=-1, keepdim=True)).max().item()
+    assert worst < BF16_RELATIVE_BOUND, worst
