@@ -15,7 +15,9 @@ The released code runs the neighbour map with flash attention's window [S, 0], w
 shifted map on keys j <= i - S in prefill, so a key at exactly d = S is counted by both maps there; its decoding
 path splits at d < S / d >= S. We use the decoding split everywhere (disjoint maps). The code also multiplies cos
 and sin by YaRN's temperature at factor 2, 0.1 ln 2 + 1 ("STRING will make the attention map smooth"), so every
-score is scaled by its square; that is attention_factor here (1.0 leaves the scores alone).
+score is scaled by its square; that is attention_factor here (1.0 leaves the scores alone). Composed with a
+scaling that has a temperature of its own (YaRN's 0.1 ln s + 1), give attention_factor=1.0, or every score carries
+both (`posenc extend`'s `string+yarn` does so).
 """
 
 from __future__ import annotations

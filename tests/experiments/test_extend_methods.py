@@ -179,3 +179,19 @@ def test_a_run_loads_the_model_once_and_a_method_switch_builds_the_schemes_once(
     assert len(switches) >= 3 and len(builds) == len(switches)  # every row's switch, and the plain model after
     assert {(s[0] or {}).get("rope_type") for s in switches} >= {None, "yarn"}
     assert any(s[1] is not None and s[1]["type"] == "self_extend" for s in switches)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("scaling, yarn_alone", [("yarn", True), ("linear", False)])
+def test_string_under_a_scaling_with_a_temperature_scales_the_scores_once(scaling, yarn_alone):
+    """Inside S, STRING changes no position, so string+yarn must be YaRN exactly (its temperature alone, not
+    YaRN's times STRING's); a scaling without a temperature keeps STRING's released one."""
+    model, ids = tiny_llama(trained=64), torch.randint(0, 61, (1, 20), generator=torch.Generator().manual_seed(2))
+    t = Target(2.0, 64, 8, 10000.0)  # S = 21: every distance of 20 tokens is below it
+    use_method(model, build_method(scaling, t), 20)
+    scaled = model(ids)
+    method = build_method(f"string+{scaling}", t)
+    use_method(model, method, 20)
+    model.set_attention_extension(method.extension)  # the map itself, even where extend would skip it
+    composed = model(ids)
+    assert torch.allclose(composed, scaled, atol=1e-5) is yarn_alone

@@ -11,6 +11,11 @@ Options a map derives from the factor (`target_length` = factor x trained contex
   (position_maps), which hold for any length. DCA's are ChunkLlama's current release: chunk 3/4 and local window
   1/8 of the trained context, and its attention scale past it (`scale: false` and `local_window` given: the
   paper's DCA and the earlier 1/16 window).
+- STRING: S = 0.33 and W = 128 of the trained length and the released temperature 0.1 ln 2 + 1 on cos and sin
+  (YaRN's at factor 2); composed with a scaling that scales the scores itself (YaRN, LongRoPE: an attention
+  factor other than 1), the scores take the scaling's temperature alone (`attention_factor: 1.0`), since both
+  would scale every score twice (measured on SmolLM2: string+yarn's perplexity at 2k was 13.11 with both, above
+  YaRN's 12.20 and STRING's own).
 `extend.method_options` ({method: {option: value}}) replaces any of them; `tune.grid` chooses some of them on
 prompts of their own (tuning.py).
 """
@@ -24,7 +29,7 @@ from typing import Any
 from posenc.errors import bad_value, unknown_name
 from posenc.experiments.extend.scalings import PRESETS, Target
 from posenc.registry import build_position_map
-from posenc.rotary.scaling import SEQ_LEN_DEPENDENT, rope_type
+from posenc.rotary.scaling import SEQ_LEN_DEPENDENT, frequencies, rope_type
 
 ALIASES = {"dca": "dual_chunk"}  # the name the ChunkLlama paper and vLLM use
 
@@ -48,6 +53,9 @@ EXTENSIONS: dict[str, Callable[[Target], dict[str, Any]]] = {
     "attention_sinks": lambda t: {},
     "string": lambda t: {},  # S = 0.33 and W = 128 of the trained length (the released defaults)
 }
+
+# What a map takes when its scaling already puts a temperature on the scores (one temperature, not two)
+UNDER_A_TEMPERATURE: dict[str, dict[str, Any]] = {"string": {"attention_factor": 1.0}}
 
 
 @dataclass(frozen=True)
@@ -92,9 +100,17 @@ def build_method(name: str, t: Target, options: Mapping[str, Mapping[str, Any]] 
     extension, plus, scaling = name.partition("+")
     if extension in PRESETS and not plus:
         return Method(name, PRESETS[extension](t), None, 0)
-    spec = {"type": extension, **EXTENSIONS[extension](t), **dict((options or {}).get(extension, {}))}
+    rope_scaling = PRESETS[scaling](t) if plus else None
+    tempered = plus and _temperature(rope_scaling, t) != 1.0
+    spec = {"type": extension, **EXTENSIONS[extension](t), **(UNDER_A_TEMPERATURE.get(extension, {}) if tempered
+                                                               else {}), **dict((options or {}).get(extension, {}))}
     built = build_position_map(spec, t.trained)  # validated: a bad option is one line naming it
-    return Method(name, PRESETS[scaling](t) if plus else None, built.spec(), built.plain_within, built.length_scaled)
+    return Method(name, rope_scaling, built.spec(), built.plain_within, built.length_scaled)
+
+
+def _temperature(rope_scaling: dict[str, Any] | None, t: Target) -> float:
+    """The factor a rope_scaling puts on cos and sin (YaRN's 0.1 ln s + 1; 1 for most)."""
+    return frequencies(t.rot_dim, t.base, rope_scaling, t.trained, None)[1]
 
 
 def by_map_name(field: str, options: Mapping[str, Any]) -> dict[str, Any]:
