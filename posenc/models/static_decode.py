@@ -30,6 +30,7 @@ from posenc.errors import bad_value
 from posenc.models.inputs import check_positions, check_token_ids
 from posenc.models.static_terms import StepTerms, layer_shape
 from posenc.nn import dispatch
+from posenc.nn.kv_cache import KVCache
 from posenc.nn.static_cache import StaticKVCache
 from posenc.registry import SCHEMES
 
@@ -110,11 +111,19 @@ class StaticDecoder:
         self._check_reach(int(pos[:, -1].max()) + self.max_len - t)
         cache = self.model.new_cache()
         logits = self.model(input_ids, pos, cache)[:, -1]  # (B,V)
+        self.load(cache, input_ids, pos)
+        return logits
+
+    def load(self, cache: KVCache, input_ids: Tensor, position_ids: Tensor) -> None:
+        """Continue from an ordinary cache that holds these tokens (B,T) at these positions (B,T): its keys and
+        values copied into the fixed cache (prefill's last part; a benchmark's way to a long cache)."""
+        t = input_ids.shape[1]
+        if cache.length != t or t >= self.max_len:
+            raise bad_value("cache.length", cache.length, f"the {t} tokens given, fewer than max_len={self.max_len}")
         self.cache.load(cache, t)
-        self.terms.positions[:, :t].copy_(pos)
+        self.terms.positions[:, :t].copy_(position_ids)
         self.terms.tokens[:, :t].copy_(input_ids)
         self.length = t
-        return logits
 
     @torch.no_grad()
     def step(self, token: Tensor) -> Tensor:
