@@ -6,6 +6,9 @@
     rope        half-split and interleaved against a same-bytes copy, transformers' rotate_half, Liger's kernel
     decode      one token against a 16k cache, per scheme, ratio to `none`
     train       one AdamW step of a GPT-2-small-sized model (12 layers, d_model 768, 12 heads, T = 1024), tokens/s
+    graphs      the decode step three ways at 4k and 32k cached tokens: ordinary eager, static eager, static replayed
+                from a CUDA graph (benchmarks/gpu_decode_graphs.py), GPT with none, rope, alibi, fire and a
+                SmolLM2-shaped Llama decoder; not in the default sections (scripts/gpu_schemes.sh runs it)
     maps        each position map (Self-Extend, DCA, LM-Infinite, sinks, STRING) at 4x the trained length: a 32k
                 prompt's attention (Dh 128, GQA 32:8) and a decode step against a 32k cache, as ratios to plain RoPE
 
@@ -23,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import gpu_sections, gpu_targets
+from benchmarks import gpu_decode_graphs, gpu_sections, gpu_targets
 from benchmarks.report import table
 from benchmarks.sections import replace_section
 
@@ -47,11 +50,13 @@ def plan(quick: bool) -> dict:
         return {"attention": ["alibi", "kerple"], "lengths": [64], "head_dims": [16], "kv_groups": [1, 2],
                 "tokens": 64, "repeats": 1, "rope": [(1, 2, 32, 16)], "decode": ["none", "alibi"], "context": 32,
                 "train": ["none", "rope", "alibi"], "model": (2, 64, 2, 32, 2), "maps": ["self_extend", "dual_chunk"],
-                "map_length": 64, "map_heads": (16, 4, 2), "map_context": 64}
+                "map_length": 64, "map_heads": (16, 4, 2), "map_context": 64,
+                "graph_contexts": [32, 64]}
     return {"attention": ATTENTION, "lengths": [1024, 4096, 16384], "head_dims": [64, 128], "kv_groups": [1, 4],
             "tokens": 16384, "repeats": 10, "rope": [(1, 32, 4096, 128), (4, 32, 4096, 128), (1, 8, 16384, 256)],
             "decode": MODELS, "context": 16384, "train": MODELS, "model": (12, 768, 12, 1024, 8),
-            "maps": list(gpu_sections.MAP_SPECS), "map_length": 32768, "map_heads": (128, 32, 8), "map_context": 32768}
+            "maps": list(gpu_sections.MAP_SPECS), "map_length": 32768, "map_heads": (128, 32, 8), "map_context": 32768,
+            "graph_contexts": [4096, 32768]}
 
 
 def _met(value, bound: float | None, higher_is_better: bool = False) -> str:
@@ -87,6 +92,8 @@ def markdown(results: dict) -> str:
              "### Decode step\n", table(results.get("decode", [])),
              "### Position maps: a prompt at 4x the trained length (ratio to RoPE + causal SDPA)\n", table(maps),
              "### Position maps: a decode step at 4x the trained length (ratio to RoPE)\n", table(map_decode),
+             "### Decode step captured whole: ordinary eager, static eager, static graphed (ms per token)\n",
+             table(results.get("graphs", [])),
              "### Training step, GPT-2 small (tokens/s; ratio to `none`, higher is better)\n", table(train)]
     return "\n".join(parts)
 
@@ -108,10 +115,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-peers", action="store_true",
                         help="attention against SDPA only: no flex or materialised peers (flex compiles per shape)")
     args = parser.parse_args(argv)
-    unknown = set(_csv(args.sections)) - {"attention", "rope", "decode", "train", "maps"}
+    unknown = set(_csv(args.sections)) - {"attention", "rope", "decode", "train", "maps", "graphs"}
     if unknown:
         parser.error(f"--sections {args.sections}: unknown {sorted(unknown)}; allowed: attention, rope, decode, train, "
-                     "maps")
+                     "maps, graphs")
     if args.schemes:
         import posenc
 
@@ -162,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         "train": lambda: gpu_sections.train_rows(p["train"], layers, d_model, heads, seq, batch, p["repeats"],
                                                  device, dtype, sink),
         "maps": lambda: _maps(p, layers, device, dtype, sink),
+        "graphs": lambda: gpu_decode_graphs.graph_rows(p["graph_contexts"], layers, d_model, heads, device, dtype, sink,
+                                                       quick=args.quick),
     }
     for name, run in runs.items():
         if name in sections:

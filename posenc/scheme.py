@@ -75,6 +75,19 @@ class PiecewiseBias:
 
 
 @dataclass(frozen=True)
+class RotationTables:
+    """rotate() as tables of cos and sin (posenc.rotary.apply_rotary's): rotate(q, k) is apply_rotary(q, cos_q,
+    sin_q, interleaved), apply_rotary(k, cos_k, sin_k, interleaved). A decode step computes them once for every
+    layer and a step captured whole (posenc.models.static_decode) reads them from fixed buffers."""
+
+    cos_q: Tensor  # (B|1,1,Tq,R/2)
+    sin_q: Tensor
+    cos_k: Tensor  # (B|1,1,Tk,R/2); the same tensors as cos_q, sin_q where q and k rotate alike (RoPE)
+    sin_k: Tensor
+    interleaved: bool
+
+
+@dataclass(frozen=True)
 class Dims:
     """What a scheme needs from the model to build its tables; filled in by the model config."""
 
@@ -147,6 +160,12 @@ class Scheme(nn.Module):
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
         """q (B,H,Tq,Dh), k (B,Hkv,Tk,Dh) at positions (B,Tq), (B,Tk) -> rotated q, k."""
         return q, k
+
+    def rotation_tables(self, q_pos: Tensor, k_pos: Tensor) -> RotationTables | None:
+        """rotate() for queries at q_pos (B,Tq) and keys at k_pos (B,Tk) as RotationTables, or None (the default:
+        the scheme does not rotate, or not by tables). The static decode step serves a scheme that rotates only
+        where this gives its tables."""
+        return None
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, k_pos: Tensor, causal: bool,
                dropout: float = 0.0) -> Tensor | None:

@@ -3,7 +3,8 @@
 # The kernels of the other schemes and of the position maps at the GPU's own compile (FIRE's pieces, Shaw's and
 # Transformer-XL's rows per query, CoPE, the maps in one pass: each case file against its float64 reference), then
 # their attention timed against causal SDPA at 1k-16k, and each map's 32k prompt and decode step against plain RoPE;
-# the targets read out at the end (benchmarks/gpu_targets.py).
+# the decode step captured whole (static cache + CUDA graph) against the ordinary eager step at 4k and 32k (at
+# most 30 s; its rows are kept as measured); the targets read out at the end (benchmarks/gpu_targets.py).
 # QUICK=1 runs the same plumbing on a CPU (interpreter, toy sizes) to check the script itself.
 set -u
 OUT=${OUT:-gpu-schemes}
@@ -24,4 +25,5 @@ part kernels 170 "${KERNELS[@]}" "$PY" -m pytest -q -x -p no:cacheprovider "${CA
 part attention 170 "$PY" -m benchmarks.gpu "${BENCH[@]}" --sections attention --schemes fire,shaw,transformer_xl,cope \
   --no-peers "${SIZES[@]}" --out "$OUT/attention"
 part maps 120 "$PY" -m benchmarks.gpu "${BENCH[@]}" --sections maps --out "$OUT/maps"
+part graphs 30 "$PY" -m benchmarks.gpu "${BENCH[@]}" --sections graphs --out "$OUT/graphs"
 "$PY" -m benchmarks.gpu_targets "$OUT" | tee "$OUT/targets.md"

@@ -36,10 +36,15 @@ class CausalGeneration:
     @torch.no_grad()
     def generate(self, input_ids: Tensor, max_new_tokens: int, use_cache: bool = True,
                  temperature: float = 0.0, top_k: int | None = None, position_ids: Tensor | None = None,
-                 generator: torch.Generator | None = None) -> Tensor:
-        """Greedy (temperature 0) or sampled continuation; returns (B, T + max_new_tokens)."""
+                 generator: torch.Generator | None = None, static_cache: bool = False) -> Tensor:
+        """Greedy (temperature 0) or sampled continuation; returns (B, T + max_new_tokens). static_cache: decode
+        through posenc.models.static_decode (a fixed cache; each step a CUDA graph's replay on CUDA)."""
         check_sampling(max_new_tokens, temperature, top_k)
         check_token_ids(input_ids, self.cfg.vocab_size)
+        if static_cache:
+            if not use_cache:
+                raise bad_value("static_cache", static_cache, "False when use_cache is False")
+            return self._generate_static(input_ids, max_new_tokens, temperature, top_k, position_ids, generator)
         b, t = input_ids.shape
         pos = (torch.arange(t, device=input_ids.device).expand(b, t) if position_ids is None
                else check_positions(position_ids.to(input_ids.device), input_ids))
@@ -53,6 +58,19 @@ class CausalGeneration:
             pos = torch.cat((pos, pos[:, -1:] + 1), dim=1)
             logits = self(nxt, pos[:, -1:], cache)[:, -1] if cache is not None else self(ids, pos)[:, -1]
         return ids
+
+    def _generate_static(self, input_ids: Tensor, max_new_tokens: int, temperature: float, top_k: int | None,
+                         position_ids: Tensor | None, generator: torch.Generator | None) -> Tensor:
+        from posenc.models.static_decode import StaticDecoder  # it imports this module's siblings
+
+        b, t = input_ids.shape
+        decoder = StaticDecoder(self, b, t + max(max_new_tokens, 1))
+        logits, tokens = decoder.prefill(input_ids, position_ids), [input_ids]
+        for step in range(max_new_tokens):
+            tokens.append(pick_token(logits, temperature, top_k, generator))  # (B,1)
+            if step < max_new_tokens - 1:
+                logits = decoder.step(tokens[-1])
+        return torch.cat(tokens, dim=1)
 
 
 __all__ = ["CausalGeneration", "check_sampling", "pick_token"]

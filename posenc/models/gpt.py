@@ -35,16 +35,26 @@ class GPT(CausalGeneration, nn.Module):
     def scheme(self, layer: int) -> Scheme:
         return self.schemes.layer(layer)
 
+    layer_scheme = scheme  # the name every causal decoder gives it (posenc.models.static_decode reads it)
+
+    def token_embeddings(self, input_ids: Tensor) -> Tensor:
+        """input_ids (B,T) -> (B,T,D), before the schemes add anything."""
+        return self.wte(input_ids)
+
+    def head(self, x: Tensor) -> Tensor:
+        """The last block's output (B,T,D) -> logits (B,T,V)."""
+        return self.lm_head(self.norm(x))
+
     def forward(self, input_ids: Tensor, position_ids: Tensor | None = None,
                 cache: KVCache | None = None) -> Tensor:
         """input_ids (B,T) -> logits (B,T,V). position_ids default to cache length + arange(T)."""
         random_range = self.cfg.random_position_range if self.training else None
         pos = self.schemes.prepare(input_ids, position_ids, cache, vocab_size=self.cfg.vocab_size,
                                    random_range=random_range)
-        x = self.drop(self.schemes.embed(self.wte(input_ids), pos))  # (B,T,D)
+        x = self.drop(self.schemes.embed(self.token_embeddings(input_ids), pos))  # (B,T,D)
         for i, block in enumerate(self.blocks):
             x = block(x, self.scheme(i), pos.query, pos.key, cache)
-        return self.lm_head(self.norm(x))  # (B,T,V)
+        return self.head(x)  # (B,T,V)
 
     def new_cache(self) -> KVCache:
         return KVCache(self.cfg.n_layer)

@@ -153,13 +153,21 @@ class Llama(CausalGeneration, nn.Module):
         """input_ids (B,T) -> final-normed hidden states (B,T,D); the LM head is left to the caller
         so long-context evaluation can project in chunks instead of holding (T, vocab) logits."""
         pos = self.schemes.prepare(input_ids, position_ids, cache, vocab_size=self.cfg.vocab_size)
-        x = self.embed_tokens(input_ids)  # (B,T,D)
-        if self.embed_scale != 1.0:  # Gemma: the scale rounded to the weights' dtype, as transformers does
-            x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
-        x = self.schemes.embed(x, pos)
+        x = self.schemes.embed(self.token_embeddings(input_ids), pos)
         for i, block in enumerate(self.blocks):
             x = block(x, self.layer_scheme(i), pos.query, pos.key, cache)
         return self.norm(x)
+
+    def token_embeddings(self, input_ids: Tensor) -> Tensor:
+        """input_ids (B,T) -> (B,T,D), before the schemes add anything."""
+        x = self.embed_tokens(input_ids)  # (B,T,D)
+        if self.embed_scale != 1.0:  # Gemma: the scale rounded to the weights' dtype, as transformers does
+            x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
+        return x
+
+    def head(self, x: Tensor) -> Tensor:
+        """The last block's output (B,T,D) -> logits (B,T,V)."""
+        return self.logits(self.norm(x))
 
     def logits(self, features: Tensor) -> Tensor:
         """Final-normed hidden states (..., D) -> logits (..., V), soft-capped where the family caps them."""

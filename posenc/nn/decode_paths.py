@@ -27,14 +27,24 @@ from posenc.scheme import PiecewiseBias, Scheme
 
 def rows_decode(call: Call) -> Tensor | None:
     """Rows per head: SDPA with the step's bias row as the mask (its single-query kernel is faster)."""
-    mask = step_row(call, "distance row", _distance_row)
+    mask = distance_step_row(call)
     return None if mask is None else _attend(call, mask)
 
 
 def pieces_decode(call: Call) -> Tensor | None:
     """FIRE's decode step: its MLP over every key's distance once per step, then SDPA in every layer."""
-    mask = step_row(call, "pieces row", _pieces_row)
+    mask = pieces_step_row(call)
     return None if mask is None else _attend(call, mask)
+
+
+def distance_step_row(call: Call) -> Tensor | None:
+    """The (B|1,H,1,Tk) row rows_decode adds, or None where it does not serve."""
+    return step_row(call, "distance row", _distance_row)
+
+
+def pieces_step_row(call: Call) -> Tensor | None:
+    """The (B|1,H,1,Tk) row pieces_decode adds, or None where it does not serve."""
+    return step_row(call, "pieces row", _pieces_row)
 
 
 def step_row(call: Call, kind: str, build: Callable[[Call], Tensor | None]) -> Tensor | None:
@@ -101,4 +111,5 @@ def one_query(pieces: PiecewiseBias, offsets: Offsets, tk: int) -> Tensor:
     return row.view(1, h, 1, tk) if b == 1 else row.transpose(0, 1).unsqueeze(2)  # (b,H,1,Tk)
 
 
-__all__ = ["kept_distance_rows", "one_query", "pieces_decode", "rows_decode", "step_row"]
+__all__ = ["distance_step_row", "kept_distance_rows", "one_query", "pieces_decode", "pieces_step_row", "rows_decode",
+           "step_row"]

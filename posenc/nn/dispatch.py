@@ -60,6 +60,18 @@ A kernel is a function kernel(call: Call) -> Tensor | None (posenc.nn.call, belo
 KERNELS names each. Adding a kernel = its file + one KERNELS entry + its name in a rule.
 tests/nn/test_dispatch.py prints the table for every registered scheme on cpu and cuda (`pytest -s`).
 
+The decode step captured whole (posenc.models.static_decode: a fixed-size KV cache, CUDA graphs) asks STATIC_ROWS.
+Its position terms are computed on the host once per step for every layer and read from fixed buffers, so it serves
+the forms whose terms positions alone decide, each as one row over every slot of the cache (-inf on empty slots and
+on keys outside a layer's window); a rotating scheme also gives its tables (Scheme.rotation_tables):
+
+    form        the step's row                                       refused
+    ----------  ---------------------------------------------------  -------------------------------------------
+    plain       0                                                    a class that rotates without rotation_tables
+    distance    rows_decode's row (where it declines: bias()'s)
+    piecewise   pieces_decode's row (where it declines: bias()'s)
+    the rest    refused (rows per query, content, the scheme's own attention or a map: q or k decides the terms)
+
 RoPE's rotation (posenc.rotary.apply_rotary) asks ROTATION_RULES here too. Its kernels are functions of the rotary
 package (posenc.rotary._core.ROTATION_KERNELS: rotary/ imports nn/, never the reverse), so this table holds their
 names only. The key is (device, dtype, grad):
@@ -99,7 +111,7 @@ from posenc.nn import bias_paths, decode_paths, mapped_attention, mapped_gpu, ro
 from posenc.nn import triton as gpu
 from posenc.nn.call import Call, needs_grad
 from posenc.position_map import MappedScheme
-from posenc.scheme import Scheme, materialises_bias
+from posenc.scheme import Scheme, cast, materialises_bias
 
 KERNELS: dict[str, Callable[[Call], Tensor | None]] = {
     "sdpa": bias_paths.plain,  # SDPA's own kernels (a CPU decode in half precision: float32)
@@ -150,6 +162,11 @@ MAP_DEFAULT = ("map_eager",)
 FORMS = ("mapped", "attends", "plain", "contextual", "distance", "piecewise", "values", "relative", "weights", "bias")
 
 
+# The static decode step (docstring): form -> the decode kernels whose bias row it reads, then bias()'s.
+STATIC_ROWS: dict[str, tuple[str, ...]] = {"plain": (), "distance": ("rows_decode",), "piecewise": ("pieces_decode",)}
+STEP_ROWS: dict[str, Callable[[Call], Tensor | None]] = {
+    "rows_decode": decode_paths.distance_step_row, "pieces_decode": decode_paths.pieces_step_row}
+
 # RoPE's rotation: (device, dtypes, the dtype it computes in (None: x's own), kernels without autograd), first match.
 ROTATION_RULES: tuple[tuple[str, tuple[torch.dtype, ...], torch.dtype | None, tuple[str, ...]], ...] = (
     ("cuda", (torch.float32,), None, ("native", "triton")),
@@ -195,6 +212,34 @@ def form_of(cls: type[Scheme], attends: bool = True) -> str:
     if _overrides(cls, "relative_rows"):
         return "values" if cls.needs_weights else "relative"
     return "weights" if cls.needs_weights else "bias"
+
+
+def static_refusal(cls: type[Scheme]) -> str | None:
+    """Why the static decode step cannot serve the scheme class (a phrase), or None where it can."""
+    form = form_of(cls)
+    if form not in STATIC_ROWS:
+        return f"its attention form is {form!r} (served: {', '.join(STATIC_ROWS)})"
+    if _overrides(cls, "rotate") and not _overrides(cls, "rotation_tables"):
+        return "it rotates q and k without giving its tables (Scheme.rotation_tables)"
+    return None
+
+
+def step_bias_row(call: Call) -> Tensor | None:
+    """The (B|1,H,1,Tk) row, in q's dtype, that a decode step (one query per row, no gradient) of the call's scheme
+    adds to its scores, built as the plan builds it: a decode kernel's row where one serves, else bias()'s (the
+    reference; flex and chunked decline one query after a cache). None for a scheme without a bias. Only positions
+    and shapes are read: q and k may be placeholders of the right shape."""
+    cls = type(call.scheme)
+    if STATIC_ROWS.get(form_of(cls)) is None:
+        raise ValueError(f"{cls.__name__}: no decode row, {static_refusal(cls)}")
+    if form_of(cls) == "plain":
+        return None
+    for name in plan(cls, device_of(call.q, call.k, call.v, call.causal), call.q.dtype, False, True):
+        build = STEP_ROWS.get(name)
+        row = build(call) if build is not None else None
+        if row is not None:
+            return row
+    return cast(call.scheme.bias(call.q_pos, call.k_pos, call.q, call.k), call.q.dtype)
 
 
 def device_of(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> str:
@@ -317,4 +362,4 @@ def render(rows: list[tuple]) -> str:
 
 
 __all__ = ["KERNELS", "Call", "attention", "fast_attention", "form_of", "map_plan", "needs_grad", "plan",
-           "rotation_plan", "rotation_table", "table"]
+           "rotation_plan", "rotation_table", "static_refusal", "step_bias_row", "table"]

@@ -19,7 +19,7 @@ from posenc.inference_tensors import position_version
 from posenc.nn.kept_tables import kept
 from posenc.rotary._core import apply_rotary, cos_sin
 from posenc.rotary.scaling import SEQ_LEN_DEPENDENT, frequencies, rope_type
-from posenc.scheme import Dims, Scheme, extremes, shared_row
+from posenc.scheme import Dims, RotationTables, Scheme, extremes, shared_row
 from posenc.validators import number_in, optional_number_at_least
 
 
@@ -150,6 +150,12 @@ class RoPE(Scheme):
             return both.split((q.shape[1], k.shape[1]), dim=1)  # one operator for both views
         ck, sk = (cq, sq) if k_pos is q_pos else self.tables(k_pos)
         return apply_rotary(q, cq, sq, self.interleaved), apply_rotary(k, ck, sk, self.interleaved)
+
+    def rotation_tables(self, q_pos: Tensor, k_pos: Tensor) -> RotationTables:
+        """The tables rotate() applies: one pair for both sides, so keys at q_pos share the queries' tables."""
+        cq, sq = self.tables(q_pos)
+        ck, sk = (cq, sq) if k_pos is q_pos else self.tables(k_pos)
+        return RotationTables(cq, sq, ck, sk, self.interleaved)
 
     def extra_repr(self) -> str:
         return (f"rot_dim={self.rot_dim}, base={self.rotary_base:g}, interleaved={self.interleaved}, "

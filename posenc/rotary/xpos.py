@@ -28,7 +28,7 @@ from posenc.nn.kept_tables import kept
 from posenc.rotary import rope
 from posenc.rotary._core import angles, apply_rotary
 from posenc.rotary.rope import TABLE_CAP, RoPE, RotaryOptions, gather_rows
-from posenc.scheme import Dims, extremes, from_first_key, shared_row
+from posenc.scheme import Dims, RotationTables, extremes, from_first_key, shared_row
 from posenc.validators import number_in
 
 XPOS_MAX_LOG = 40.0  # e^40 ~ 2e17: q and k scales multiply to at most e^80 < float32 max e^88
@@ -116,6 +116,10 @@ class XPos(RoPE):
         cq, sq = self._tables(q_pos, +1.0)
         ck, sk = self._tables(k_pos, -1.0)
         return apply_rotary(q, cq, sq, self.interleaved), apply_rotary(k, ck, sk, self.interleaved)
+
+    def rotation_tables(self, q_pos: Tensor, k_pos: Tensor) -> RotationTables:
+        """Queries' tables scaled by zeta^(m/scale_base), keys' by zeta^(-n/scale_base), as rotate() applies them."""
+        return RotationTables(*self._tables(q_pos, +1.0), *self._tables(k_pos, -1.0), self.interleaved)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", scale_base={self.scale_base:g}"

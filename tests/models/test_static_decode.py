@@ -1,0 +1,182 @@
+"""The static decode step (posenc.models.static_decode): equal to the ordinary cached decoding for every scheme it
+serves (GPT) and for a Gemma-3-shaped decoder past its window; bit for bit once its attention over the padded cache
+is swapped for the ordinary attention over the filled slots; free of host syncs in its captured part; and every
+refusal one line, before any work."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from posenc.models.static_decode import StaticDecoder, served_schemes
+from posenc.models.static_terms import StepScheme
+from posenc.nn import dispatch
+from posenc.registry import SCHEMES
+from posenc.scheme import Scheme
+from tests.models.static_support import VOCAB, HostSyncError, NoHostSync, cached_logits, gemma_like, gpt
+
+STEPS = 8
+# SDPA over L slots, the empty ones at -inf, sums in another order than over the filled ones: float64 rounding
+ATOL = 1e-12
+SCALINGS = [{"rope_type": "yarn", "factor": 4.0}, {"rope_type": "dynamic", "factor": 2.0}]
+
+
+def static_logits(model, prompt: torch.Tensor, tokens: list[torch.Tensor], max_len: int = 24) -> list[torch.Tensor]:
+    decoder = StaticDecoder(model, prompt.shape[0], max_len)
+    return [decoder.prefill(prompt), *(decoder.step(token) for token in tokens)]
+
+
+def assert_same_decoding(model, prompt: torch.Tensor, steps: int = STEPS) -> None:
+    want, tokens = cached_logits(model, prompt, steps)
+    got = static_logits(model, prompt, tokens)
+    for step, (g, w) in enumerate(zip(got, want, strict=True)):
+        torch.testing.assert_close(g, w, rtol=0, atol=ATOL, msg=lambda m, step=step: f"step {step}: {m}")
+        assert torch.equal(g.argmax(-1), w.argmax(-1)), f"greedy token differs at step {step}"
+
+
+def prompt(batch: int = 2, length: int = 5, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("name", served_schemes())
+def test_static_decoding_equals_cached_decoding_for_every_served_scheme(name):
+    assert_same_decoding(gpt(name), prompt())
+
+
+@pytest.mark.parametrize("scaling", SCALINGS, ids=lambda s: s["rope_type"])
+def test_static_decoding_equals_cached_decoding_under_rope_scalings(scaling):
+    """dynamic too: its frequencies follow the length, and the step's tables are computed on the host at each step."""
+    assert_same_decoding(gpt("rope", max_seq_len=8, rope_scaling=scaling), prompt())
+
+
+def test_a_gemma3_shaped_decoder_decodes_alike_past_its_window():
+    """Two RoPE bases (local 10k, global 1M), a window of 6 on the sliding layer, 16 steps: keys leave the window."""
+    assert_same_decoding(gemma_like(), prompt(), steps=16)
+
+
+def _ordinary_attention(decoder: StaticDecoder):
+    """StepScheme.attend replaced by the ordinary path's attention over the filled slots only."""
+    def attend(self, q, k, v, q_pos, k_pos, causal, dropout=0.0):
+        layer = decoder._layers.index(self)
+        n = decoder.length + 1  # the step's slot is filled
+        positions = decoder.terms.positions
+        qp, kp = decoder.terms.framing.frame(positions[:, n - 1 : n], positions[:, :n])
+        scheme, attn = decoder.terms.schemes[layer], decoder.model.blocks[layer].attn
+        k, v = k[:, :, :n], v[:, :, :n]
+        if hasattr(attn, "_attend"):  # DecoderAttention: windows and soft-capping
+            return attn._attend(q, k, v, scheme, qp, kp, None)
+        return dispatch.attention(q, k, v, scheme, qp, kp, True)
+    return attend
+
+
+@pytest.mark.parametrize("name", ["rope", "xpos", "alibi", "fire", "learned_absolute", "gemma3"])
+def test_everything_but_the_attention_over_the_padded_cache_is_bit_for_bit(name, monkeypatch):
+    """With the ordinary attention over the filled slots in place of slot_attention, every logit of every step is
+    the ordinary decoding's, bit for bit: the terms, the rotation, the cache writes and the rest are exact."""
+    model = gemma_like() if name == "gemma3" else gpt(name)
+    want, tokens = cached_logits(model, prompt(), STEPS + 8)
+    decoder = StaticDecoder(model, 2, 24)
+    monkeypatch.setattr(StepScheme, "attend", _ordinary_attention(decoder))
+    got = [decoder.prefill(prompt()), *(decoder.step(token) for token in tokens)]
+    for step, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert torch.equal(g, w), f"step {step}: {(g - w).abs().max().item():.3g}"
+
+
+def test_generate_with_a_static_cache_gives_the_cached_tokens():
+    for model in (gpt("alibi"), gemma_like()):
+        ids = prompt()
+        assert torch.equal(model.generate(ids, 12, static_cache=True), model.generate(ids, 12))
+
+
+@pytest.mark.parametrize("name", ["rope", "xpos", "alibi", "fire", "learned_absolute", "abacus", "gemma3"])
+def test_the_captured_part_reads_nothing_back_to_the_host(name):
+    model = gemma_like() if name == "gemma3" else gpt(name)
+    decoder = StaticDecoder(model, 2, 24)
+    token = decoder.prefill(prompt()).argmax(-1, keepdim=True)
+    decoder.step(token)  # the first step allocates the buffers
+    with torch.no_grad(), NoHostSync():
+        decoder.heavy()
+
+
+def test_the_sync_check_fails_on_the_ordinary_step():
+    """The check can fail: the ordinary cached step reads ids and positions on the host."""
+    model, cache = gpt("rope"), None
+    with torch.no_grad():
+        cache = model.new_cache()
+        token = model(prompt(), cache=cache)[:, -1:].argmax(-1)
+        with pytest.raises(HostSyncError, match="_local_scalar_dense"), NoHostSync():
+            model(token, cache=cache)
+
+
+REFUSED = sorted(name for name, cls in SCHEMES.items() if dispatch.static_refusal(cls) is not None)
+
+
+@pytest.mark.parametrize("name", REFUSED)
+def test_a_refused_scheme_is_one_line_naming_it_and_what_is_served(name):
+    with pytest.raises(ValueError) as err:
+        StaticDecoder(gpt(name), 1, 16)
+    message = str(err.value)
+    assert "\n" not in message and f"position_embedding_type={name!r}" in message and "rope" in message
+
+
+class _RotatesWithoutTables(Scheme):
+    def rotate(self, q, k, q_pos, k_pos):
+        return q.flip(-1), k.flip(-1)
+
+
+def test_refusals_come_from_the_dispatch_form_and_hooks():
+    assert set(REFUSED) >= {"shaw", "transformer_xl", "cope"}
+    assert dispatch.static_refusal(_RotatesWithoutTables) == (
+        "it rotates q and k without giving its tables (Scheme.rotation_tables)")
+    mapped = gemma_like(attention_extension={"type": "self_extend", "group_size": 2, "window": 4})
+    with pytest.raises(ValueError, match=r"under attention_extension self_extend.*'mapped'"):
+        StaticDecoder(mapped, 1, 16)
+
+
+def test_bad_input_is_one_line_before_any_work(monkeypatch):
+    model = gpt("rope")
+
+    def no_work():
+        raise AssertionError("work started")
+
+    monkeypatch.setattr(model, "new_cache", no_work)
+    decoder = StaticDecoder(model, 2, 8)
+    cases = [(lambda: decoder.prefill(prompt(batch=3)), "input_ids.shape\\[0\\]=3"),
+             (lambda: decoder.prefill(prompt(length=8)), "max_len=8 .*more than the prompt's 8 tokens"),
+             (lambda: decoder.step(torch.zeros(2, 1, dtype=torch.int64)), "prefill\\(input_ids\\) first"),
+             (lambda: decoder.step(torch.zeros(2, 2, dtype=torch.int64)), "token=.*shape \\(2, 1\\)"),
+             (lambda: StaticDecoder(model, 0, 8), "batch=0"),
+             (lambda: StaticDecoder(model.train(), 2, 8), "model.training=True"),
+             (lambda: StaticDecoder(gpt("learned_absolute"), 1, 65), "max_len=65 .*position")]
+    for call, pattern in cases:
+        with pytest.raises(ValueError, match=pattern) as err:
+            call()
+        assert "\n" not in str(err.value)
+        model.eval()
+
+
+def test_a_full_cache_is_refused():
+    decoder = StaticDecoder(gpt("none"), 1, 6)
+    token = decoder.prefill(prompt(batch=1)).argmax(-1, keepdim=True)
+    decoder.step(token)
+    with pytest.raises(ValueError, match=r"max_len=6 .*6 tokens already cached"):
+        decoder.step(token)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", ["rope", "alibi", "fire", "smollm2"])
+def test_the_captured_step_replays_what_the_eager_step_computes(name):
+    """On CUDA: the graph captured at the first step and replayed at every other gives the eager static step's
+    logits (the same kernels) and the ordinary decoding's greedy tokens."""
+    model = (gemma_like(family="llama", layer_types=None, sliding_window=None, local_rotary_base=None,
+                        hidden_act="silu", query_pre_attn_scalar=None) if name == "smollm2" else gpt(name))
+    model = model.float().cuda()
+    ids = prompt().cuda()
+    want, tokens = cached_logits(model, ids, 12)
+    graphed, eager = StaticDecoder(model, 2, 32), StaticDecoder(model, 2, 32, cuda_graph=False)
+    torch.testing.assert_close(graphed.prefill(ids), eager.prefill(ids), rtol=0, atol=0)
+    for step, token in enumerate(tokens, start=1):
+        got = graphed.step(token)
+        torch.testing.assert_close(got, eager.step(token), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got, want[step], rtol=1e-4, atol=1e-4)
+    assert graphed._graph is not None
