@@ -19,11 +19,12 @@ if [ "${QUICK:-0}" = 1 ]; then
 else  # four test processes share the GPU: the kernels' compiles run side by side
   BENCH=(); KERNELS=(); KERNEL_TESTS=(-n 4); SIZES=(--lengths 1024,4096,16384 --head-dims 64,128 --kv-groups 1,4)
 fi
+PART_KILL_AFTER=5  # the parts' limits (160 + 160 + 110 + 30) and 5 s to stop each: 480 s at the very most
 source "$(dirname "$0")/gpu_parts.sh"
 
-part kernels 170 "${KERNELS[@]}" "$PY" -m pytest -q -x -p no:cacheprovider "${CASES[@]}" "${KERNEL_TESTS[@]}"
-part attention 170 "$PY" -m benchmarks.gpu "${BENCH[@]}" --sections attention --schemes fire,shaw,transformer_xl,cope \
+part kernels 160 "${KERNELS[@]}" "$PY" -m pytest -q -x -p no:cacheprovider "${CASES[@]}" "${KERNEL_TESTS[@]}"
+part attention 160 "$PY" -m benchmarks.gpu "${BENCH[@]}" --sections attention --schemes fire,shaw,transformer_xl,cope \
   --no-peers "${SIZES[@]}" --out "$OUT/attention"
-part maps 120 "$PY" -m benchmarks.gpu "${BENCH[@]}" --sections maps --out "$OUT/maps"
+part maps 110 "$PY" -m benchmarks.gpu "${BENCH[@]}" --sections maps --out "$OUT/maps"
 part graphs 30 "$PY" -m benchmarks.gpu "${BENCH[@]}" --sections graphs --out "$OUT/graphs"
 "$PY" -m benchmarks.gpu_targets "$OUT" | tee "$OUT/targets.md"

@@ -4,7 +4,7 @@ posenc.nn.kv_cache.KVCache grows, so every step's shapes differ and its length i
 layer's keys and values live in one (B, Hkv, L, Dh) buffer allocated once, the slot of the new token is a device
 tensor, and `update` writes the new k, v with index_copy_ and returns the whole buffer: shapes never change and
 nothing is read back to the host. Which slots are filled (and which keys a sliding window still sees) is the
-business of the attention row (posenc.nn.static_step), built outside the captured part.
+business of the attention row (posenc.models.static_terms), built outside the captured part.
 """
 
 from __future__ import annotations
