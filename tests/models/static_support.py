@@ -1,10 +1,9 @@
 """Helpers of the static decode step's tests: tiny float64 models, the ordinary cached decoding they are compared
-with, and a dispatch mode that fails on every host sync and every output shape that depends on data."""
+with (the dispatch mode that fails on every host sync is in tests/models/host_syncs.py)."""
 
 from __future__ import annotations
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from posenc.models import GPT, GPTConfig
 from posenc.models.llama import Llama
@@ -13,23 +12,6 @@ from tests.models.family_checkpoints import redraw
 
 VOCAB = 61
 WINDOW = 6  # shorter than the decoding: keys leave the sliding layer's window
-# what .item(), int(), bool() of a tensor call, and the operators whose output shape depends on values
-SYNCING = ("_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique", "unique_consecutive",
-           "unique_dim", "repeat_interleave.Tensor", "bincount", "item")
-
-
-class HostSyncError(AssertionError):
-    pass
-
-
-class NoHostSync(TorchDispatchMode):
-    """Raises on an operator a CUDA graph cannot capture: a read of a value by the host or a data-dependent shape."""
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.name().removeprefix("aten::")
-        if name in SYNCING or name.split(".")[0] in SYNCING:
-            raise HostSyncError(f"host sync: aten.{name}")
-        return func(*args, **(kwargs or {}))
 
 
 def gpt(name: str, seed: int = 0, **options) -> GPT:

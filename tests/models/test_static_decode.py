@@ -13,7 +13,8 @@ from posenc.models.static_terms import StepScheme
 from posenc.nn import dispatch
 from posenc.registry import SCHEMES
 from posenc.scheme import Scheme
-from tests.models.static_support import VOCAB, HostSyncError, NoHostSync, cached_logits, gemma_like, gpt
+from tests.models.host_syncs import HostSyncError, NoHostSync
+from tests.models.static_support import VOCAB, cached_logits, gemma_like, gpt
 
 STEPS = 8
 # SDPA over L slots, the empty ones at -inf, sums in another order than over the filled ones: float64 rounding
