@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from posenc.errors import bad_value
-from posenc.models.inputs import check_positions, check_token_ids
+from posenc.models.inputs import check_positions, check_token_ids, vouch
 from posenc.validators import is_finite_number
 
 
@@ -51,12 +51,14 @@ class CausalGeneration:
         ids, cache = input_ids, (self.new_cache() if use_cache else None)
         logits = self(ids, pos, cache)[:, -1]
         for step in range(max_new_tokens):
-            nxt = pick_token(logits, temperature, top_k, generator)  # (B,1)
-            ids = torch.cat((ids, nxt), dim=1)
+            # ids drawn over the logits' V, positions one past checked ones: the step's checks read nothing back
+            nxt = vouch(pick_token(logits, temperature, top_k, generator), ("ids", logits.shape[-1]))  # (B,1)
+            ids = vouch(torch.cat((ids, nxt), dim=1), ("ids", max(logits.shape[-1], self.cfg.vocab_size)))
             if step == max_new_tokens - 1:
                 break
-            pos = torch.cat((pos, pos[:, -1:] + 1), dim=1)
-            logits = self(nxt, pos[:, -1:], cache)[:, -1] if cache is not None else self(ids, pos)[:, -1]
+            pos = vouch(torch.cat((pos, pos[:, -1:] + 1), dim=1), "positions")
+            logits = (self(nxt, vouch(pos[:, -1:], "positions"), cache)[:, -1] if cache is not None
+                      else self(ids, pos)[:, -1])
         return ids
 
     def _generate_static(self, input_ids: Tensor, max_new_tokens: int, temperature: float, top_k: int | None,

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from posenc.inference_tensors import position_version
 from posenc.masks import causal_mask
 from posenc.nn import dispatch
 from posenc.nn.kv_cache import KVCache
@@ -88,7 +89,7 @@ class DecoderAttention(nn.Module):
 
     def _windowed(self, q_pos: Tensor, k_pos: Tensor) -> bool:
         w = self.shape.window
-        return w is not None and int(q_pos.max()) - int(k_pos.min()) >= w
+        return w is not None and position_span(q_pos, k_pos) >= w
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, q_pos: Tensor, k_pos: Tensor,
                 kept: dict | None) -> Tensor:
@@ -110,6 +111,22 @@ class DecoderAttention(nn.Module):
         return allowed
 
 
+_span_memo: list[tuple | None] = [None]  # (q_pos, k_pos, their versions, span) of the last forward
+
+
+def position_span(q_pos: Tensor, k_pos: Tensor) -> int:
+    """max(q_pos) - min(k_pos): the widest distance any query reaches, read once per forward. Every layer of a
+    forward receives the same position tensors, and each read of a device value waits for the device (Gemma 3 270M:
+    15 sliding layers a token); a positions tensor changed in place since has another version."""
+    hit = _span_memo[0]
+    versions = (position_version(q_pos), position_version(k_pos))
+    if hit is not None and hit[0] is q_pos and hit[1] is k_pos and hit[2] == versions:
+        return hit[3]
+    span = int(q_pos.max() - k_pos.min())  # one read for both
+    _span_memo[0] = (q_pos, k_pos, versions, span)
+    return span
+
+
 def masked_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, allowed: Tensor,
                      softcap: float | None) -> Tensor:
     """softmax(cap(q k^T / sqrt(Dh)) + bias, where allowed) v; q (B,H,Tq,Dh), k/v (B,Hkv,Tk,Dh) -> (B,H,Tq,Dh).
@@ -129,4 +146,4 @@ def masked_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, allow
     return torch.softmax(scores, dim=-1) @ v
 
 
-__all__ = ["AttentionShape", "DecoderAttention", "masked_attention"]
+__all__ = ["AttentionShape", "DecoderAttention", "masked_attention", "position_span"]
