@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from posenc.nn.kept_tables import kept
-from posenc.scheme import Dims, Scheme, cast, extremes, shared_row
+from posenc.scheme import Dims, Scheme, cast, shared_row_extremes
 
 TABLE_ELEMENTS = 1 << 22  # floats of the kept table at most (16 MiB): positions past it are computed per call
 TABLE_MIN = 64  # rows of the first table
@@ -42,15 +42,15 @@ class Sinusoidal(Scheme):
         self.scale = math.sqrt(2.0) * dims.init_std  # see the module docstring
 
     def embed(self, x: Tensor, pos: Tensor, input_ids: Tensor | None = None) -> Tensor:
-        rows = shared_row(pos)  # (1,T) when every batch row holds the same positions: one table, broadcast
-        return x + cast(self.scaled_rows(rows), x.dtype)  # (B,T,D)
+        return x + cast(self.scaled_rows(pos), x.dtype)  # (B,T,D)
 
     def scaled_rows(self, pos: Tensor) -> Tensor:
-        """scale * the sinusoid of positions (b,T) -> (b,T,D) float32, gathered from a table of positions 0..N-1
+        """scale * the sinusoid of positions (B,T) -> (b,T,D) float32, b = 1 when every batch row holds the same
+        positions (one table, broadcast; known with the extremes in one read), gathered from a table of positions 0..N-1
         kept across forwards (grown by doubling, at most TABLE_ELEMENTS floats): a decode step computed the float64
         sinusoid of its one position, about 15 small operators. Positions past the table are computed directly."""
         d = self.dims.d_model
-        lowest, highest = extremes(pos)
+        pos, lowest, highest = shared_row_extremes(pos)  # (b,T)
         if lowest < 0 or (highest + 1) * d > TABLE_ELEMENTS:
             return self.scale * sinusoidal_table(pos, d)
         size = min(max(TABLE_MIN, 1 << highest.bit_length()), TABLE_ELEMENTS // d)  # > highest

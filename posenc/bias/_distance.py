@@ -12,7 +12,7 @@ from torch import Tensor
 
 def shared_rows(q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
     """(B,Tq), (B,Tk) -> the first row only when every row equals it (then the bias broadcasts)."""
-    if q_pos.shape[0] > 1 and bool((q_pos == q_pos[:1]).all()) and bool((k_pos == k_pos[:1]).all()):
+    if q_pos.shape[0] > 1 and bool((q_pos == q_pos[:1]).all()) and (k_pos is q_pos or bool((k_pos == k_pos[:1]).all())):
         return q_pos[:1], k_pos[:1]
     return q_pos, k_pos
 

@@ -56,21 +56,25 @@ def position_offsets(q_pos: Tensor, k_pos: Tensor) -> Offsets | None:
     return offsets
 
 
-def _counts_up(pos: Tensor) -> bool:
-    if pos.shape[1] == 1:  # one position per row (a decode step)
-        return True
+def _steps_not_one(pos: Tensor) -> Tensor | None:
+    """How many steps between neighbours of pos (B,T) are not +1, as a 0-d device tensor; None when none can be (one
+    position per row: a decode step's queries)."""
+    if pos.shape[1] == 1:
+        return None
     rows = pos[:1] if pos.stride(0) == 0 else pos  # an expanded tensor: one row to check
-    return bool((rows.diff(dim=1) == 1).all())
+    return (rows.diff(dim=1) != 1).sum()
 
 
 def _offsets(q_pos: Tensor, k_pos: Tensor) -> Offsets | None:
-    if q_pos.dim() != 2 or k_pos.dim() != 2 or not (_counts_up(q_pos) and _counts_up(k_pos)):
+    """Both checks and delta's extremes in one read of the device (each read waits for every queued kernel)."""
+    if q_pos.dim() != 2 or k_pos.dim() != 2:
         return None
     delta = q_pos[:, 0] - k_pos[:, 0]
     delta = delta if delta.dtype == torch.int64 else delta.to(torch.int64)
-    if delta.shape[0] == 1:
-        return Offsets(delta, *(2 * [int(delta)]))
-    return Offsets(delta, int(delta.min()), int(delta.max()))
+    lowest, highest = delta.aminmax()
+    wrong = [n for n in (_steps_not_one(q_pos), _steps_not_one(k_pos)) if n is not None]
+    low, high, *not_one = torch.stack((lowest, highest, *wrong)).tolist()
+    return None if any(not_one) else Offsets(delta, low, high)
 
 
 def relative_span(offsets: Offsets, tq: int, tk: int, causal: bool) -> tuple[int, int]:

@@ -19,7 +19,7 @@ from posenc.inference_tensors import position_version
 from posenc.nn.kept_tables import kept
 from posenc.rotary._core import apply_rotary, cos_sin
 from posenc.rotary.scaling import SEQ_LEN_DEPENDENT, frequencies, rope_type
-from posenc.scheme import Dims, RotationTables, Scheme, extremes, shared_row
+from posenc.scheme import Dims, RotationTables, Scheme, shared_row_extremes
 from posenc.validators import number_in, optional_number_at_least
 
 
@@ -120,8 +120,8 @@ class RoPE(Scheme):
         memo = self._memo
         if memo is not None and memo[0] is pos and memo[1] == position_version(pos):
             return memo[2], memo[3]
-        key, pos = pos, shared_row(pos)  # (b,T), b = 1 when every row holds the same positions
-        lowest, highest = extremes(pos)
+        key = pos
+        pos, lowest, highest = shared_row_extremes(key)  # (b,T), b = 1 when every row holds the same positions
         if self._dynamic:  # frequencies depend on the current length: no reusable table
             inv_freq, scale = self._frequencies(highest + 1)
             cos, sin = cos_sin(pos, inv_freq.to(pos.device), scale)

@@ -28,7 +28,7 @@ from posenc.nn.kept_tables import kept
 from posenc.rotary import rope
 from posenc.rotary._core import angles, apply_rotary
 from posenc.rotary.rope import TABLE_CAP, RoPE, RotaryOptions, gather_rows
-from posenc.scheme import Dims, RotationTables, extremes, from_first_key, shared_row
+from posenc.scheme import Dims, RotationTables, from_first_key, shared_row_extremes
 from posenc.validators import number_in
 
 XPOS_MAX_LOG = 40.0  # e^40 ~ 2e17: q and k scales multiply to at most e^80 < float32 max e^88
@@ -92,8 +92,7 @@ class XPos(RoPE):
         hit = memo.get(sign)
         if hit is not None and hit[0] is pos and hit[1] == position_version(pos):
             return hit[2]
-        row = shared_row(pos)  # (b,T)
-        lowest, highest = extremes(row)
+        row, lowest, highest = shared_row_extremes(pos)  # (b,T), b = 1 when every row holds the same positions
         if highest < TABLE_CAP and lowest >= 0:
             tables = tuple(gather_rows(t, row, highest) for t in self._side_table(sign, highest + 1, row.device))
         else:  # beyond the cap: these rows directly, still in float64

@@ -33,15 +33,6 @@ class HostSyncError(AssertionError):
     pass
 
 
-class NoHostSync(TorchDispatchMode):
-    """Raises on an operator a CUDA graph cannot capture: a read of a value by the host or a data-dependent shape."""
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if is_sync(func, args):
-            raise HostSyncError(f"host sync: aten.{func.name().removeprefix('aten::')}")
-        return func(*args, **(kwargs or {}))
-
-
 def _caller() -> str:
     """file:line of the innermost posenc frame on the stack (where the read was asked for)."""
     for frame in reversed(traceback.extract_stack()):
@@ -50,31 +41,24 @@ def _caller() -> str:
     return "outside posenc"
 
 
-class HostSyncCount(TorchDispatchMode):
-    """Counts the syncing operators run inside it: `total`, and `where` (Counter of 'op at file:line').
-    Tensor.tolist and Tensor.numpy copy to the host without an operator the dispatcher sees on a CPU tensor:
-    they are counted by wrapping the two methods while the mode is on."""
+class _HostSyncs(TorchDispatchMode):
+    """Calls self.sync(what) at every sync inside it. Tensor.tolist and Tensor.numpy copy to the host without an
+    operator the dispatcher sees on a CPU tensor: the two methods are wrapped while the mode is on."""
 
     HOST_COPIES = ("tolist", "numpy")
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.where: Counter[str] = Counter()
-        self._methods: dict[str, object] = {}
-
-    @property
-    def total(self) -> int:
-        return sum(self.where.values())
+    def sync(self, what: str) -> None:
+        raise NotImplementedError
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if is_sync(func, args):
-            self.where[f"aten.{func.name().removeprefix('aten::')} at {_caller()}"] += 1
+            self.sync(f"aten.{func.name().removeprefix('aten::')}")
         return func(*args, **(kwargs or {}))
 
     def __enter__(self):
+        self._methods = {name: torch.Tensor.__dict__.get(name) for name in self.HOST_COPIES}  # None: inherited
         for name in self.HOST_COPIES:
-            self._methods[name] = torch.Tensor.__dict__.get(name)  # None: inherited from torch._C.TensorBase
-            setattr(torch.Tensor, name, self._counted(name, getattr(torch.Tensor, name)))
+            setattr(torch.Tensor, name, self._wrapped(name, getattr(torch.Tensor, name)))
         return super().__enter__()
 
     def __exit__(self, *exc):
@@ -85,11 +69,33 @@ class HostSyncCount(TorchDispatchMode):
                 setattr(torch.Tensor, name, method)
         return super().__exit__(*exc)
 
-    def _counted(self, name: str, method):
-        def counted(tensor, *args, **kwargs):
-            self.where[f"Tensor.{name} at {_caller()}"] += 1
+    def _wrapped(self, name: str, method):
+        def wrapped(tensor, *args, **kwargs):
+            self.sync(f"Tensor.{name}")
             return method(tensor, *args, **kwargs)
-        return counted
+        return wrapped
+
+
+class NoHostSync(_HostSyncs):
+    """Raises on what a CUDA graph cannot capture: a read of a value by the host or a data-dependent shape."""
+
+    def sync(self, what: str) -> None:
+        raise HostSyncError(f"host sync: {what} at {_caller()}")
+
+
+class HostSyncCount(_HostSyncs):
+    """Counts the syncs inside it: `total`, and `where` (Counter of 'what at file:line')."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.where: Counter[str] = Counter()
+
+    @property
+    def total(self) -> int:
+        return sum(self.where.values())
+
+    def sync(self, what: str) -> None:
+        self.where[f"{what} at {_caller()}"] += 1
 
 
 def generate_syncs(model, prompt: Tensor, new_tokens: int) -> tuple[list[Counter[str]], Counter[str]]:
