@@ -127,8 +127,8 @@ def _fwd_tiles(acc, best, total, q, k_ptrs, v_ptrs, feature_base, inv, segs, KNO
         f = _bias(tile, UPCAST)  # (BM,BN) the feature of each pair
         s_lo, s_hi = _index(segs + 2 * (n0 // BN), UPCAST), _index(segs + 2 * (n0 // BN) + 1, UPCAST)
         s = _biased(s, qk_scale, f, inv[:, None], s_lo, s_hi, KNOTS, slope_row, intercept_row, FAST, UPCAST)
-        acc, best, total = _online_softmax(acc, best, total, s, v_ptrs, i, j, TQ, TK, d_ok, CAUSAL, MASKED, EVEN_D,
-                                           PRECISION, UPCAST)
+        acc, best, total, _ = _online_softmax(acc, best, total, s, v_ptrs, i, j, TQ, TK, d_ok, CAUSAL, MASKED,
+                                              EVEN_D, PRECISION, UPCAST)
         k_ptrs += BN * skt
         v_ptrs += BN * svt
     return acc, best, total

@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from posenc.nn.triton.attention_kernels import _dkdv_tiles as _plain_dkdv_tiles
-from posenc.nn.triton.attention_kernels import _dot, _interior_end, _key_end, _query_phases, _valid
+from posenc.nn.triton.attention_kernels import _dot, _interior_end, _key_end, _online_softmax, _query_phases, _valid
 from posenc.nn.triton.attention_kernels import _dq_tiles as _plain_dq_tiles
 from posenc.nn.triton.attention_kernels import _fwd_tiles as _plain_fwd_tiles
 
@@ -95,20 +95,13 @@ def _fwd_tiles(acc, best, total, prev, q, qr, k_ptrs, v_ptrs, R, VT, i, c_base, 
         cur = _dot(qr, _chunk_t(R, c0, S, srow, d, d_ok, BN), PRECISION, UPCAST) * row_scale  # (BM,BN), base 2
         s = tl.fma(_dot(q, k_t, PRECISION, UPCAST), qk_scale, _skewed(prev, cur, BM, BN))
         prev = cur
-        if MASKED:
-            s = tl.where(_valid(i[:, None], j[None, :], TQ, TK, CAUSAL), s, float("-inf"))
-        new_best = tl.maximum(best, tl.max(s, 1))
-        p = tl.exp2(s - new_best[:, None])  # (BM,BN)
-        correction = tl.exp2(best - new_best)
-        total = total * correction + tl.sum(p, 1)
-        v_mask = (j[:, None] < TK) & d_ok[None, :] if MASKED else d_ok[None, :]
-        v = tl.load(v_ptrs, mask=v_mask, other=0.0)  # (BN,BD)
-        acc = acc * correction[:, None] + _dot(p.to(v.dtype), v, PRECISION, UPCAST)
+        acc, best, total, p = _online_softmax(acc, best, total, s, v_ptrs, i, j, TQ, TK, d_ok, CAUSAL, MASKED, False,
+                                              PRECISION, UPCAST)
         if HAS_VALUES:  # + sum_j p_ij VT[c]: the probabilities by distance times the value table's two chunks
             low, high = _unskewed(p, BM, BN)
-            acc += _dot(low.to(v.dtype), _chunk(VT, c0 - BN, S, svrow, d, d_ok, BN), PRECISION, UPCAST)
-            acc += _dot(high.to(v.dtype), _chunk(VT, c0, S, svrow, d, d_ok, BN), PRECISION, UPCAST)
-        best = new_best
+            value_type = v_ptrs.dtype.element_ty
+            acc += _dot(low.to(value_type), _chunk(VT, c0 - BN, S, svrow, d, d_ok, BN), PRECISION, UPCAST)
+            acc += _dot(high.to(value_type), _chunk(VT, c0, S, svrow, d, d_ok, BN), PRECISION, UPCAST)
         k_ptrs += BN * skt
         v_ptrs += BN * svt
     return acc, best, total, prev
