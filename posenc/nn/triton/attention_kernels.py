@@ -66,17 +66,34 @@ def _valid(i, j, TQ, TK, CAUSAL: tl.constexpr):
 
 
 @triton.jit
-def _key_scores(q, k_ptrs, j, TK, d_ok, MASKED: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr,
-                UPCAST: tl.constexpr):
-    """A forward loop's q against one key tile (k_ptrs: (BD,BN)), unscaled (BM,BN); MASKED: keys past Tk read as
-    0, else only the head dim's padding is masked."""
+def _probabilities(s, lse, i, j, TQ, TK, CAUSAL: tl.constexpr, MASKED: tl.constexpr):
+    """A backward loop's probabilities, recomputed from the forward's log-sum-exp (base 2): exp2(s - lse), 0 for
+    pairs outside the mask (MASKED). s, lse, i, j broadcast to the tile, either way round (dQ: queries x keys,
+    dK/dV: keys x queries)."""
+    p = tl.exp2(s - lse)
+    if MASKED:
+        p = tl.where(_valid(i, j, TQ, TK, CAUSAL), p, 0.0)
+    return p
+
+
+@triton.jit
+def _forward_key_tile(k_ptrs, j, TK, d_ok, MASKED: tl.constexpr, EVEN_D: tl.constexpr):
+    """A forward loop's key tile at k_ptrs, transposed (BD,BN); MASKED: keys past Tk read as 0, else only the head
+    dim's padding is masked."""
     if MASKED:
         k_t = tl.load(k_ptrs, mask=(j[None, :] < TK) & d_ok[:, None], other=0.0)  # (BD,BN)
     elif EVEN_D:
         k_t = tl.load(k_ptrs)
     else:
         k_t = tl.load(k_ptrs, mask=d_ok[:, None], other=0.0)
-    return _dot(q, k_t, PRECISION, UPCAST)
+    return k_t
+
+
+@triton.jit
+def _key_scores(q, k_ptrs, j, TK, d_ok, MASKED: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr,
+                UPCAST: tl.constexpr):
+    """A forward loop's q against one key tile (k_ptrs: (BD,BN)), unscaled (BM,BN)."""
+    return _dot(q, _forward_key_tile(k_ptrs, j, TK, d_ok, MASKED, EVEN_D), PRECISION, UPCAST)
 
 
 @triton.jit
@@ -258,9 +275,7 @@ def _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, bias_ptrs, 
             s_t = tl.fma(s_t, qk_scale, _bias(tile, UPCAST))
         else:
             s_t = s_t * qk_scale
-        p_t = tl.exp2(s_t - lse[None, :])
-        if MASKED:
-            p_t = tl.where(_valid(i[None, :], j[:, None], TQ, TK, CAUSAL), p_t, 0.0)
+        p_t = _probabilities(s_t, lse[None, :], i[None, :], j[:, None], TQ, TK, CAUSAL, MASKED)  # (BN,BM)
         dv += _dot(p_t.to(do.dtype), do, PRECISION, UPCAST)
         dp_t = _dot(v, tl.trans(do), PRECISION, UPCAST)  # (BN,BM)
         ds_t = p_t * (dp_t - delta[None, :])
@@ -369,9 +384,7 @@ def _dq_tiles(dq, carry, q, do, lse, delta, k_ptrs, v_ptrs, bias_ptrs, diag, i, 
             s = tl.fma(s, qk_scale, _bias(tile, UPCAST))
         else:
             s = s * qk_scale
-        p = tl.exp2(s - lse[:, None])
-        if MASKED:
-            p = tl.where(_valid(i[:, None], j[None, :], TQ, TK, CAUSAL), p, 0.0)
+        p = _probabilities(s, lse[:, None], i[:, None], j[None, :], TQ, TK, CAUSAL, MASKED)  # (BM,BN)
         ds = p * (_dot(do, v_t, PRECISION, UPCAST) - delta[:, None])  # (BM,BN): d loss / d logit
         dq += _dot(ds.to(k_t.dtype), tl.trans(k_t), PRECISION, UPCAST)
         if ROW_GRAD:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from posenc.nn.triton.attention_kernels import LOG2E, _dot, _dq_rows, _fold_values, _softmax_step
+from posenc.nn.triton.attention_kernels import LOG2E, _dot, _dq_rows, _fold_values, _softmax_step, _valid
 
 _LOG2E = tl.constexpr(LOG2E)  # softmax in base 2, as attention_kernels (a jit function reads constexpr globals only)
 
@@ -37,7 +37,7 @@ def _contextual(qk, carry, i, j, rows_at, TQ, TK, P, scale):
     """One tile's CoPE logits. qk (BM,BN) the products q . k; carry (BM,) the gates of keys right of the tile;
     rows_at (BM,) pointers to each query's rows. -> logit (natural units, -inf where masked), gates g (0 where
     masked), the summed gates `count`, weight w, rows at floor and ceil, the pair mask."""
-    valid = (j[None, :] < TK) & (j[None, :] <= i[:, None] + (TK - TQ))  # (BM,BN)
+    valid = _valid(i[:, None], j[None, :], TQ, TK, True)  # (BM,BN)
     z = qk * scale
     g = tl.where(valid, tl.sigmoid(z), 0.0)
     # sum over t >= j (gates past the query are 0) as the row's sum less a forward scan: a reverse scan flips the

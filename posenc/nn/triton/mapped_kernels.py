@@ -22,7 +22,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from posenc.nn.triton.attention_kernels import _dot, _fold_values, _softmax_step
+from posenc.nn.triton.attention_kernels import _dot, _fold_values, _softmax_step, _valid
 
 
 @triton.jit
@@ -155,9 +155,7 @@ def _mapped_forward(Q, K0, K1, K2, V, OUT, LSE, QPOS, KPOS, CQ, SQ, CK, SK,
         j_ok = j < TK
         kp = tl.load(KPOS + b * TK + j, mask=j_ok, other=0)
         sel = _select(qp[:, None], kp[None, :], origin, rule_a, rule_b, window, KIND, WINDOWED)  # (BM,BN)
-        ok = j_ok[None, :] & (sel >= 0)
-        if CAUSAL:
-            ok = ok & (j[None, :] <= i[:, None] + (TK - TQ))
+        ok = _valid(i[:, None], j[None, :], TQ, TK, CAUSAL) & (sel >= 0)
         sel = tl.where(ok, sel, -1)
         top = tl.max(tl.max(sel, 1), 0)
         if top >= 0:  # else no pair of the tile is attended: skipped

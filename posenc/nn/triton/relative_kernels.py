@@ -32,7 +32,16 @@ import triton
 import triton.language as tl
 
 from posenc.nn.triton.attention_kernels import _dkdv_tiles as _plain_dkdv_tiles
-from posenc.nn.triton.attention_kernels import _dot, _interior_end, _key_end, _online_softmax, _query_phases, _valid
+from posenc.nn.triton.attention_kernels import (
+    _dot,
+    _forward_key_tile,
+    _interior_end,
+    _key_end,
+    _key_tile,
+    _online_softmax,
+    _probabilities,
+    _query_phases,
+)
 from posenc.nn.triton.attention_kernels import _dq_tiles as _plain_dq_tiles
 from posenc.nn.triton.attention_kernels import _fwd_tiles as _plain_fwd_tiles
 
@@ -89,8 +98,9 @@ def _fwd_tiles(acc, best, total, prev, q, qr, k_ptrs, v_ptrs, R, VT, i, c_base, 
     v_ptrs += n_start * svt
     for n0 in range(n_start, n_end, BN):
         j = n0 + tl.arange(0, BN)
-        k_mask = (j[None, :] < TK) & d_ok[:, None] if MASKED else d_ok[:, None]
-        k_t = tl.load(k_ptrs, mask=k_mask, other=0.0)  # (BD,BN)
+        # k loaded before the table's chunk, q . k after r . qr, as ever: _key_scores' order (load then product) cost
+        # 3-15 registers, q . k first up to 68 (sm_90, the static table)
+        k_t = _forward_key_tile(k_ptrs, j, TK, d_ok, MASKED, False)  # (BD,BN)
         c0 = c_base + n0
         cur = _dot(qr, _chunk_t(R, c0, S, srow, d, d_ok, BN), PRECISION, UPCAST) * row_scale  # (BM,BN), base 2
         s = tl.fma(_dot(q, k_t, PRECISION, UPCAST), qk_scale, _skewed(prev, cur, BM, BN))
@@ -181,9 +191,7 @@ def _dkdv_tiles(dk, dv, k, v, q_ptrs, qr_ptrs, do_ptrs, lse_ptrs, delta_ptrs, R,
         high = _dot(qr, _chunk_t(R, c0, S, srow, d, d_ok, BN), PRECISION, UPCAST)
         bias_t = tl.trans(_skewed(low, high, BM, BN) * row_scale)  # (BN,BM)
         s_t = tl.fma(_dot(k, q_t, PRECISION, UPCAST), qk_scale, bias_t)
-        p_t = tl.exp2(s_t - lse[None, :])
-        if MASKED:
-            p_t = tl.where(_valid(i[None, :], j[:, None], TQ, TK, CAUSAL), p_t, 0.0)
+        p_t = _probabilities(s_t, lse[None, :], i[None, :], j[:, None], TQ, TK, CAUSAL, MASKED)  # (BN,BM)
         dv += _dot(p_t.to(do.dtype), do, PRECISION, UPCAST)
         dp_t = _dot(v, tl.trans(do), PRECISION, UPCAST)  # (BN,BM)
         if HAS_VALUES:  # d out_i / d p_ij also reads VT[c]: dO_i . VT[c]
@@ -278,17 +286,13 @@ def _dq_tiles(dq, dqr, prev, prev_v, ds_sum, p_sum, q, qr, do, lse, delta, k_ptr
     v_ptrs += n_start * svt
     for n0 in range(n_start, n_end, BN):
         j = n0 + tl.arange(0, BN)
-        kv_mask_t = (j[None, :] < TK) & d_ok[:, None] if MASKED else d_ok[:, None]
-        k_t = tl.load(k_ptrs, mask=kv_mask_t, other=0.0)  # (BD,BN)
-        v_t = tl.load(v_ptrs, mask=kv_mask_t, other=0.0)
+        k_t, v_t = _key_tile(k_ptrs, v_ptrs, j, TK, d_ok, MASKED, False)  # (BD,BN) each
         c0 = c_base + n0
         r_t = _chunk_t(R, c0, S, srow, d, d_ok, BN)  # (BD,BN)
         cur = _dot(qr, r_t, PRECISION, UPCAST) * row_scale
         s = tl.fma(_dot(q, k_t, PRECISION, UPCAST), qk_scale, _skewed(prev, cur, BM, BN))
         prev = cur
-        p = tl.exp2(s - lse[:, None])
-        if MASKED:
-            p = tl.where(_valid(i[:, None], j[None, :], TQ, TK, CAUSAL), p, 0.0)
+        p = _probabilities(s, lse[:, None], i[:, None], j[None, :], TQ, TK, CAUSAL, MASKED)  # (BM,BN)
         dp = _dot(do, v_t, PRECISION, UPCAST)  # (BM,BN)
         if HAS_VALUES:
             cur_v = _dot(do, _chunk_t(VT, c0, S, svrow, d, d_ok, BN), PRECISION, UPCAST)
