@@ -98,8 +98,9 @@ def _fwd_tiles(acc, best, total, prev, q, qr, k_ptrs, v_ptrs, R, VT, i, c_base, 
     v_ptrs += n_start * svt
     for n0 in range(n_start, n_end, BN):
         j = n0 + tl.arange(0, BN)
-        # k loaded before the table's chunk, q . k after r . qr, as ever: _key_scores' order (load then product) cost
-        # 3-15 registers, q . k first up to 68 (sm_90, the static table)
+        # k loaded before the table's chunk and q . k after qr . R, as before the helpers: _key_scores' order (load
+        # and product after the chunk) cost up to 15 registers and 31 loop instructions, q . k first up to 68
+        # registers (sm_90, Shaw bf16 Dh 128: 187 -> 255). EVEN_D False: these loops always mask the head dim.
         k_t = _forward_key_tile(k_ptrs, j, TK, d_ok, MASKED, False)  # (BD,BN)
         c0 = c_base + n0
         cur = _dot(qr, _chunk_t(R, c0, S, srow, d, d_ok, BN), PRECISION, UPCAST) * row_scale  # (BM,BN), base 2
