@@ -100,7 +100,8 @@ def _fwd_tiles(acc, best, total, prev, q, qr, k_ptrs, v_ptrs, R, VT, i, c_base, 
         j = n0 + tl.arange(0, BN)
         # k loaded before the table's chunk and q . k after qr . R, as before the helpers: _key_scores' order (load
         # and product after the chunk) cost up to 15 registers and 31 loop instructions, q . k first up to 68
-        # registers (sm_90, Shaw bf16 Dh 128: 187 -> 255). EVEN_D False: these loops always mask the head dim.
+        # registers (sm_90, Shaw bf16 Dh 128: 187 -> 255). EVEN_D False: the head dim masked, as ever (at BD == Dh the
+        # mask folds away: the same SASS as EVEN_D True).
         k_t = _forward_key_tile(k_ptrs, j, TK, d_ok, MASKED, False)  # (BD,BN)
         c0 = c_base + n0
         cur = _dot(qr, _chunk_t(R, c0, S, srow, d, d_ok, BN), PRECISION, UPCAST) * row_scale  # (BM,BN), base 2
