@@ -28,6 +28,7 @@ from posenc.masks import causal_mask
 from posenc.nn import dispatch
 from posenc.nn.kv_cache import KVCache
 from posenc.nn.norms import rms_norm
+from posenc.nn.sliding_window import sliding_attention
 from posenc.scheme import Scheme
 
 
@@ -97,8 +98,17 @@ class DecoderAttention(nn.Module):
         dispatch first, as does every layer without soft-capping or a window it reaches; the rest are masked.
         Pretrained decoders: inference and fine-tuning without attention dropout."""
         attends_itself = dispatch.form_of(type(scheme)) in ("mapped", "attends")
-        if attends_itself or not (self.shape.softcap is not None or self._windowed(q_pos, k_pos)):
+        windowed = not attends_itself and self._windowed(q_pos, k_pos)
+        if attends_itself or not (self.shape.softcap is not None or windowed):
             return dispatch.attention(q, k, v, scheme, q_pos, k_pos, True, 0.0, kept)
+        if windowed:  # block by block over the keys each block's window reaches, where positions count up
+            softcap = self.shape.softcap
+            out = sliding_attention(
+                q, k, v, q_pos, k_pos, self.shape.window,
+                lambda rows, cols: scheme.bias(q_pos[:, rows], k_pos[:, cols], q[:, :, rows], k[:, :, cols]),
+                lambda q, k, v, bias, allowed: masked_attention(q, k, v, bias, allowed, softcap))
+            if out is not None:
+                return out
         return masked_attention(q, k, v, scheme.bias(q_pos, k_pos, q, k), self._allowed(q, k, q_pos, k_pos),
                                 self.shape.softcap)
 

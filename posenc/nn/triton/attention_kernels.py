@@ -66,38 +66,84 @@ def _valid(i, j, TQ, TK, CAUSAL: tl.constexpr):
 
 
 @triton.jit
-def _key_scores(q, k_ptrs, j, TK, d_ok, MASKED: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr,
-                UPCAST: tl.constexpr):
-    """A forward loop's q against one key tile (k_ptrs: (BD,BN)), unscaled (BM,BN); MASKED: keys past Tk read as
-    0, else only the head dim's padding is masked."""
+def _probabilities(s, lse, i, j, TQ, TK, CAUSAL: tl.constexpr, MASKED: tl.constexpr):
+    """A backward loop's probabilities, recomputed from the forward's log-sum-exp (base 2): exp2(s - lse), 0 for
+    pairs outside the mask (MASKED). s, lse, i, j broadcast to the tile, either way round (dQ: queries x keys,
+    dK/dV: keys x queries)."""
+    p = tl.exp2(s - lse)
+    if MASKED:
+        p = tl.where(_valid(i, j, TQ, TK, CAUSAL), p, 0.0)
+    return p
+
+
+@triton.jit
+def _forward_key_tile(k_ptrs, j, TK, d_ok, MASKED: tl.constexpr, EVEN_D: tl.constexpr):
+    """A forward loop's key tile at k_ptrs, transposed (BD,BN); MASKED: keys past Tk read as 0, else only the head
+    dim's padding is masked."""
     if MASKED:
         k_t = tl.load(k_ptrs, mask=(j[None, :] < TK) & d_ok[:, None], other=0.0)  # (BD,BN)
     elif EVEN_D:
         k_t = tl.load(k_ptrs)
     else:
         k_t = tl.load(k_ptrs, mask=d_ok[:, None], other=0.0)
-    return _dot(q, k_t, PRECISION, UPCAST)
+    return k_t
+
+
+@triton.jit
+def _key_scores(q, k_ptrs, j, TK, d_ok, MASKED: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr,
+                UPCAST: tl.constexpr):
+    """A forward loop's q against one key tile (k_ptrs: (BD,BN)), unscaled (BM,BN)."""
+    return _dot(q, _forward_key_tile(k_ptrs, j, TK, d_ok, MASKED, EVEN_D), PRECISION, UPCAST)
+
+
+@triton.jit
+def _softmax_step(best, total, s, EMPTY_ROWS: tl.constexpr):
+    """The online softmax's update (FlashAttention-2, Dao 2023, Algorithm 1) for one key tile's scores s (BM,BN,
+    base 2, -inf where not attended), the one copy every forward loop calls: -> the tile's probabilities p (BM,BN)
+    against the new running max, the factor (BM,) that rescales what the earlier tiles summed, the new running max
+    (best) and sum (total). EMPTY_ROWS: a row may have attended no key yet (its max still -inf); it shifts by 0
+    instead (exp2(-inf - -inf) is NaN). The row kernels' loops never leave a row empty: padded queries are
+    unmasked, and a real query's first tile holds key 0."""
+    new_best = tl.maximum(best, tl.max(s, 1))
+    shift = new_best
+    if EMPTY_ROWS:
+        shift = tl.where(new_best == float("-inf"), 0.0, new_best)
+    p = tl.exp2(s - shift[:, None])  # (BM,BN)
+    correction = tl.exp2(best - shift)
+    total = total * correction + tl.sum(p, 1)
+    return p, correction, new_best, total
+
+
+@triton.jit
+def _fold_values(acc, correction, p, v, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """The running output (BM,BD) rescaled by _softmax_step's correction plus the tile's p (BM,BN) times v (BN,BD)."""
+    return acc * correction[:, None] + _dot(p.to(v.dtype), v, PRECISION, UPCAST)
+
+
+@triton.jit
+def _value_tile(v_ptrs, j, TK, d_ok, MASKED: tl.constexpr, EVEN_D: tl.constexpr):
+    """A forward loop's value tile (BN,BD); MASKED: keys past Tk read as 0, else only the head dim's padding is
+    masked."""
+    if MASKED:
+        v = tl.load(v_ptrs, mask=(j[:, None] < TK) & d_ok[None, :], other=0.0)
+    elif EVEN_D:
+        v = tl.load(v_ptrs)
+    else:
+        v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
+    return v
 
 
 @triton.jit
 def _online_softmax(acc, best, total, s, v_ptrs, i, j, TQ, TK, d_ok, CAUSAL: tl.constexpr, MASKED: tl.constexpr,
                     EVEN_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """One key tile's scores s (BM,BN, base 2, scaled and biased) into the online softmax: pairs outside the mask
-    dropped (MASKED), then the running max (best), sum (total) and output (acc) updated with the tile's values."""
+    dropped (MASKED), then the running max (best), sum (total) and output (acc) updated with the tile's values.
+    Also returns the tile's probabilities p (BM,BN), for a caller that adds values of its own (Shaw's table)."""
     if MASKED:
         s = tl.where(_valid(i[:, None], j[None, :], TQ, TK, CAUSAL), s, float("-inf"))
-    new_best = tl.maximum(best, tl.max(s, 1))
-    p = tl.exp2(s - new_best[:, None])  # (BM,BN)
-    correction = tl.exp2(best - new_best)
-    total = total * correction + tl.sum(p, 1)
-    if MASKED:
-        v = tl.load(v_ptrs, mask=(j[:, None] < TK) & d_ok[None, :], other=0.0)  # (BN,BD)
-    elif EVEN_D:
-        v = tl.load(v_ptrs)
-    else:
-        v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
-    acc = acc * correction[:, None] + _dot(p.to(v.dtype), v, PRECISION, UPCAST)
-    return acc, new_best, total
+    p, correction, best, total = _softmax_step(best, total, s, False)
+    acc = _fold_values(acc, correction, p, _value_tile(v_ptrs, j, TK, d_ok, MASKED, EVEN_D), PRECISION, UPCAST)
+    return acc, best, total, p
 
 
 @triton.jit
@@ -115,8 +161,8 @@ def _fwd_tiles(acc, best, total, q, k_ptrs, v_ptrs, bias_ptrs, i, n_start, n_end
             s = tl.fma(s, qk_scale, _bias(tile, UPCAST))  # + rows[h, e - i + j] log2(e), base 2
         else:
             s = s * qk_scale
-        acc, best, total = _online_softmax(acc, best, total, s, v_ptrs, i, j, TQ, TK, d_ok, CAUSAL, MASKED, EVEN_D,
-                                           PRECISION, UPCAST)
+        acc, best, total, _ = _online_softmax(acc, best, total, s, v_ptrs, i, j, TQ, TK, d_ok, CAUSAL, MASKED,
+                                              EVEN_D, PRECISION, UPCAST)
         k_ptrs += BN * skt
         v_ptrs += BN * svt
     return acc, best, total
@@ -229,9 +275,7 @@ def _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, bias_ptrs, 
             s_t = tl.fma(s_t, qk_scale, _bias(tile, UPCAST))
         else:
             s_t = s_t * qk_scale
-        p_t = tl.exp2(s_t - lse[None, :])
-        if MASKED:
-            p_t = tl.where(_valid(i[None, :], j[:, None], TQ, TK, CAUSAL), p_t, 0.0)
+        p_t = _probabilities(s_t, lse[None, :], i[None, :], j[:, None], TQ, TK, CAUSAL, MASKED)  # (BN,BM)
         dv += _dot(p_t.to(do.dtype), do, PRECISION, UPCAST)
         dp_t = _dot(v, tl.trans(do), PRECISION, UPCAST)  # (BN,BM)
         ds_t = p_t * (dp_t - delta[None, :])
@@ -340,9 +384,7 @@ def _dq_tiles(dq, carry, q, do, lse, delta, k_ptrs, v_ptrs, bias_ptrs, diag, i, 
             s = tl.fma(s, qk_scale, _bias(tile, UPCAST))
         else:
             s = s * qk_scale
-        p = tl.exp2(s - lse[:, None])
-        if MASKED:
-            p = tl.where(_valid(i[:, None], j[None, :], TQ, TK, CAUSAL), p, 0.0)
+        p = _probabilities(s, lse[:, None], i[:, None], j[None, :], TQ, TK, CAUSAL, MASKED)  # (BM,BN)
         ds = p * (_dot(do, v_t, PRECISION, UPCAST) - delta[:, None])  # (BM,BN): d loss / d logit
         dq += _dot(ds.to(k_t.dtype), tl.trans(k_t), PRECISION, UPCAST)
         if ROW_GRAD:

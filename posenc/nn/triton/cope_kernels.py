@@ -27,7 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from posenc.nn.triton.attention_kernels import LOG2E, _dot, _dq_rows
+from posenc.nn.triton.attention_kernels import LOG2E, _dot, _dq_rows, _fold_values, _softmax_step, _valid
 
 _LOG2E = tl.constexpr(LOG2E)  # softmax in base 2, as attention_kernels (a jit function reads constexpr globals only)
 
@@ -37,7 +37,7 @@ def _contextual(qk, carry, i, j, rows_at, TQ, TK, P, scale):
     """One tile's CoPE logits. qk (BM,BN) the products q . k; carry (BM,) the gates of keys right of the tile;
     rows_at (BM,) pointers to each query's rows. -> logit (natural units, -inf where masked), gates g (0 where
     masked), the summed gates `count`, weight w, rows at floor and ceil, the pair mask."""
-    valid = (j[None, :] < TK) & (j[None, :] <= i[:, None] + (TK - TQ))  # (BM,BN)
+    valid = _valid(i[:, None], j[None, :], TQ, TK, True)  # (BM,BN)
     z = qk * scale
     g = tl.where(valid, tl.sigmoid(z), 0.0)
     # sum over t >= j (gates past the query are 0) as the row's sum less a forward scan: a reverse scan flips the
@@ -64,14 +64,10 @@ def _all_far(carry, i_ok, P):
 
 @triton.jit
 def _online(acc, best, total, s, v, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """One tile of the online softmax: s (BM,BN) base-2 logits (-inf where masked), v (BN,BD)."""
-    new_best = tl.maximum(best, tl.max(s, 1))
-    shift = tl.where(new_best == float("-inf"), 0.0, new_best)  # a row may see no key of the first tiles
-    p = tl.exp2(s - shift[:, None])
-    correction = tl.exp2(best - shift)
-    total = total * correction + tl.sum(p, 1)
-    acc = acc * correction[:, None] + _dot(p.to(v.dtype), v, PRECISION, UPCAST)
-    return acc, new_best, total
+    """One tile of the online softmax: s (BM,BN) base-2 logits (-inf where masked), v (BN,BD); a row may see no key
+    of the first tiles (EMPTY_ROWS)."""
+    p, correction, best, total = _softmax_step(best, total, s, True)
+    return _fold_values(acc, correction, p, v, PRECISION, UPCAST), best, total
 
 
 @triton.jit

@@ -22,7 +22,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from posenc.nn.triton.attention_kernels import _dot
+from posenc.nn.triton.attention_kernels import _dot, _fold_values, _softmax_step, _valid
 
 
 @triton.jit
@@ -155,9 +155,7 @@ def _mapped_forward(Q, K0, K1, K2, V, OUT, LSE, QPOS, KPOS, CQ, SQ, CK, SK,
         j_ok = j < TK
         kp = tl.load(KPOS + b * TK + j, mask=j_ok, other=0)
         sel = _select(qp[:, None], kp[None, :], origin, rule_a, rule_b, window, KIND, WINDOWED)  # (BM,BN)
-        ok = j_ok[None, :] & (sel >= 0)
-        if CAUSAL:
-            ok = ok & (j[None, :] <= i[:, None] + (TK - TQ))
+        ok = _valid(i[:, None], j[None, :], TQ, TK, CAUSAL) & (sel >= 0)
         sel = tl.where(ok, sel, -1)
         top = tl.max(tl.max(sel, 1), 0)
         if top >= 0:  # else no pair of the tile is attended: skipped
@@ -178,15 +176,10 @@ def _mapped_forward(Q, K0, K1, K2, V, OUT, LSE, QPOS, KPOS, CQ, SQ, CK, SK,
                                      cols + KEY_MAP2 * B * TK, p, D, HALF, REST, ROTATED, PRECISION, UPCAST)
                     s = tl.where(sel == 2, s2, s)
             s = tl.where(ok, s * qk_scale, float("-inf"))
-            new_best = tl.maximum(best, tl.max(s, 1))
-            shift = tl.where(new_best == float("-inf"), 0.0, new_best)  # a row with nothing attended yet
-            prob = tl.exp2(s - shift[:, None])
-            correction = tl.exp2(best - shift)
-            total = total * correction + tl.sum(prob, 1)
+            prob, correction, best, total = _softmax_step(best, total, s, True)  # a row may have attended nothing yet
             v = tl.load(V + b * svb + hk * svh + j[:, None] * svt + d[None, :],
                         mask=j_ok[:, None] & (d[None, :] < D), other=0.0)  # (BN,BD)
-            acc = acc * correction[:, None] + _dot(prob.to(v.dtype), v, PRECISION, UPCAST)
-            best = new_best
+            acc = _fold_values(acc, correction, prob, v, PRECISION, UPCAST)
     acc = acc / tl.where(total > 0, total, 1.0)[:, None]
     out_ptrs = OUT + b * sob + h * soh + i[:, None] * sot + d[None, :]
     if SPLIT:

@@ -41,10 +41,10 @@ from posenc.nn.triton.attention_kernels import (
     _key_scores,
     _key_tile,
     _online_softmax,
+    _probabilities,
     _query_phases,
     _query_tile,
     _store_diagonals,
-    _valid,
 )
 
 
@@ -127,8 +127,8 @@ def _fwd_tiles(acc, best, total, q, k_ptrs, v_ptrs, feature_base, inv, segs, KNO
         f = _bias(tile, UPCAST)  # (BM,BN) the feature of each pair
         s_lo, s_hi = _index(segs + 2 * (n0 // BN), UPCAST), _index(segs + 2 * (n0 // BN) + 1, UPCAST)
         s = _biased(s, qk_scale, f, inv[:, None], s_lo, s_hi, KNOTS, slope_row, intercept_row, FAST, UPCAST)
-        acc, best, total = _online_softmax(acc, best, total, s, v_ptrs, i, j, TQ, TK, d_ok, CAUSAL, MASKED, EVEN_D,
-                                           PRECISION, UPCAST)
+        acc, best, total, _ = _online_softmax(acc, best, total, s, v_ptrs, i, j, TQ, TK, d_ok, CAUSAL, MASKED,
+                                              EVEN_D, PRECISION, UPCAST)
         k_ptrs += BN * skt
         v_ptrs += BN * svt
     return acc, best, total
@@ -202,9 +202,7 @@ def _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, inv_ptrs, s
         seg = segs + (m0 // BM) * NK * 2
         s_lo, s_hi = _index(seg, UPCAST), _index(seg + 1, UPCAST)
         s_t = _biased(s_t, qk_scale, f_t, inv[None, :], s_lo, s_hi, KNOTS, slope_row, intercept_row, FAST, UPCAST)
-        p_t = tl.exp2(s_t - lse[None, :])
-        if MASKED:
-            p_t = tl.where(_valid(i[None, :], j[:, None], TQ, TK, CAUSAL), p_t, 0.0)
+        p_t = _probabilities(s_t, lse[None, :], i[None, :], j[:, None], TQ, TK, CAUSAL, MASKED)  # (BN,BM)
         dv += _dot(p_t.to(do.dtype), do, PRECISION, UPCAST)
         dp_t = _dot(v, tl.trans(do), PRECISION, UPCAST)  # (BN,BM)
         ds_t = p_t * (dp_t - delta[None, :])
@@ -311,9 +309,7 @@ def _dq_tiles(dq, carry, d_inv, seg_ds, seg_dsx, q, do, lse, delta, k_ptrs, v_pt
             s = tl.fma(s, qk_scale, bias)
         else:
             s = _biased(s, qk_scale, f, inv[:, None], s_lo, s_hi, KNOTS, slope_row, intercept_row, FAST, UPCAST)
-        p = tl.exp2(s - lse[:, None])
-        if MASKED:
-            p = tl.where(_valid(i[:, None], j[None, :], TQ, TK, CAUSAL), p, 0.0)
+        p = _probabilities(s, lse[:, None], i[:, None], j[None, :], TQ, TK, CAUSAL, MASKED)  # (BM,BN)
         ds = p * (_dot(do, v_t, PRECISION, UPCAST) - delta[:, None])  # (BM,BN): d loss / d logit
         dq += _dot(ds.to(k_t.dtype), tl.trans(k_t), PRECISION, UPCAST)
         if PARAM_GRAD:

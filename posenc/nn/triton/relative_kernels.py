@@ -32,7 +32,16 @@ import triton
 import triton.language as tl
 
 from posenc.nn.triton.attention_kernels import _dkdv_tiles as _plain_dkdv_tiles
-from posenc.nn.triton.attention_kernels import _dot, _interior_end, _key_end, _query_phases, _valid
+from posenc.nn.triton.attention_kernels import (
+    _dot,
+    _forward_key_tile,
+    _interior_end,
+    _key_end,
+    _key_tile,
+    _online_softmax,
+    _probabilities,
+    _query_phases,
+)
 from posenc.nn.triton.attention_kernels import _dq_tiles as _plain_dq_tiles
 from posenc.nn.triton.attention_kernels import _fwd_tiles as _plain_fwd_tiles
 
@@ -89,26 +98,22 @@ def _fwd_tiles(acc, best, total, prev, q, qr, k_ptrs, v_ptrs, R, VT, i, c_base, 
     v_ptrs += n_start * svt
     for n0 in range(n_start, n_end, BN):
         j = n0 + tl.arange(0, BN)
-        k_mask = (j[None, :] < TK) & d_ok[:, None] if MASKED else d_ok[:, None]
-        k_t = tl.load(k_ptrs, mask=k_mask, other=0.0)  # (BD,BN)
+        # k loaded before the table's chunk and q . k after qr . R, as before the helpers: _key_scores' order (load
+        # and product after the chunk) cost up to 15 registers and 31 loop instructions, q . k first up to 68
+        # registers (sm_90, Shaw bf16 Dh 128: 187 -> 255). EVEN_D False: the head dim masked, as ever (at BD == Dh the
+        # mask folds away: the same SASS as EVEN_D True).
+        k_t = _forward_key_tile(k_ptrs, j, TK, d_ok, MASKED, False)  # (BD,BN)
         c0 = c_base + n0
         cur = _dot(qr, _chunk_t(R, c0, S, srow, d, d_ok, BN), PRECISION, UPCAST) * row_scale  # (BM,BN), base 2
         s = tl.fma(_dot(q, k_t, PRECISION, UPCAST), qk_scale, _skewed(prev, cur, BM, BN))
         prev = cur
-        if MASKED:
-            s = tl.where(_valid(i[:, None], j[None, :], TQ, TK, CAUSAL), s, float("-inf"))
-        new_best = tl.maximum(best, tl.max(s, 1))
-        p = tl.exp2(s - new_best[:, None])  # (BM,BN)
-        correction = tl.exp2(best - new_best)
-        total = total * correction + tl.sum(p, 1)
-        v_mask = (j[:, None] < TK) & d_ok[None, :] if MASKED else d_ok[None, :]
-        v = tl.load(v_ptrs, mask=v_mask, other=0.0)  # (BN,BD)
-        acc = acc * correction[:, None] + _dot(p.to(v.dtype), v, PRECISION, UPCAST)
+        acc, best, total, p = _online_softmax(acc, best, total, s, v_ptrs, i, j, TQ, TK, d_ok, CAUSAL, MASKED, False,
+                                              PRECISION, UPCAST)
         if HAS_VALUES:  # + sum_j p_ij VT[c]: the probabilities by distance times the value table's two chunks
             low, high = _unskewed(p, BM, BN)
-            acc += _dot(low.to(v.dtype), _chunk(VT, c0 - BN, S, svrow, d, d_ok, BN), PRECISION, UPCAST)
-            acc += _dot(high.to(v.dtype), _chunk(VT, c0, S, svrow, d, d_ok, BN), PRECISION, UPCAST)
-        best = new_best
+            value_type = v_ptrs.dtype.element_ty
+            acc += _dot(low.to(value_type), _chunk(VT, c0 - BN, S, svrow, d, d_ok, BN), PRECISION, UPCAST)
+            acc += _dot(high.to(value_type), _chunk(VT, c0, S, svrow, d, d_ok, BN), PRECISION, UPCAST)
         k_ptrs += BN * skt
         v_ptrs += BN * svt
     return acc, best, total, prev
@@ -188,9 +193,7 @@ def _dkdv_tiles(dk, dv, k, v, q_ptrs, qr_ptrs, do_ptrs, lse_ptrs, delta_ptrs, R,
         high = _dot(qr, _chunk_t(R, c0, S, srow, d, d_ok, BN), PRECISION, UPCAST)
         bias_t = tl.trans(_skewed(low, high, BM, BN) * row_scale)  # (BN,BM)
         s_t = tl.fma(_dot(k, q_t, PRECISION, UPCAST), qk_scale, bias_t)
-        p_t = tl.exp2(s_t - lse[None, :])
-        if MASKED:
-            p_t = tl.where(_valid(i[None, :], j[:, None], TQ, TK, CAUSAL), p_t, 0.0)
+        p_t = _probabilities(s_t, lse[None, :], i[None, :], j[:, None], TQ, TK, CAUSAL, MASKED)  # (BN,BM)
         dv += _dot(p_t.to(do.dtype), do, PRECISION, UPCAST)
         dp_t = _dot(v, tl.trans(do), PRECISION, UPCAST)  # (BN,BM)
         if HAS_VALUES:  # d out_i / d p_ij also reads VT[c]: dO_i . VT[c]
@@ -285,17 +288,13 @@ def _dq_tiles(dq, dqr, prev, prev_v, ds_sum, p_sum, q, qr, do, lse, delta, k_ptr
     v_ptrs += n_start * svt
     for n0 in range(n_start, n_end, BN):
         j = n0 + tl.arange(0, BN)
-        kv_mask_t = (j[None, :] < TK) & d_ok[:, None] if MASKED else d_ok[:, None]
-        k_t = tl.load(k_ptrs, mask=kv_mask_t, other=0.0)  # (BD,BN)
-        v_t = tl.load(v_ptrs, mask=kv_mask_t, other=0.0)
+        k_t, v_t = _key_tile(k_ptrs, v_ptrs, j, TK, d_ok, MASKED, False)  # (BD,BN) each
         c0 = c_base + n0
         r_t = _chunk_t(R, c0, S, srow, d, d_ok, BN)  # (BD,BN)
         cur = _dot(qr, r_t, PRECISION, UPCAST) * row_scale
         s = tl.fma(_dot(q, k_t, PRECISION, UPCAST), qk_scale, _skewed(prev, cur, BM, BN))
         prev = cur
-        p = tl.exp2(s - lse[:, None])
-        if MASKED:
-            p = tl.where(_valid(i[:, None], j[None, :], TQ, TK, CAUSAL), p, 0.0)
+        p = _probabilities(s, lse[:, None], i[:, None], j[None, :], TQ, TK, CAUSAL, MASKED)  # (BM,BN)
         dp = _dot(do, v_t, PRECISION, UPCAST)  # (BM,BN)
         if HAS_VALUES:
             cur_v = _dot(do, _chunk_t(VT, c0, S, svrow, d, d_ok, BN), PRECISION, UPCAST)
