@@ -127,3 +127,17 @@ def test_cost_estimate_charges_decoded_tokens_more_under_a_map():
     plain = decoding(8192, False)
     assert 0.05 * 128 < plain < 0.2 * 128 and decoding(8192, True) > 1.5 * plain
     assert decoding(16384, False) > plain  # grows with T
+
+
+def test_the_run_plans_with_the_model_it_loaded():
+    """`posenc extend`'s printed plan reads the loaded model's config (meta-device models: shapes, no memory)."""
+    from posenc.experiments.config import loader as config_loader
+    from posenc.experiments.extend.config import ExtendConfig
+    from posenc.experiments.extend.run import estimate_minutes
+
+    cfg = config_loader.build(ExtendConfig, {"extend": {"methods": ["none", "yarn"]},
+                                             "perplexity": {"lengths": [4096, 8192]}, "passkey": {"lengths": [8192]}})
+    with torch.device("meta"):
+        smollm2, deep = Llama(SMOLLM2), Llama(dataclasses.replace(SMOLLM2, n_layer=60))
+    plan = estimate_minutes(cfg, smollm2)
+    assert 1.8 * plan < estimate_minutes(cfg, deep) < 2 * plan  # all but the LM head doubles
