@@ -3,7 +3,8 @@ only), for runs without a position map. Compare CPU seconds, not wall time: on s
 waiting; CPU seconds are inflated less (a thread pool's spinning still counts).
     .venv/bin/python scripts/cost_plan_check.py [--dense] MODEL RUN_DIR...
 MODEL: a GGUF path or a built-in name (gemma3-270m, smollm2-135m); only its header is read. --dense: the run was made
-before sliding layers attended block by block (their whole (Tq, Tk) mask), so estimate it that way."""
+before sliding layers attended block by block (their whole (Tq, Tk) mask), so estimate it that way. RULER prompts are
+estimated without their decoded tokens (progress.json does not say how many): a lower bound."""
 
 from __future__ import annotations
 
