@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posenc.errors import bad_value
+from posenc.experiments.extend.forward_work import ForwardWork, decode_keys, prefill_pairs
 from posenc.models.llama import Llama
 from posenc.nn.kv_cache import KVCache
 
@@ -93,29 +94,36 @@ def greedy_answer(model: Llama, ids: Tensor, new_tokens: int, chunk: int, stop: 
     return tokens
 
 
-# Cost of one prefill, CPU-seconds (2 threads, bfloat16 autocast) measured on the development machine
-# (Xeon with AMX, under load from other jobs): one call from an empty cache took 17 s at 8k tokens,
-# 50 s at 16k and 148 s at 32k, i.e. about COST_TOKEN per token (projections, MLP) plus COST_PAIR per
-# causal query-key pair (attention). Chunks after the first take SDPA's masked path, which measured
-# MASKED_PAIR_COST times the causal kernel's cost per pair.
+# Cost of one prefill, CPU-seconds (2 threads, bfloat16 autocast) measured on SmolLM2-135M on the development machine
+# (Xeon with AMX, under load from other jobs): one call from an empty cache took 17 s at 8k tokens, 50 s at 16k and
+# 148 s at 32k, i.e. about 1.55e-3 CPU s per token (projections, MLP) plus 1.8e-7 per causal query-key pair
+# (attention). Kept per multiply-add (forward_work counts them from a model's config) so the plan scales with the
+# model: SmolLM2 has 106.2M MACs per token in its layers and 34,560 per pair (30 layers x 2 x 9 heads x 64), so
+# TOKEN_MAC_SECONDS = 1.55e-3 / 106.2M and PAIR_MAC_SECONDS = 1.8e-7 / 34,560. The LM head (SmolLM2: 28.3M MACs)
+# is charged at the layers' rate per scored position: the measured forwards' head ran in slices whose cost was not
+# separated, so SmolLM2's retrieval prompts keep the estimate measured and its perplexity forwards gain the head.
+# Chunks after the first take SDPA's masked path, which measured MASKED_PAIR_COST times the causal kernel's cost
+# per pair; a sliding layer's blocks take it too (posenc.nn.sliding_window).
 # An attention position map (Self-Extend, DCA) costs MAPPED_PAIR_COST times plain causal attention per pair:
 # one SmolLM2 layer at 32,768 tokens, float32, one thread, on an AMD Zen 5 (AVX-512): plain SDPA 13.5 CPU s,
 # Self-Extend 23.3 s, DCA 22.6 s (EXTEND.md, "cost of the maps"); the windowed maps cost less, so it bounds them.
-COST_TOKEN, COST_PAIR, MASKED_PAIR_COST, MAPPED_PAIR_COST = 1.55e-3, 1.8e-7, 2.2, 1.7
-# A decoded token behind a T-token cache: DECODE_TOKEN (the weights) + DECODE_PAIR per cached key, and
+TOKEN_MAC_SECONDS, PAIR_MAC_SECONDS, MASKED_PAIR_COST, MAPPED_PAIR_COST = 1.46e-11, 5.21e-12, 2.2, 1.7
+# A decoded token behind a T-token cache: the weights' products (layers and head) plus the cached keys' pairs, and
 # MAPPED_DECODE_COST times that under a map. Measured alone, one thread, AMD Zen 5, SmolLM2 at T = 8,192
-# (scripts/decode_cost.py): 0.10 CPU s plain (about half of it the weights' matrix products), 0.19 under Self-Extend.
-DECODE_TOKEN, DECODE_PAIR, MAPPED_DECODE_COST = 0.05, 6e-6, 1.9
+# (scripts/decode_cost.py): 0.10 CPU s plain (about half of it the weights' matrix products: 0.05 s over 134.5M
+# MACs), 0.19 under Self-Extend; the rest 6e-6 s per cached key over 34,560 MACs.
+DECODE_MAC_SECONDS, DECODE_PAIR_MAC_SECONDS, MAPPED_DECODE_COST = 3.72e-10, 1.74e-10, 1.9
 
 
-def estimated_cpu_seconds(length: int, chunk: int, mapped: bool = False, decoded: int = 0) -> float:
-    """Rough bfloat16 cost of prefilling `length` tokens `chunk` at a time (see the constants), then decoding
-    `decoded` tokens; `mapped`: under an attention position map."""
-    step = length if chunk <= 0 else min(chunk, length)
-    seconds = COST_TOKEN * length + decoded * (DECODE_TOKEN + DECODE_PAIR * length) * (
-        MAPPED_DECODE_COST if mapped else 1.0)
-    for start in range(0, length, step):
-        size = min(step, length - start)
-        pairs = size * start + size * size / 2
-        seconds += COST_PAIR * pairs * (MAPPED_PAIR_COST if mapped else 1.0 if start == 0 else MASKED_PAIR_COST)
-    return seconds
+def estimated_cpu_seconds(work: ForwardWork, length: int, chunk: int, mapped: bool = False, decoded: int = 0,
+                          scored: int = 1, blocked: bool = True) -> float:
+    """Rough bfloat16 cost of prefilling `length` tokens of a model doing `work` (forward_work) `chunk` at a time,
+    scoring `scored` positions with the LM head (perplexity: every one; a retrieval prompt: its last), then
+    decoding `decoded` tokens; `mapped`: under an attention position map; blocked=False: sliding layers with the
+    dense mask posenc used before their block path (to check runs made then)."""
+    pairs = prefill_pairs(work, length, chunk, mapped, blocked)
+    seconds = TOKEN_MAC_SECONDS * (work.token * length + work.head * scored)
+    seconds += PAIR_MAC_SECONDS * (pairs.causal + MASKED_PAIR_COST * pairs.masked + MAPPED_PAIR_COST * pairs.mapped)
+    per_decoded = DECODE_MAC_SECONDS * (work.token + work.head) + DECODE_PAIR_MAC_SECONDS * decode_keys(
+        work, length, mapped)
+    return seconds + decoded * per_decoded * (MAPPED_DECODE_COST if mapped else 1.0)

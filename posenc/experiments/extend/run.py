@@ -15,6 +15,7 @@ from posenc.errors import bad_value
 from posenc.experiments.config import loader as config_loader
 from posenc.experiments.config.sections import run_device
 from posenc.experiments.extend.config import OLD_CONFIG_FILE, RULE, ExtendConfig
+from posenc.experiments.extend.forward_work import forward_work
 from posenc.experiments.extend.long_context import bfloat16_linears, estimated_cpu_seconds, inference
 from posenc.experiments.extend.model import load_model, model_name
 from posenc.experiments.extend.passkey import planned_passkey_tokens, planned_prompts, run_passkey
@@ -59,10 +60,12 @@ def _check_tune_length(cfg: ExtendConfig, builder: PromptBuilder, ruler_builder:
 
 
 def estimate_minutes(cfg: ExtendConfig, model: Llama) -> float:
-    """Rough wall minutes on 2 idle cores for the planned forwards (bfloat16; float32 takes roughly 2-3x)."""
-    lengths = planned_forwards(model, cfg) + planned_prompts(cfg, model)
-    seconds = sum(estimated_cpu_seconds(n, cfg.model.prefill_chunk, mapped) for n, mapped in lengths)
-    seconds += sum(estimated_cpu_seconds(n, cfg.model.prefill_chunk, mapped, decoded)
+    """Rough wall minutes on 2 idle cores for the planned forwards of this model (bfloat16; float32 takes roughly
+    2-3x): a perplexity forward scores every position, a retrieval prompt its last and then decodes."""
+    work, chunk = forward_work(model.cfg), cfg.model.prefill_chunk
+    seconds = sum(estimated_cpu_seconds(work, n, chunk, mapped, scored=n) for n, mapped in planned_forwards(model, cfg))
+    seconds += sum(estimated_cpu_seconds(work, n, chunk, mapped) for n, mapped in planned_prompts(cfg, model))
+    seconds += sum(estimated_cpu_seconds(work, n, chunk, mapped, decoded)
                    for n, mapped, decoded in [*planned_ruler_prompts(cfg, model), *planned_tuning_prompts(cfg)])
     return seconds / 2 / 60
 
