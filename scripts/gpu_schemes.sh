@@ -18,6 +18,7 @@ if [ "${QUICK:-0}" = 1 ]; then
   SIZES=(); CASES=(tests/nn/triton_pieces_cases.py tests/nn/triton_cope_cases.py)
 else  # four test processes share the GPU: the kernels' compiles run side by side
   BENCH=(); KERNELS=(); KERNEL_TESTS=(-n 4); SIZES=(--lengths 1024,4096,16384 --head-dims 64,128 --kv-groups 1,4)
+  CASES+=(tests/models/test_static_decode.py)  # its CUDA-only test captures and replays the decode step
 fi
 PART_KILL_AFTER=5  # the parts' limits (160 + 160 + 110 + 30) and 5 s to stop each: 480 s at the very most
 source "$(dirname "$0")/gpu_parts.sh"
