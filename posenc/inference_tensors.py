@@ -56,4 +56,24 @@ def ordinary(build: Callable[[], Value]) -> Value:
         return build()
 
 
-__all__ = ["FIXED", "made_for_one_call", "ordinary", "position_version", "tensor_version"]
+__all__ = ["FIXED", "LastPositions", "made_for_one_call", "ordinary", "position_version", "tensor_version"]
+
+
+class LastPositions:
+    """fn(*positions) for the last positions tensors asked, kept while they are the same tensors, unchanged: every
+    layer (and scheme) of a forward receives the same positions, and what fn reads from them (on a GPU, a host read
+    that waits for the device) is read once per forward, not once per layer. A tensor changed in place since has
+    another version; an inference tensor not made by posenc for one call never hits (position_version)."""
+
+    def __init__(self, fn: Callable[..., Value]) -> None:
+        self.fn, self.last = fn, None
+
+    def __call__(self, *positions: Tensor) -> Value:
+        versions = tuple(position_version(p) for p in positions)
+        hit = self.last
+        if hit is not None and hit[1] == versions and all(a is b for a, b in zip(hit[0], positions, strict=True)):
+            return hit[2]
+        value = self.fn(*positions)
+        self.last = (positions, versions, value)
+        return value
+

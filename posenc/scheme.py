@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from posenc.inference_tensors import position_version
+from posenc.inference_tensors import LastPositions
 
 # flex_attention's score_mod signature: (score, batch, head, q_idx, kv_idx) -> score.
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
@@ -277,22 +277,8 @@ def extremes(pos: Tensor) -> tuple[int, int]:
     return int(lowest), int(highest)
 
 
-_row_memo: list[tuple | None] = [None]  # (pos, its version, (row, lowest, highest)) of the last positions asked
-
-
-def shared_row_extremes(pos: Tensor) -> tuple[Tensor, int, int]:
-    """(shared_row(pos), *extremes(pos)) with one read of the device, remembered for the positions tensor: every
-    layer and every scheme of a forward (Gemma's local and global RoPE) receive the same one, and each read waits
-    for the device. A tensor changed in place since has another version (posenc.inference_tensors)."""
-    hit, version = _row_memo[0], position_version(pos)
-    if hit is not None and hit[0] is pos and hit[1] == version:
-        return hit[2]
-    facts = _row_and_extremes(pos)
-    _row_memo[0] = (pos, version, facts)
-    return facts
-
-
 def _row_and_extremes(pos: Tensor) -> tuple[Tensor, int, int]:
+    """(shared_row(pos), *extremes(pos)) with one read of the device."""
     if pos.numel() <= 1:
         return (pos, *extremes(pos))
     lowest, highest = pos.aminmax()
@@ -302,6 +288,11 @@ def _row_and_extremes(pos: Tensor) -> tuple[Tensor, int, int]:
         return (pos[:1] if pos.dim() == 2 and pos.shape[0] >= 2 else pos), int(low), int(high)
     low, high, same = torch.stack((lowest, highest, (pos == pos[:1]).all().to(lowest.dtype))).tolist()
     return (pos[:1] if same else pos), int(low), int(high)
+
+
+# (shared_row(pos), *extremes(pos)), kept for the positions tensor: every layer and every scheme of a forward
+# (Gemma's local and global RoPE) receive the same one.
+shared_row_extremes = LastPositions(_row_and_extremes)
 
 
 def cast(t: Tensor, dtype: torch.dtype) -> Tensor:

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from posenc.inference_tensors import position_version
+from posenc.inference_tensors import LastPositions
 from posenc.masks import causal_mask
 from posenc.nn import dispatch
 from posenc.nn.kv_cache import KVCache
@@ -121,20 +121,13 @@ class DecoderAttention(nn.Module):
         return allowed
 
 
-_span_memo: list[tuple | None] = [None]  # (q_pos, k_pos, their versions, span) of the last forward
+def _span(q_pos: Tensor, k_pos: Tensor) -> int:
+    return int(q_pos.max() - k_pos.min())  # one read for both
 
 
-def position_span(q_pos: Tensor, k_pos: Tensor) -> int:
-    """max(q_pos) - min(k_pos): the widest distance any query reaches, read once per forward. Every layer of a
-    forward receives the same position tensors, and each read of a device value waits for the device (Gemma 3 270M:
-    15 sliding layers a token); a positions tensor changed in place since has another version."""
-    hit = _span_memo[0]
-    versions = (position_version(q_pos), position_version(k_pos))
-    if hit is not None and hit[0] is q_pos and hit[1] is k_pos and hit[2] == versions:
-        return hit[3]
-    span = int(q_pos.max() - k_pos.min())  # one read for both
-    _span_memo[0] = (q_pos, k_pos, versions, span)
-    return span
+# max(q_pos) - min(k_pos), the widest distance any query reaches, read once per forward (each read of a device value
+# waits for the device; Gemma 3 270M has 15 sliding layers a token)
+position_span = LastPositions(_span)
 
 
 def masked_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, allowed: Tensor,

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from posenc.inference_tensors import position_version, tensor_version
+from posenc.inference_tensors import LastPositions, position_version, tensor_version
 from posenc.nn import fused_attention, kept_tables, recomputed
 from posenc.nn import triton as gpu
 from posenc.nn.call import Call
@@ -33,7 +33,6 @@ from posenc.scheme import PiecewiseBias, Scheme, cast
 
 QUERY_CHUNK = 256  # queries per chunk for rows per query (Transformer-XL's span every key the chunk sees)
 # Positions and rows are shared by all layers of a forward: one check and one row per forward, not per layer.
-_offsets_memo: list = [None]  # (q_pos, k_pos, versions, delta)
 _memo: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # scheme -> {kind: (q_pos, k_pos, key, value)}
 
 
@@ -43,17 +42,6 @@ class Offsets(NamedTuple):
     delta: Tensor  # (B,) int64
     lowest: int
     highest: int
-
-
-def position_offsets(q_pos: Tensor, k_pos: Tensor) -> Offsets | None:
-    """(B,Tq), (B,Tk) -> Offsets when every row of both counts up by one, else None."""
-    hit = _offsets_memo[0]
-    versions = (position_version(q_pos), position_version(k_pos))
-    if hit is not None and hit[0] is q_pos and hit[1] is k_pos and hit[2] == versions:
-        return hit[3]
-    offsets = _offsets(q_pos, k_pos)
-    _offsets_memo[0] = (q_pos, k_pos, versions, offsets)
-    return offsets
 
 
 def _steps_not_one(pos: Tensor) -> Tensor | None:
@@ -75,6 +63,10 @@ def _offsets(q_pos: Tensor, k_pos: Tensor) -> Offsets | None:
     wrong = [n for n in (_steps_not_one(q_pos), _steps_not_one(k_pos)) if n is not None]
     low, high, *not_one = torch.stack((lowest, highest, *wrong)).tolist()
     return None if any(not_one) else Offsets(delta, low, high)
+
+
+# (B,Tq), (B,Tk) -> Offsets when every row of both counts up by one, else None; once per forward
+position_offsets = LastPositions(_offsets)
 
 
 def relative_span(offsets: Offsets, tq: int, tk: int, causal: bool) -> tuple[int, int]:
