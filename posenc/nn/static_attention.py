@@ -23,7 +23,7 @@ def slot_attention(q: Tensor, k: Tensor, v: Tensor, row: Tensor, softcap: float 
     g = h // hkv
     out = F.scaled_dot_product_attention(q.reshape(b, hkv, g, dh), k, v,
                                          attn_mask=row.expand(b, h, 1, slots).reshape(b, hkv, g, slots))
-    return out.view(b, h, 1, dh)
+    return out.reshape(b, h, 1, dh)  # CUDA's kernels return (b, hkv, g, dh) in another memory order
 
 
 __all__ = ["slot_attention"]
