@@ -1,0 +1,138 @@
+"""Where the GPU time goes, for the cases the first GPU run found slow (BENCHMARKS-gpu.md, 2026-11-26 H200): each
+case warmed up, then run under torch.profiler; per case the host's wall time per call against the kernels' own
+time (a host-bound call shows a wall far above its kernels), the host syncs per call, and the operators and kernels
+that take the time.
+
+    python -m benchmarks.gpu_profile [--cases rope_backward,kerple_backward,...] [--quick --device cpu]
+
+Cases (bf16 on a GPU): rope_backward (RoPE forward+backward, 1x32x4096x128), kerple_backward and alibi_backward
+(attention forward+backward, B=4, T=4096, Dh 64, 16 heads), alibi_1k (the forward at B=16, T=1024: the launch-bound
+end), decode_none (the ordinary eager decode step of the 12 x 768 GPT against a 4k cache), self_extend_prompt (a
+16k prompt's attention under Self-Extend, Dh 128, GQA 32:8).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+
+import torch
+
+from benchmarks.gpu_sections import _forward_backward, attention_cells
+from posenc.models import GPT, GPTConfig
+from posenc.nn import dispatch
+from posenc.rotary._core import apply_rotary, cos_sin, inv_frequencies
+
+SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "aten::_local_scalar_dense")
+
+
+def rope_backward(device, dtype, quick):
+    b, h, t, d = (1, 2, 32, 16) if quick else (1, 32, 4096, 128)
+    x = torch.randn(b, h, t, d, device=device, dtype=dtype, requires_grad=True)
+    cos, sin = (c.to(device) for c in cos_sin(torch.arange(t)[None], inv_frequencies(d, 10000.0)))
+    return _forward_backward(lambda: apply_rotary(x, cos, sin, False), [x])
+
+
+def _attention(name, backward, batch, t, device, dtype, quick):
+    heads, dh, batch, t = (2, 16, 1, 64) if quick else (16, 64, batch, t)
+    q, k, v = (torch.randn(batch, heads, t, dh, device=device, dtype=dtype, requires_grad=backward) for _ in range(3))
+    return attention_cells(name, q, k, v, device, backward, peers=False)[f"posenc {name}"]
+
+
+def decode_none(device, dtype, quick):
+    layers, d_model, heads, context = (2, 64, 2, 64) if quick else (12, 768, 12, 4096)
+    model = GPT(GPTConfig(vocab_size=50304, n_layer=layers, n_head=heads, d_model=d_model, max_seq_len=context + 512,
+                          position_embedding_type="none")).to(device).eval().to(dtype)
+    cache = model.new_cache()
+    with torch.no_grad():
+        model(torch.randint(0, 50304, (1, context), device=device), cache=cache)
+    token = torch.zeros(1, 1, dtype=torch.long, device=device)
+
+    def step():
+        with torch.no_grad():
+            return model(token, cache=cache)
+    return step
+
+
+def self_extend_prompt(device, dtype, quick):
+    from posenc.position_maps.scheme import PositionMapped
+    from posenc.registry import build, build_position_map
+    from posenc.scheme import Dims
+
+    t, dh, heads, kv = (64, 16, 4, 2) if quick else (16384, 128, 32, 8)
+    dims = Dims(d_model=heads * dh, n_head=heads, head_dim=dh, max_seq_len=t // 4, n_kv_head=kv)
+    mapped = PositionMapped(build("rope", dims).to(device),
+                            build_position_map({"type": "self_extend", "group_size": 8, "window": 1024}, t // 4))
+    q = torch.randn(1, heads, t, dh, device=device, dtype=dtype)
+    k, v = (torch.randn(1, kv, t, dh, device=device, dtype=dtype) for _ in range(2))
+    pos = torch.arange(t, device=device)[None]
+
+    def call():
+        with torch.no_grad():
+            return dispatch.attention(q, k, v, mapped, pos, pos, True)
+    return call
+
+
+CASES: dict[str, Callable] = {
+    "rope_backward": rope_backward,
+    "kerple_backward": lambda device, dtype, quick: _attention("kerple", True, 4, 4096, device, dtype, quick),
+    "alibi_backward": lambda device, dtype, quick: _attention("alibi", True, 4, 4096, device, dtype, quick),
+    "alibi_1k": lambda device, dtype, quick: _attention("alibi", False, 16, 1024, device, dtype, quick),
+    "decode_none": decode_none,
+    "self_extend_prompt": self_extend_prompt,
+}
+
+
+def profile(name: str, call: Callable, device: torch.device, calls: int, rows: int) -> None:
+    cuda = device.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    for _ in range(3):
+        call()
+    sync()
+    start = time.perf_counter()
+    for _ in range(calls):
+        call()
+    sync()
+    wall = (time.perf_counter() - start) / calls
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(calls):
+            call()
+        sync()
+    events = prof.key_averages()
+    device_us = sum(e.self_device_time_total for e in events) / calls if cuda else float("nan")
+    syncs = {e.key: e.count // calls for e in events if e.key in SYNCS and e.count}
+    print(f"\n## {name}: wall {1e3 * wall:.3f} ms per call, kernels {device_us / 1e3:.3f} ms per call, "
+          f"host syncs per call {syncs or 0}")
+    sort = "self_device_time_total" if cuda else "self_cpu_time_total"
+    print(events.table(sort_by=sort, row_limit=rows, max_name_column_width=70))
+    if cuda:
+        print(events.table(sort_by="self_cpu_time_total", row_limit=rows, max_name_column_width=70))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--quick", action="store_true", help="toy sizes (the code paths only)")
+    parser.add_argument("--calls", type=int, default=10)
+    parser.add_argument("--rows", type=int, default=12)
+    args = parser.parse_args(argv)
+    names = [c for c in args.cases.split(",") if c]
+    unknown = sorted(set(names) - set(CASES))
+    if unknown:
+        parser.error(f"--cases: unknown {unknown}; allowed: {', '.join(CASES)}")
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    print(f"{torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}: torch {torch.__version__}")
+    for name in names:
+        try:
+            profile(name, CASES[name](device, dtype, args.quick), device, args.calls, args.rows)
+        except Exception as error:  # one case's failure leaves the others' tables
+            print(f"\n## {name}: failed: {type(error).__name__}: {error}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
