@@ -156,3 +156,31 @@ def test_a_sliding_window_over_the_map():
     _close(got, expected, FLOAT32, "windowed")
     unwindowed = _both(_mapped("partial_interleaved", MAPS[0]), torch.float32, 30, 30)[0]
     assert (got - unwindowed).abs().max().item() > 1e-3  # the window removes keys the map attends
+
+
+# Six 16-key tiles of the interpreter: tiles under one map for every pair (each map of each rule: no selection, no
+# mask), tiles no pair of which is attended (skipped), and mixed tiles, prefill and decode (keys rotated by the
+# host, then by the kernel). The regions are wider than a tile, so whole tiles occur; 3 + arange positions put
+# the chunk and window edges off the tiles' edges.
+LONG = 96
+LONG_MAPS = [{"type": "self_extend", "group_size": 4, "window": 40},
+             {"type": "dual_chunk", "chunk_size": 32, "local_window": 4},
+             {"type": "dual_chunk", "chunk_size": 48, "local_window": 4},  # whole tiles inside one chunk
+             {"type": "lm_infinite", "n_global": 2, "window": 40, "max_distance": 40},
+             {"type": "attention_sinks", "n_sink": 16}]  # a whole tile of sinks
+
+
+@pytest.mark.parametrize("spec", LONG_MAPS, ids=lambda s: "-".join(map(str, s.values())))
+@torch.no_grad()
+def test_tiles_under_one_map_skipped_and_mixed(spec):
+    for tq in (LONG, 40, 1):  # a prompt, a chunk after cached keys, a decode step
+        got, expected = _both(_mapped("yarn", spec), torch.float32, tq, LONG)
+        _close(got, expected, FLOAT32, f"Tq={tq}")
+
+
+@torch.no_grad()
+def test_a_sliding_window_over_long_tiles():
+    """Tiles past the window are skipped whole, tiles inside it run unmasked, the window's edge per pair."""
+    for tq in (LONG, 1):
+        got, expected = _both(_mapped("yarn", LONG_MAPS[0], slide=24), torch.float32, tq, LONG)
+        _close(got, expected, FLOAT32, f"windowed Tq={tq}")

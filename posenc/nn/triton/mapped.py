@@ -30,12 +30,16 @@ from posenc.position_map import PAIR_RULES, PairRule
 MAX_MAPS = 3  # query copies held per program (DCA's three)
 # Sweeps at bf16, DCA (three maps: the most registers), registers / spilled bytes / loop instructions: Dh 128
 # 128x32 8 warps 254/0/1233; 128x64 8 warps 255/608/2902; 64x64 4 warps 255/584/2994. Self-Extend at 128: 128x32
-# 227/0/726, 128x64 256 B spilled. Dh 64: 128x64 8 warps 328 B spilled.
+# 227/0/726, 128x64 256 B spilled. Dh 64: 128x64 8 warps 328 B spilled. With the whole-tile path (a tile under one
+# map, unmasked) beside the per-pair one, Dh 256's 64x32 spilled 16 B; 64x16 8 warps 238/0 (32x32: 1.3x the
+# instructions per pair).
 _PREFILL = {16: Tiles(128, 32, 8, 2), 32: Tiles(128, 32, 8, 2), 64: Tiles(128, 32, 8, 2),
-            128: Tiles(128, 32, 8, 2), 256: Tiles(64, 32, 8, 2)}
-# Decoding (keys split into shares): Dh 32 16x64 4 warps spilled 8 B (stack), 8 warps none.
-_DECODE = {16: Tiles(16, 64, 8, 2), 32: Tiles(16, 64, 8, 2), 64: Tiles(16, 64, 4, 2),
-           128: Tiles(16, 64, 4, 2), 256: Tiles(16, 32, 4, 2)}
+            128: Tiles(128, 32, 8, 2), 256: Tiles(64, 16, 8, 2)}
+# Decoding (keys split into shares): Dh 32 16x64 4 warps spilled 8 B (stack), 8 warps none. With the whole-tile
+# path, 16x64 8 warps spilled 16-24 B at Dh 16 and 32 (16x32 8 warps: none, 15 instructions per key against 18 at
+# 16x64 4 warps), and 16x64 4 warps 8 B at Dh 80 and 96 (8 warps: none).
+_DECODE = {16: Tiles(16, 32, 8, 2), 32: Tiles(16, 32, 8, 2), 64: Tiles(16, 64, 4, 2),
+           128: Tiles(16, 64, 8, 2), 256: Tiles(16, 32, 4, 2)}
 INTERPRETED_TILES = Tiles(16, 16, 1, 1)
 
 
@@ -49,8 +53,9 @@ def padded(n: int) -> int:
 
 
 # float32 (TF32) decoding: 16x64 and 16x32 left 8-16 B of stack at Dh 16-128 in one map or another (the full sweep);
-# 16x32 4 warps at Dh 16 and 16x16 4 warps above spill nothing.
-_FP32_DECODE = {16: Tiles(16, 32, 4, 2), 32: Tiles(16, 16, 4, 2), 64: Tiles(16, 16, 4, 2), 128: Tiles(16, 16, 4, 2)}
+# 16x32 4 warps at Dh 16 and 16x16 4 warps above spill nothing. With the whole-tile path, LM-Infinite's key-rotating
+# step at Dh 64 spilled 8 B at 16x16 4 warps (16x32 4 warps: none), and Dh 32's 16x16 8 B (16x32 8 warps: none).
+_FP32_DECODE = {16: Tiles(16, 32, 4, 2), 32: Tiles(16, 32, 8, 2), 64: Tiles(16, 32, 4, 2), 128: Tiles(16, 16, 4, 2)}
 
 
 def gpu_tiles(decode: bool, head_dim: int, dtype: torch.dtype) -> Tiles:
