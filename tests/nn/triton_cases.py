@@ -19,13 +19,12 @@ from posenc.contract.models import perturb_scheme_parameters
 from posenc.models import GPT
 from posenc.nn import dispatch
 from posenc.nn import triton as gpu
-from posenc.nn.attention_core import attend_eager
 from posenc.registry import SCHEMES
 from posenc.registry import build as registry_build
 from posenc.rotary import _core, _fast
 from posenc.scheme import Scheme
 from tests.conftest import tiny_config
-from tests.nn.triton_support import kernel_device, twins, within_reach
+from tests.nn.triton_support import attention_reference, kernel_device, twins, within_reach
 
 pytestmark = pytest.mark.skipif(not gpu.installed(), reason="triton is not installed")
 INTERPRETED, DEVICE = kernel_device()
@@ -48,12 +47,6 @@ def close(actual: torch.Tensor, exact: torch.Tensor, low: torch.Tensor, dtype: t
     """The kernel's error against the float64 reference within FACTOR x the reference's own at the kernel's
     precision (low), and within TOLERANCE[dtype] of the largest value at least."""
     within_reach(actual, exact, low, TOLERANCE[dtype], what)
-
-
-def attention_reference(q, k, v, bias, causal):
-    """softmax(q k^T / sqrt(Dh) + bias + mask) v, matmuls written out (in float32 they run as TF32 on a GPU, as the
-    kernels' do; SDPA's fused float32 kernels would not): computed in q's dtype, the bias cast to it."""
-    return attend_eager(q, k, v, bias, causal)[0]
 
 
 def inputs(b, h, hkv, tq, tk, dtype, seed=0):

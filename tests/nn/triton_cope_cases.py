@@ -19,7 +19,7 @@ from posenc.nn import dispatch
 from posenc.nn import triton as gpu
 from posenc.registry import build
 from tests.conftest import tiny_config
-from tests.nn.triton_support import all_within_reach, kernel_device, twins, within_reach
+from tests.nn.triton_support import SoftmaxTimesValues, all_within_reach, kernel_device, twins, within_reach
 
 pytestmark = pytest.mark.skipif(not gpu.installed(), reason="triton is not installed")
 INTERPRETED, DEVICE = kernel_device(tf32=True)  # the kernel serves float32 as TF32 on a GPU
@@ -34,21 +34,25 @@ TOLERANCE = {torch.float32: 2e-5 if INTERPRETED else 5e-3, torch.bfloat16: 3e-2}
 
 def reference(q, k, v, table):
     """The paper's CoPE attention, written out pair by pair from its formulas: gates, positions counted from the
-    query back, the table interpolated between floor and ceil, then softmax. Computed in q's dtype: float64 leaves
-    give the exact reference; the kernel's own (TF32 matmuls on a GPU, bf16) the low one."""
-    table = table.to(q.dtype)
+    query back, the table interpolated between floor and ceil, then softmax. Computed at q's precision: float64
+    leaves give the exact reference; the kernel's own the low one (TF32 matmuls on a GPU; bf16 scores and P V, but
+    positions, the table and the bias in float32 as the kernel keeps them: a bf16 count of dozens of gates keeps
+    no fraction, and its error would be the reference's, not the kernel's)."""
+    wide = torch.promote_types(q.dtype, torch.float32)
+    table = table.to(wide)
     h, tq, tk, dh = q.shape[1], q.shape[2], k.shape[2], q.shape[3]
     k, v = (t.repeat_interleave(h // t.shape[1], dim=1) for t in (k, v))
     z = q @ k.transpose(-1, -2) / dh**0.5  # (B,H,Tq,Tk)
     seen = torch.arange(tk)[None, :] <= torch.arange(tq)[:, None] + (tk - tq)  # query i is key i + Tk - Tq
     gates = torch.where(seen.to(q.device), torch.sigmoid(z), 0.0)
-    positions = torch.stack([gates[..., j:].sum(-1) for j in range(tk)], -1).clamp(max=table.shape[0] - 1)
+    positions = torch.stack([gates[..., j:].sum(-1, dtype=wide) for j in range(tk)], -1)
+    positions = positions.clamp(max=table.shape[0] - 1)
     low, high = positions.floor(), positions.ceil()
     weight = positions - low  # (B,H,Tq,Tk)
     e_low, e_high = table[low.long()], table[high.long()]  # (B,H,Tq,Tk,Dh)
     bias = ((weight[..., None] * e_high + (1 - weight[..., None]) * e_low) * q[..., None, :]).sum(-1)
     logits = (z + bias).masked_fill(~seen.to(q.device), float("-inf"))
-    return torch.softmax(logits, -1) @ v
+    return SoftmaxTimesValues.apply(logits, v)  # the kernel's backward: D = rowsum(dO * O)
 
 
 CASES = {  # name: (B, H, Hkv, Tq, Tk, Dh, P): P = 3 clamps most pairs (whole tiles past P - 1 gates), 64 none

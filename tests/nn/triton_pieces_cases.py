@@ -18,10 +18,9 @@ import torch
 from posenc.contract.models import perturb_scheme_parameters
 from posenc.nn import dispatch
 from posenc.nn import triton as gpu
-from posenc.nn.attention_core import attend_eager
 from posenc.registry import build
 from tests.conftest import tiny_config
-from tests.nn.triton_support import kernel_device, twins, within_reach
+from tests.nn.triton_support import attention_reference, kernel_device, twins, within_reach
 
 pytestmark = pytest.mark.skipif(not gpu.installed(), reason="triton is not installed")
 INTERPRETED, DEVICE = kernel_device()
@@ -52,11 +51,6 @@ CASES = {  # name: (B, H, Hkv, Dh, Tq, Tk, causal, dtype, knot spread: see fire(
 def close(actual, exact, low, dtype: torch.dtype, what: str, tolerance=None) -> None:
     """FlashAttention's rule against the float64 reference (exact) and the same at the kernel's precision (low)."""
     within_reach(actual, exact, low, tolerance or TOLERANCE[dtype], what)
-
-
-def reference(q, k, v, bias, causal):
-    """softmax(q k^T / sqrt(Dh) + bias + mask) v in q's dtype, matmuls written out (TF32 on a GPU in float32)."""
-    return attend_eager(q, k, v, bias, causal)[0]
 
 
 def fire(heads: int, head_dim: int, threshold: float, spread: float = 1.0):
@@ -93,8 +87,8 @@ def test_fire_kernel_equals_the_float64_dense_bias_with_every_gradient(case, mon
     assert calls, "the dispatch must run FIRE through the Triton kernel"
     exact_scheme = copy.deepcopy(scheme).double()
     q64, k64, v64 = twins([q, k, v])
-    exact = reference(q64, k64, v64, exact_scheme.bias(q_pos, k_pos, q64, k64), causal)
-    low = reference(q, k, v, scheme.bias(q_pos, k_pos, q, k), causal)  # the bias cast to q's dtype
+    exact = attention_reference(q64, k64, v64, exact_scheme.bias(q_pos, k_pos, q64, k64), causal)
+    low = attention_reference(q, k, v, scheme.bias(q_pos, k_pos, q, k), causal)  # the bias cast to q's dtype
     close(out, exact, low, dtype, f"{case} output")
     grad = torch.randn(out.shape, generator=g, dtype=torch.float64).to(DEVICE)
     names = ["dq", "dk", "dv", *(f"d{n}" for n, p in scheme.named_parameters())]
@@ -142,8 +136,8 @@ def test_pieces_kernel_loops_equal_the_dense_formula_with_every_gradient(monkeyp
     fast_in = [t.float().detach().requires_grad_() for t in leaves]
     out = piecewise_attention.attend_pieces(*fast_in[:4], fast_in[4], knots.float().to(DEVICE), *fast_in[5:],
                                             e.to(DEVICE), True)
-    exact, low = (reference(*ins[:3], dense_pieces(ins[3], ins[4], knots.to(DEVICE, ins[0].dtype), ins[5], ins[6],
-                                                   e.to(DEVICE), tq, tk), True) for ins in (leaves, fast_in))
+    exact, low = (attention_reference(*ins[:3], dense_pieces(ins[3], ins[4], knots.to(DEVICE, ins[0].dtype), *ins[5:],
+                                                             e.to(DEVICE), tq, tk), True) for ins in (leaves, fast_in))
     close(out, exact, low, torch.float32, "output")
     grad = torch.randn(out.shape, generator=g, dtype=torch.float64).to(DEVICE)
     names = ("dq", "dk", "dv", "dfeature", "ddivisor", "dslopes", "dintercepts")
@@ -165,8 +159,8 @@ def test_fire_kernel_without_parameter_gradients_and_its_bias_matters(monkeypatc
     pos = torch.arange(32 * SCALE, device=DEVICE)[None]
     out = dispatch.fast_attention(q, k, v, scheme, pos, pos, True)
     exact_inputs = twins([q, k, v])
-    exact = reference(*exact_inputs, copy.deepcopy(scheme).double().bias(pos, pos), True)
-    low = reference(q, k, v, scheme.bias(pos, pos), True)
+    exact = attention_reference(*exact_inputs, copy.deepcopy(scheme).double().bias(pos, pos), True)
+    low = attention_reference(q, k, v, scheme.bias(pos, pos), True)
     close(out, exact, low, torch.float32, "output")
     for what, a, b_, c in zip(("dq", "dk", "dv"), torch.autograd.grad(out.square().sum(), [q, k, v]),
                               torch.autograd.grad(exact.square().sum(), exact_inputs),

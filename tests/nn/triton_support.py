@@ -83,26 +83,69 @@ def kernel_device(tf32: bool = False) -> tuple[bool, str]:
 FACTOR = 3
 
 
+class SoftmaxTimesValues(torch.autograd.Function):
+    """softmax(logits) v (logits (B,H,Tq,Tk), v (B,H,Tk,Dh) -> (B,H,Tq,Dh)), P cast to v's dtype as the kernels cast
+    it, differentiated as FlashAttention's backward (and ours) does: dS = P (dP - D) with D = rowsum(dO * O), where
+    autograd's softmax takes rowsum(P dP). The two agree exactly; at TF32 or bf16 they differ by the rounding of
+    O = P V, and D's error moves every logit of a query alike: a parameter that shifts them all (FIRE's output bias,
+    a one-row CoPE table), whose exact gradient is 0, gets the kernel's error only from this backward."""
+
+    @staticmethod
+    def forward(ctx, logits, v):
+        p = torch.softmax(logits, -1)
+        out = p.to(v.dtype) @ v
+        ctx.save_for_backward(p, v, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, d_out):
+        p, v, out = ctx.saved_tensors
+        wide = torch.promote_types(p.dtype, torch.float32)
+        d_v = p.to(v.dtype).transpose(-1, -2) @ d_out
+        d_p = d_out @ v.transpose(-1, -2)  # (B,H,Tq,Tk)
+        delta = (d_out.to(wide) * out.to(wide)).sum(-1, keepdim=True)  # (B,H,Tq,1)
+        return (p.to(wide) * (d_p.to(wide) - delta)).to(p.dtype), d_v
+
+
+def attention_reference(q, k, v, bias, causal: bool) -> torch.Tensor:
+    """softmax(q k^T / sqrt(Dh) + bias + mask) v in q's dtype, written out (in float32 the matmuls run as TF32 on a
+    GPU, as the kernels' do; SDPA's fused float32 kernels would not), with the kernels' backward
+    (SoftmaxTimesValues). q (B,H,Tq,Dh), k/v (B,Hkv,Tk,Dh), bias (B|1,H,Tq,Tk) or None -> (B,H,Tq,Dh)."""
+    h, tq, tk = q.shape[1], q.shape[2], k.shape[2]
+    k, v = (t.repeat_interleave(h // t.shape[1], 1) for t in (k, v))
+    scores = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5  # (B,H,Tq,Tk)
+    if bias is not None:
+        scores = scores + bias.to(scores.dtype)
+    if causal and tq > 1:  # query i is key i + Tk - Tq
+        future = torch.ones(tq, tk, dtype=torch.bool, device=q.device).triu(tk - tq + 1)
+        scores = scores.masked_fill(future, float("-inf"))
+    return SoftmaxTimesValues.apply(scores, v)
+
+
 def twins(tensors, dtype: torch.dtype = torch.float64) -> list[torch.Tensor]:
     """Fresh leaves holding the tensors' values in `dtype`: the exact reference's own inputs."""
     return [t.detach().to(dtype).requires_grad_() for t in tensors]
 
 
 def within_reach(actual: torch.Tensor, exact: torch.Tensor, low: torch.Tensor, floor: float, what: str) -> None:
-    """The kernel's largest error against the float64 reference `exact` is at most FACTOR x the largest error of
-    `low`, the same formula at the kernel's precision: float32 inputs with torch's matmuls as TF32 on a GPU (the case
-    files set that, as the kernels' tl.dot multiplies; exact float32 under the interpreter), 16-bit inputs computed
-    in their own type (FlashAttention's upcast=False). The bound is never below `floor` x max(1, max|exact|), the
-    fixed tolerance these tests had (gradients of a shared row or parameter sum many terms): under the interpreter
-    float32 is exact and the floor decides."""
+    """Compiled: the kernel's largest error against the float64 reference `exact` is at most FACTOR x the largest
+    error of `low`, the same formula at the kernel's precision (float32 inputs with torch's matmuls as TF32, as the
+    case files set them and the kernels' tl.dot multiplies; 16-bit inputs computed in their own type, as
+    FlashAttention's upcast=False), and never has to be below `floor` x max(1, max|exact|), the fixed tolerance
+    these tests had (gradients of a shared row or parameter sum many terms). Under the interpreter the bound stays
+    that fixed tolerance: float32 is exact there (FACTOR x low was below it in every comparison), and a 16-bit low
+    reference would loosen it (measured: 3.2x on Transformer-XL's bf16 output)."""
+    from posenc.nn import triton as gpu
+
     exact = exact.detach().double()
     error = (actual.detach().double() - exact).abs().max().item()
     low_error = (low.detach().double() - exact).abs().max().item()
     fixed = floor * max(1.0, exact.abs().max().item())
-    bound = max(FACTOR * low_error, fixed)
+    interpreted = gpu.interpreting()
+    bound = fixed if interpreted else max(FACTOR * low_error, fixed)
     assert error <= bound, (f"{what}: kernel's max error {error:.3g} > bound {bound:.3g} (the reference at the "
                             f"kernel's precision errs by {low_error:.3g}, x{FACTOR} = {FACTOR * low_error:.3g}; "
-                            f"fixed floor {fixed:.3g})")
+                            f"fixed tolerance {fixed:.3g}{', the bound under the interpreter' if interpreted else ''})")
 
 
 def all_within_reach(names, actual, exact, low, floor: float, what: str = "") -> None:
