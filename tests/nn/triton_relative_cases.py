@@ -19,6 +19,7 @@ from posenc.nn import triton as gpu
 from posenc.nn.attention_core import attend_eager
 from posenc.scheme import RelativeTable
 from tests.nn.triton_cases import DEVICE, INTERPRETED, build, close, gpu_tiles
+from tests.nn.triton_support import twins
 
 pytestmark = pytest.mark.skipif(not gpu.installed(), reason="triton is not installed")
 
@@ -29,8 +30,9 @@ SCALE = 1 if INTERPRETED else 16
 
 
 def formula(qc, qr, k, v, table, values, e, causal, scale):
-    """softmax(qc k / sqrt(Dh) + scale qr . table[c] + mask) (v + values[c]), c = clamp(j - i + e[b]), in float64."""
-    qc, qr, k, v, table = (t.double() for t in (qc, qr, k, v, table))
+    """softmax(qc k / sqrt(Dh) + scale qr . table[c] + mask) (v + values[c]), c = clamp(j - i + e[b]), in k's dtype:
+    float64 leaves give the exact reference, the kernel's own (TF32 matmuls on a GPU, bf16) the low one."""
+    qc, qr, v, table = (t.to(k.dtype) for t in (qc, qr, v, table))
     b, h, tq, d = qc.shape
     tk = k.shape[2]
     k, v = (t.repeat_interleave(h // t.shape[1], 1) for t in (k, v))
@@ -44,8 +46,8 @@ def formula(qc, qr, k, v, table, values, e, causal, scale):
     weights = scores.softmax(-1)
     out = weights @ v
     if values is not None:
-        mass = torch.zeros(b, h, tq, table.shape[1], dtype=torch.float64, device=qc.device).scatter_add(-1, c, weights)
-        out = out + mass @ values.double()
+        mass = torch.zeros(b, h, tq, table.shape[1], dtype=k.dtype, device=qc.device).scatter_add(-1, c, weights)
+        out = out + mass @ values.to(k.dtype)
     return out
 
 
@@ -86,15 +88,18 @@ def _reference(leaves, params, e, causal, shaw):
 
 
 def _check(case, dtype, out, leaves, params, e, causal, shaw):
-    reference = _reference(leaves, params, e, causal, shaw)
-    close(out, reference, dtype, f"{case} output")
+    exact_leaves, exact_params = twins(leaves), twins(params)
+    exact = _reference(exact_leaves, exact_params, e, causal, shaw)
+    low = _reference(leaves, params, e, causal, shaw)  # the kernel's dtype: float32 tables cast to bf16 with q
+    close(out, exact, low, dtype, f"{case} output")
     grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(7)).to(DEVICE)
     inputs = [*leaves, *params]
     names = ["dq", "dk", "dv", "dtable", *(["dvalues"] if shaw else ["du", "dv_shift"])]
     fast = torch.autograd.grad(out, inputs, grad.to(out.dtype))
-    slow = torch.autograd.grad(reference, inputs, grad.double())
-    for name, a, b in zip(names, fast, slow, strict=True):
-        close(a, b, dtype, f"{case} {name}")
+    slow = torch.autograd.grad(exact, [*exact_leaves, *exact_params], grad.double())
+    rough = torch.autograd.grad(low, inputs, grad.to(low.dtype))
+    for name, a, b, c in zip(names, fast, slow, rough, strict=True):
+        close(a, b, c, dtype, f"{case} {name}")
 
 
 @pytest.mark.parametrize(("case", "dtype"), DTYPES)
@@ -114,11 +119,10 @@ def test_gpu_tiles_equal_the_float64_formula_with_gradients(case, monkeypatch):
 
 
 def scheme_reference(scheme, q, k, v, q_pos, k_pos, causal):
-    """The scheme's own reference path in float64: its (B,H,Tq,Tk) bias, and its value term from the weights."""
-    scheme = copy.deepcopy(scheme).double()
-    q, k, v = (t.double() for t in (q, k, v))
+    """The scheme's own reference path in q's dtype: its (B,H,Tq,Tk) bias, and its value term from the weights.
+    A float64 copy of the scheme and float64 leaves give the exact reference; the scheme itself the low one."""
     out, weights = attend_eager(q, k, v, scheme.bias(q_pos, k_pos, q, k), causal)
-    return (out + scheme.mix_values(weights, q_pos, k_pos)) if scheme.needs_weights else out, scheme
+    return (out + scheme.mix_values(weights, q_pos, k_pos)) if scheme.needs_weights else out
 
 
 LAYOUTS = {"after_cache": (7, 20, True), "encoder": (12, 12, False)}
@@ -142,16 +146,21 @@ def test_schemes_train_through_the_kernel(name, layout, monkeypatch):
     q_pos = k_pos[:, tk - tq :]
     fast = dispatch.fast_attention(q, k, v, scheme, q_pos, k_pos, causal)
     assert calls, "the Triton kernel must serve rows per query"
-    reference, twin = scheme_reference(scheme, q, k, v, q_pos, k_pos, causal)
-    close(fast, reference, torch.float32, "output")
+    twin, exact_inputs = copy.deepcopy(scheme).double(), twins([q, k, v])
+    exact = scheme_reference(twin, *exact_inputs, q_pos, k_pos, causal)
+    low = scheme_reference(scheme, q, k, v, q_pos, k_pos, causal)
+    close(fast, exact, low, torch.float32, "output")
     named = [(n, p) for n, p in scheme.named_parameters() if p.requires_grad]
     assert named, f"{name} must have learnable parameters"
-    twins = dict(twin.named_parameters())
+    twin_params = dict(twin.named_parameters())
     grad = torch.randn(fast.shape, generator=torch.Generator().manual_seed(3)).to(DEVICE)
-    fast_grads = torch.autograd.grad(fast, [q, k, v, *(p for _, p in named)], grad)
-    slow_grads = torch.autograd.grad(reference, [q, k, v, *(twins[n] for n, _ in named)], grad.double())
-    for what, a, b in zip(["dq", "dk", "dv", *(f"d{n}" for n, _ in named)], fast_grads, slow_grads, strict=True):
-        close(a, b, torch.float32, f"{name} {layout} {what}")
+    inputs = [q, k, v, *(p for _, p in named)]
+    fast_grads = torch.autograd.grad(fast, inputs, grad)
+    slow_grads = torch.autograd.grad(exact, [*exact_inputs, *(twin_params[n] for n, _ in named)], grad.double())
+    low_grads = torch.autograd.grad(low, inputs, grad)
+    for what, a, b, c in zip(["dq", "dk", "dv", *(f"d{n}" for n, _ in named)], fast_grads, slow_grads, low_grads,
+                             strict=True):
+        close(a, b, c, torch.float32, f"{name} {layout} {what}")
 
 
 def test_a_table_for_other_heads_is_refused_in_one_line():
