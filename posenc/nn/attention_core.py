@@ -21,6 +21,39 @@ def check_bias_shape(bias: Tensor, q: Tensor, k: Tensor) -> None:
                         "one value per query and key, for every or each head and batch row")
 
 
+# A call after a KV cache on CUDA leaves cuDNN out of SDPA's choice. torch 2.11 puts cuDNN's attention first on sm90
+# and sm100 (cuDNN >= 9.15), and cuDNN builds an execution graph per shape, cached by shape: a decode step has a new key
+# length each step, so each step built one. Measured on an H200 (torch 2.11, cuDNN 9.19), one query against 4k keys,
+# a new length per call: 46-58 ms without a mask or with a bias row, 0.1-0.25 ms on flash or the efficient kernel.
+# A prompt (Tq == Tk) keeps cuDNN: one graph per length, and cuDNN is the faster kernel there on Hopper. Only cuDNN's
+# flag is turned off around the call (not sdpa_kernel's list: a caller's own choice of backends stays; and three
+# flag calls cost less than the context manager's ten, per layer of every step).
+MASK_ALIGNMENT = 16  # bytes: the efficient kernel refuses a mask at another address ("attn_bias_ptr is not correctly
+# aligned"), cuDNN's reads it out of bounds (CUDA "misaligned address"); a row sliced from a kept table can start there
+
+
+def on_cuda(t: Tensor) -> bool:
+    return t.is_cuda
+
+
+def sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, dropout: float = 0.0, causal: bool = False,
+         gqa: bool = False) -> Tensor:
+    """F.scaled_dot_product_attention for every SDPA call of posenc's attention paths. On CUDA, a call with Tq != Tk
+    (after a KV cache: the key length new each step) runs without cuDNN (above), its float mask at an address every
+    kernel reads. q (B,H,Tq,Dh), k/v (B,Hkv,Tk,Dh), mask (B|1,H|1,Tq,Tk) -> (B,H,Tq,Dh)."""
+    cudnn = on_cuda(q) and q.shape[-2] != k.shape[-2] and torch.backends.cuda.cudnn_sdp_enabled()
+    if on_cuda(q) and mask is not None and mask.is_floating_point() and mask.data_ptr() % MASK_ALIGNMENT:
+        mask = mask.clone(memory_format=torch.contiguous_format)  # a new allocation: aligned
+    if cudnn:
+        torch.backends.cuda.enable_cudnn_sdp(False)
+    try:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal,
+                                              enable_gqa=gqa)
+    finally:
+        if cudnn:
+            torch.backends.cuda.enable_cudnn_sdp(True)
+
+
 # Decoding on the CPU in half precision (bfloat16 tensors, or autocast, which casts SDPA's inputs): SDPA's flash
 # kernel takes 8.4 ms for one bfloat16 query row against 8k keys (SmolLM2's 9 heads, 3 KV heads), the float32
 # kernel 1.1 ms, casts included (one thread, AMD Zen 5). So this few rows run in float32: faster and more exact.
@@ -47,12 +80,10 @@ def attend(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, causal: bool, d
     if bias is None:
         if not needs_mask:
             few = _few_rows_in_float32(q, k, v, dropout, gqa)
-            return few if few is not None else F.scaled_dot_product_attention(q, k, v, dropout_p=dropout,
-                                                                               enable_gqa=gqa)
+            return few if few is not None else sdpa(q, k, v, dropout=dropout, gqa=gqa)
         if tq == tk:
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, enable_gqa=gqa)
-        mask = causal_mask(tq, tk, q.device)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, enable_gqa=gqa)
+            return sdpa(q, k, v, dropout=dropout, causal=True, gqa=gqa)
+        return sdpa(q, k, v, causal_mask(tq, tk, q.device), dropout, gqa=gqa)
     check_bias_shape(bias, q, k)
     bias = bias.to(q.dtype)
     if needs_mask:
@@ -60,7 +91,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, causal: bool, d
         bias = bias.masked_fill(~causal_mask(tq, tk, q.device), float("-inf"))
     if bias.dim() == 4 and bias.shape[0] == 1 and q.shape[0] > 1:
         bias = bias.expand(q.shape[0], -1, -1, -1)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout, enable_gqa=gqa)
+    return sdpa(q, k, v, bias, dropout, gqa=gqa)
 
 
 def attend_eager(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, causal: bool,

@@ -15,10 +15,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from posenc.nn import row_paths
+from posenc.nn.attention_core import sdpa
 from posenc.nn.call import Call
 from posenc.nn.kept_tables import kept_span
 from posenc.nn.row_paths import Offsets, on_gpu, row_slice, runs_native, span_of
@@ -63,7 +63,7 @@ def _serves(call: Call) -> bool:
 
 def _attend(call: Call, mask: Tensor) -> Tensor:
     q, k = call.q, call.k
-    return F.scaled_dot_product_attention(q, k, call.v, attn_mask=mask, enable_gqa=k.shape[1] != q.shape[1])
+    return sdpa(q, k, call.v, mask, gqa=k.shape[1] != q.shape[1])
 
 
 def _in_dtype(row: Tensor, like: Tensor) -> Tensor:

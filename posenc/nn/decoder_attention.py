@@ -20,12 +20,12 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posenc.inference_tensors import LastPositions
 from posenc.masks import causal_mask
 from posenc.nn import dispatch
+from posenc.nn.attention_core import sdpa
 from posenc.nn.kv_cache import KVCache
 from posenc.nn.norms import rms_norm
 from posenc.nn.sliding_window import sliding_attention
@@ -136,7 +136,7 @@ def masked_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, allow
     Without a cap or bias it is SDPA with a boolean mask; with one, the eager form (scores in memory)."""
     gqa = k.shape[1] != q.shape[1]
     if softcap is None and bias is None:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=gqa)
+        return sdpa(q, k, v, allowed, gqa=gqa)
     if gqa:
         g = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)

@@ -22,12 +22,12 @@ import weakref
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from posenc.inference_tensors import LastPositions, position_version, tensor_version
 from posenc.nn import fused_attention, kept_tables, recomputed
 from posenc.nn import triton as gpu
+from posenc.nn.attention_core import sdpa
 from posenc.nn.call import Call
 from posenc.scheme import PiecewiseBias, Scheme, cast
 
@@ -271,8 +271,7 @@ def _relative(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, offsets: Offsets,
 def _rows_as_mask(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, offsets: Offsets, low: int) -> Tensor:
     """One query per row (B,H,1,Dh): SDPA with the bias as a mask, one row slice (B|1,H,1,Tk) of rows (B|1,H,1,S)."""
     bias = row_slice(rows, offsets, low, k.shape[-2], q.shape[0])
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias if bias.dtype == q.dtype else bias.to(q.dtype),
-                                          enable_gqa=k.shape[1] != q.shape[1])
+    return sdpa(q, k, v, bias if bias.dtype == q.dtype else bias.to(q.dtype), gqa=k.shape[1] != q.shape[1])
 
 
 def row_slice(rows: Tensor, offsets: Offsets, low: int, tk: int, batch: int) -> Tensor:

@@ -16,14 +16,13 @@ def slot_attention(q: Tensor, k: Tensor, v: Tensor, row: Tensor, softcap: float 
     """q (B,H,1,Dh), k/v (B,Hkv,L,Dh), row (B|1,H|1,1,L) in q's dtype -> (B,H,1,Dh)."""
     if softcap is not None:  # Gemma 2: the eager form, scores capped before the row is added
         return masked_attention(q, k, v, row, row > float("-inf"), softcap)
-    b, h, _, dh = q.shape
+    b, h = q.shape[:2]
     hkv, slots = k.shape[1], k.shape[2]
-    # GQA as queries: the g query heads that share a key head become g query rows of it, so SDPA reads each key
-    # once and needs no enable_gqa (which not every CUDA kernel that takes a mask supports).
-    g = h // hkv
-    out = F.scaled_dot_product_attention(q.reshape(b, hkv, g, dh), k, v,
-                                         attn_mask=row.expand(b, h, 1, slots).reshape(b, hkv, g, slots))
-    return out.reshape(b, h, 1, dh)  # CUDA's kernels return (b, hkv, g, dh) in another memory order
+    # One query row per head, GQA by enable_gqa, the row expanded (no copy). Not the g query heads of a key head as g
+    # query rows of it (q (B,Hkv,g,Dh), the row copied to (B,Hkv,g,L)): cuDNN then ran one program per key head over
+    # every slot, 0.52 ms a layer at 32k slots for SmolLM2's 3 key heads, against 0.06 ms (H200, torch 2.11).
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=row.expand(b, h, 1, slots), enable_gqa=hkv != h)
+    return out  # (B,H,1,Dh), in whatever memory order the device's kernel returns
 
 
 __all__ = ["slot_attention"]
