@@ -9,14 +9,26 @@ from __future__ import annotations
 
 from torch import Tensor
 
+# Set on the KV caches' position buffers: written only past their length (append), so a view of one holds the same
+# values at the same indices for as long as the buffer lives. What is derived from cached positions may be trusted by
+# the buffer's identity instead of compared value by value (a comparison waits for the device).
+APPEND_ONLY = "_posenc_append_only"
+
+
+def append_only(t: Tensor | None) -> bool:
+    return t is not None and getattr(t, APPEND_ONLY, False)
+
 
 class _Grown:
-    """A (B, H, T, Dh) buffer (or (B, T) for positions) with spare capacity on the T axis."""
+    """A (B, H, T, Dh) buffer (or (B, T) for positions) with spare capacity on the T axis. append_only: data is
+    marked APPEND_ONLY (nothing but append() writes it)."""
 
-    def __init__(self, first: Tensor, time_dim: int) -> None:
-        self.time_dim = time_dim
+    def __init__(self, first: Tensor, time_dim: int, append_only: bool = False) -> None:
+        self.time_dim, self.append_only = time_dim, append_only
         self.length = 0
         self.data = first.new_empty(self._shape(first, max(16, first.shape[time_dim])))
+        if append_only:
+            setattr(self.data, APPEND_ONLY, True)
 
     def _shape(self, like: Tensor, capacity: int) -> list[int]:
         shape = list(like.shape)
@@ -29,6 +41,8 @@ class _Grown:
             bigger = self.data.new_empty(self._shape(self.data, max(end, 2 * self.data.shape[self.time_dim])))
             bigger.narrow(self.time_dim, 0, self.length).copy_(self.data.narrow(self.time_dim, 0, self.length))
             self.data = bigger
+            if self.append_only:
+                setattr(bigger, APPEND_ONLY, True)
         self.data.narrow(self.time_dim, self.length, new.shape[self.time_dim]).copy_(new)
         self.length = end
         return self.data.narrow(self.time_dim, 0, end)
@@ -55,7 +69,7 @@ class KVCache:
     def add_positions(self, pos: Tensor) -> Tensor:
         """Record the new tokens' positions (B,Tq); returns all key positions (B,Tk)."""
         if self._positions is None:
-            self._positions = _Grown(pos, time_dim=1)
+            self._positions = _Grown(pos, time_dim=1, append_only=True)
         return self._positions.append(pos)
 
     def add_tokens(self, input_ids: Tensor) -> Tensor:

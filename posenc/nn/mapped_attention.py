@@ -64,9 +64,15 @@ def query_chunks(first_row: Tensor, rows: int, period: int | None) -> list[tuple
     return out
 
 
+def _first(pos: Tensor) -> Tensor:
+    """The dummy side's positions (B,1): pos itself when it holds one column (a decode step), so that rotate()
+    sees one positions tensor and reads its tables once."""
+    return pos if pos.shape[1] == 1 else pos[:, :1]
+
+
 def _rotate_queries(scheme: Scheme, q: Tensor, pos: Tensor) -> Tensor:
     # rotate() takes a pair; a one-key dummy keeps the scheme's own q rotation (xPos scales q and k apart)
-    return scheme.rotate(q, q[:, :1, :1], pos, pos[:, :1])[0]
+    return scheme.rotate(q, q[:, :1, :1], pos, _first(pos))[0]
 
 
 def _rotate_keys(scheme: Scheme, k: Tensor, pos: Tensor, kept: dict | None = None, slot: int = 0,
@@ -78,7 +84,7 @@ def _rotate_keys(scheme: Scheme, k: Tensor, pos: Tensor, kept: dict | None = Non
     (map_triton keeps its own beside these). dtype: what the kept keys are stored in (None: float32 for half
     precision, as the per-map kernels compute)."""
     if kept is None:
-        return scheme.rotate(k[:, :1, :1], k, pos[:, :1], pos)[1]
+        return scheme.rotate(k[:, :1, :1], k, _first(pos), pos)[1]
     entry, tk = kept.get((label, slot)), k.shape[2]
     done = 0 if entry is None else entry.positions.length
     if dtype is None:
@@ -90,7 +96,7 @@ def _rotate_keys(scheme: Scheme, k: Tensor, pos: Tensor, kept: dict | None = Non
     if entry is not None and done == tk:
         return entry.keys.data[:, :, :tk]
     fresh = k[:, :, done:].to(dtype)  # (B,Hkv,Tk-done,Dh)
-    new = scheme.rotate(fresh[:, :1, :1], fresh, pos[:, :1], pos[:, done:])[1]
+    new = scheme.rotate(fresh[:, :1, :1], fresh, _first(pos[:, done:]), pos[:, done:])[1]
     if entry is None:
         entry = _Rotated(scheme, _Grown(new, time_dim=2), _Grown(pos, time_dim=1))
         kept[(label, slot)] = entry

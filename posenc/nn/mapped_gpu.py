@@ -10,16 +10,27 @@ The keys are rotated once per distinct key position tensor with the scheme's rot
 kernel reads them as they are; with a KV cache's store (kept) they are kept there, so a decode step rotates only its
 new key (a key's mapped position depends on its own position alone: PositionMap.key_positions). One query without
 a cache gives the kernel the keys' cos/sin rows instead, and it rotates each key tile.
+
+Every layer of a forward receives the same positions, so what a call derives from them alone (each map's query
+rows, its key positions, the rows of the keys a decode step adds) is derived once per forward and shared by the
+layers (StepTables): a decode step reads the rows of its positions, which on a GPU waits for the device, once and
+not once per layer and map. The kept keys a step adds are rotated by those rows (the rotation of a key is linear
+in it: rows * key, the scheme's own rows).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 from torch import Tensor
 
+from posenc.inference_tensors import position_version
 from posenc.nn import triton as gpu
 from posenc.nn.call import Call
+from posenc.nn.kv_cache import _Grown, append_only
 from posenc.nn.mapped_attention import _rotate_keys, _rotate_queries
+from posenc.rotary._core import apply_rotary
 from posenc.scheme import Scheme
 
 
@@ -47,6 +58,86 @@ def _cos_sin(rotated: Tensor, scheme: Scheme, batch: int) -> tuple[Tensor, Tenso
     return rows[..., _first_dims(scheme)], rows[..., _second_dims(scheme)]
 
 
+@dataclass
+class StepTables:
+    """What one forward's calls derive from its positions alone: each map's query rows, the key position tensors,
+    and the rows of the keys past `done` (a decode step's new ones) per key table."""
+
+    key: tuple  # the positions tensors, their versions, and the call's shape and device: a hit needs all equal
+    q_cos: Tensor  # (M,B,Tq,R/2) float32
+    q_sin: Tensor
+    key_positions: tuple[Tensor, ...]  # per map (maps that share a tensor share the object)
+    new_key_rows: dict[tuple[int, int], tuple[Tensor, Tensor]] = field(default_factory=dict)  # (table, done) ->
+    # cos, sin (B,1,Tk-done,R/2) float32
+
+
+def step_tables(scheme: Scheme, q_pos: Tensor, k_pos: Tensor, b: int, tq: int, dh: int,
+                device: torch.device) -> StepTables:
+    """The scheme's StepTables for these positions: built by the first layer of a forward, read by the others."""
+    key = (q_pos, k_pos, position_version(q_pos), position_version(k_pos), b, tq, dh, device)
+    last = scheme.__dict__.get("_step_tables")
+    if last is not None and last.key[0] is q_pos and last.key[1] is k_pos and last.key[2:] == key[2:]:
+        return last
+    position_map, inner = scheme.position_map, scheme.inner
+    origin = k_pos[:, :1]
+    q_rows = [_cos_sin(_rotate_queries(inner, _unit(inner, (p.shape[0], tq, dh), device), p), inner, b)
+              for p in position_map.query_positions(q_pos, origin)]
+    q_cos, q_sin = (torch.stack([rows[n] for rows in q_rows]) for n in (0, 1))  # (M,B,Tq,R/2)
+    tables = StepTables(key, q_cos, q_sin, tuple(position_map.key_positions(k_pos, origin)))
+    scheme.__dict__["_step_tables"] = tables  # a plain attribute: not a module's state, never saved
+    return tables
+
+
+def _key_rows(inner: Scheme, pos: Tensor, b: int, dh: int) -> tuple[Tensor, Tensor]:
+    """cos, sin (B,T,R/2) float32 of the keys at pos (B|1,T): the scheme's rotation of a unit key."""
+    return _cos_sin(_rotate_keys(inner, _unit(inner, (pos.shape[0], pos.shape[1], dh), pos.device), pos), inner, b)
+
+
+@dataclass
+class _KeptKeys:
+    """One key table's keys as rotated so far (B,Hkv,T,Dh), the positions they were rotated at (B,T), and the KV
+    cache's positions buffer the call's key positions viewed (None: another tensor)."""
+
+    scheme: Scheme
+    keys: _Grown
+    positions: _Grown
+    source: Tensor | None
+
+
+def _cache_buffer(k_pos: Tensor) -> Tensor | None:
+    """The KV cache's positions buffer k_pos (B,Tk) is a view of, or None (kv_cache.APPEND_ONLY)."""
+    return k_pos._base if append_only(k_pos._base) else None
+
+
+def _kept_keys(inner: Scheme, k: Tensor, pos: Tensor, k_pos: Tensor, table: int, tables: StepTables,
+               kept: dict) -> Tensor:
+    """k (B,Hkv,Tk,Dh) rotated at pos (B|1,Tk), the map's positions of the raw key positions k_pos, in k's dtype;
+    the keys rotated by earlier calls read from the KV cache's store, only the keys past them rotated, by the step's
+    rows (shared by the layers). The kept positions hold while k_pos views the same cache buffer as when they were
+    kept (appended to only: a key's map position depends on its own position and the first one); else they are
+    compared with pos's first ones, as _rotate_keys does (any mismatch: all rotated again)."""
+    label, tk, source = (f"rotated keys ({k.dtype})", table), k.shape[2], _cache_buffer(k_pos)
+    entry = kept.get(label)
+    done = 0 if entry is None else entry.positions.length
+    if entry is not None and not (entry.scheme is inner and done <= tk and entry.keys.data.shape[:2] == k.shape[:2]
+                                  and ((source is not None and entry.source is source)
+                                       or torch.equal(entry.positions.data[:, :done], pos[:, :done]))):
+        entry, done = None, 0
+    if entry is not None:
+        entry.source = source
+        if done == tk:
+            return entry.keys.data[:, :, :tk]
+    rows = tables.new_key_rows.get((table, done))
+    if rows is None:
+        cos, sin = _key_rows(inner, pos[:, done:], k.shape[0], k.shape[-1])
+        rows = tables.new_key_rows[(table, done)] = (cos[:, None], sin[:, None])  # (B,1,T,R/2)
+    new = apply_rotary(k[:, :, done:], rows[0], rows[1], inner.interleaved)  # (B,Hkv,Tk-done,Dh)
+    if entry is None:
+        entry = kept[label] = _KeptKeys(inner, _Grown(new, time_dim=2), _Grown(pos, time_dim=1), source)
+    entry.positions.append(pos[:, done:])
+    return entry.keys.append(new)
+
+
 def map_triton(call: Call) -> Tensor | None:
     """The map's attention in one launch (posenc/nn/triton/mapped.py); declines gradients, dropout, what the GPU
     attention does not fit, a map without a pair rule or with more maps than a program holds, and a scheme without
@@ -63,31 +154,29 @@ def map_triton(call: Call) -> Tensor | None:
         return None
     b, _, tq, dh = q.shape
     tk = k.shape[2]
-    origin = call.k_pos[:, :1]
-    q_rows = [_cos_sin(_rotate_queries(inner, _unit(inner, (p.shape[0], tq, dh), q.device), p), inner, b)
-              for p in position_map.query_positions(call.q_pos, origin)]
+    tables = step_tables(scheme, call.q_pos, call.k_pos, b, tq, dh, q.device)
     in_kernel = tq == 1 and call.kept is None  # one query, no cache to keep rotated keys: rotated per tile
     key_tables: dict[int, int] = {}  # id of a key position tensor -> its table (maps sharing one share it)
     keys, key_maps = [], []
-    for m, p in enumerate(position_map.key_positions(call.k_pos, origin)):
+    for m, p in enumerate(tables.key_positions):
         if id(p) not in key_tables:
             key_tables[id(p)] = len(keys)
             if in_kernel:  # cos/sin rows: the kernel rotates the key tiles
-                unit = _unit(inner, (p.shape[0], tk, dh), q.device)
-                keys.append(_cos_sin(_rotate_keys(inner, unit, p), inner, b))
-            else:  # the keys rotated once, in their dtype (kept with a cache: a step rotates its new key only)
-                keys.append(_rotate_keys(inner, k, p, call.kept, m, f"rotated keys ({k.dtype})", k.dtype))
+                keys.append(_key_rows(inner, p, b, dh))
+            elif call.kept is not None:  # kept in the cache: a step rotates its new keys, by the step's rows
+                keys.append(_kept_keys(inner, k, p, call.k_pos, key_tables[id(p)], tables, call.kept))
+            else:  # the keys rotated once, in their dtype
+                keys.append(_rotate_keys(inner, k, p, None, m, dtype=k.dtype))
         key_maps.append(key_tables[id(p)])
-    q_cos, q_sin = (torch.stack([rows[n] for rows in q_rows]) for n in (0, 1))  # (M,B,Tq,R/2)
     if in_kernel:
         key_rows = tuple(torch.stack([rows[n] for rows in keys]) for n in (0, 1))  # (Mk,B,Tk,R/2)
     else:
         key_rows, k = None, tuple(keys)  # Mk x (B,Hkv,Tk,Dh)
-    scale = position_map.score_scale(call.q_pos, origin, tk)  # a number, or (B,Tq) (DCA's release): folded into q
-    if isinstance(scale, Tensor):
+    scale = position_map.score_scale(call.q_pos, call.k_pos[:, :1], tk)  # a number, or (B,Tq) (DCA's release)
+    if isinstance(scale, Tensor):  # folded into q
         q, scale = (q.float() * scale[:, None, :, None]).to(q.dtype), 1.0
-    return mapped.attend_mapped(q, k, v, q_cos, q_sin, key_rows, tuple(key_maps), call.q_pos, call.k_pos, rule,
-                                call.causal, float(scale), inner.interleaved)
+    return mapped.attend_mapped(q, k, v, tables.q_cos, tables.q_sin, key_rows, tuple(key_maps), call.q_pos,
+                                call.k_pos, rule, call.causal, float(scale), inner.interleaved)
 
 
 __all__ = ["map_triton"]

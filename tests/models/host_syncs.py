@@ -16,7 +16,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 # what .item(), int(), bool() of a tensor call, and the operators whose output shape depends on values
 SYNCING = ("_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique", "unique_consecutive",
-           "unique_dim", "repeat_interleave.Tensor", "bincount", "item")
+           "unique_dim", "repeat_interleave.Tensor", "bincount", "item",
+           "equal")  # torch.equal: a bool read back (on CUDA through .item(), on the CPU computed on the host)
 
 
 def is_sync(func, args: tuple = ()) -> bool:

@@ -11,6 +11,8 @@ TRITON_INTERPRET=1 (tests/nn/triton_support.py says why).
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
 
@@ -184,3 +186,31 @@ def test_a_sliding_window_over_long_tiles():
     for tq in (LONG, 1):
         got, expected = _both(_mapped("yarn", LONG_MAPS[0], slide=24), torch.float32, tq, LONG)
         _close(got, expected, FLOAT32, f"windowed Tq={tq}")
+
+
+def _step_syncs(spec: dict, layers: int) -> Counter:
+    """The host reads of one cached decode step of the tiny Llama with `layers` layers under the map (the kernel's
+    own launch under the interpreter left out: it reads its tensors through numpy)."""
+    from tests.models.host_syncs import HostSyncCount
+
+    model = tiny_llama(attention_extension=spec, dtype=torch.float32, n_layer=layers, n_head=2,
+                       n_kv_head=1).to(DEVICE)
+    ids = token_ids(1, 20).to(DEVICE)
+    cache = model.new_cache()
+    model(ids[:, :16], cache=cache)
+    model(ids[:, 16:17], cache=cache)  # the kept keys' first step
+    count = HostSyncCount()
+    with count:
+        model(ids[:, 17:18], cache=cache)
+    return Counter({where: n for where, n in count.where.items() if "nn/triton/mapped.py" not in where})
+
+
+@pytest.mark.parametrize("spec", [SMALL[0], SMALL[1], SMALL[3]], ids=lambda s: s["type"])
+@torch.no_grad()
+def test_a_decode_step_reads_the_host_as_often_with_3_layers_as_with_1(spec, served):
+    """What a step derives from its positions (each map's rows, the new keys' rows, whether the kept keys still
+    hold) is derived once per forward, not per layer and map: no comparison of kept positions (torch.equal) at all."""
+    one, three = _step_syncs(spec, 1), _step_syncs(spec, 3)
+    assert sum(one.values()) == sum(three.values()), f"1 layer: {dict(one)}; 3 layers: {dict(three)}"
+    assert not any("aten.equal" in where for where in three), dict(three)
+    assert served and set(served[-4:]) == {1}  # the steps went through the kernel
