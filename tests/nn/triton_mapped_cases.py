@@ -214,3 +214,17 @@ def test_a_decode_step_reads_the_host_as_often_with_3_layers_as_with_1(spec, ser
     assert sum(one.values()) == sum(three.values()), f"1 layer: {dict(one)}; 3 layers: {dict(three)}"
     assert not any("aten.equal" in where for where in three), dict(three)
     assert served and set(served[-4:]) == {1}  # the steps went through the kernel
+
+
+@torch.no_grad()
+def test_kept_keys_handed_other_positions_are_rotated_again():
+    """A store reused with key positions that are not a KV cache's (a store reused by mistake): the kept keys are
+    compared and, the positions differing, all rotated again; the result is the one without a store."""
+    scheme = _mapped("yarn", MAPS[0])
+    (q, k, v), q_pos, k_pos = _attention_inputs(torch.float32, 1, 2, 1, 1, 24, 32)
+    kept: dict = {}
+    for shift in (0, 5):
+        call = Call(q, k, v, scheme, q_pos + shift, k_pos + shift, True, 0.0, False, kept)
+        fresh = dispatch.KERNELS["map_triton"](call._replace(kept=None))
+        torch.testing.assert_close(dispatch.KERNELS["map_triton"](call), fresh, rtol=0, atol=1e-6)
+    assert kept, "the store was used"
