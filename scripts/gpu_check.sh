@@ -23,7 +23,7 @@ part environment 60 "$PY" -c "import platform, torch, triton; print(platform.pyt
 'triton', triton.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name() if torch.cuda.is_available() \
 else 'no GPU')"
 # The kernel tests compiled at real sizes (triton_cases.py: head dims 64 and 128, T to 8k, GQA, bf16).
-part kernels 150 "${KERNELS[@]}" "$PY" -m pytest -q -x -p no:cacheprovider tests/nn/triton_cases.py "${KERNEL_TESTS[@]}"
+part kernels 150 "${KERNELS[@]}" "$PY" -m pytest -q -p no:cacheprovider tests/nn/triton_cases.py "${KERNEL_TESTS[@]}"
 part attention 150 "$PY" -m benchmarks.gpu "${BENCH[@]}" --sections attention --schemes alibi,kerple,relative \
   --no-peers "${SIZES[@]}" --out "$OUT/attention"
 part rope 45 "$PY" -m benchmarks.gpu "${BENCH[@]}" --sections rope --out "$OUT/rope"

@@ -4,7 +4,9 @@
 # Transformer-XL's rows per query, CoPE, the maps in one pass: each case file against its float64 reference), then
 # their attention timed against causal SDPA at 1k-16k, and each map's 32k prompt and decode step against plain RoPE;
 # the decode step captured whole (static cache + CUDA graph) against the ordinary eager step at 4k and 32k (at
-# most 30 s; its rows are kept as measured); the targets read out at the end (benchmarks/gpu_targets.py).
+# most 60 s; its rows are kept as measured); where the time goes in the cases the first run found slow
+# (benchmarks/gpu_profile.py); the targets read out at the end (benchmarks/gpu_targets.py). The kernel tests run
+# without -x: the first GPU run stopped at its first failures and hid the rest.
 # QUICK=1 runs the same plumbing on a CPU (interpreter, toy sizes) to check the script itself.
 set -u
 OUT=${OUT:-gpu-schemes}
@@ -15,17 +17,20 @@ CASES=(tests/nn/triton_pieces_cases.py tests/nn/triton_relative_cases.py tests/n
        tests/nn/triton_mapped_cases.py)
 if [ "${QUICK:-0}" = 1 ]; then
   BENCH=(--quick --device cpu); KERNELS=(env TRITON_INTERPRET=1); KERNEL_TESTS=(-p no:xdist -k "refused")
+  PROFILE=(--quick --device cpu --calls 2 --cases rope_backward,alibi_1k)
   SIZES=(); CASES=(tests/nn/triton_pieces_cases.py tests/nn/triton_cope_cases.py)
 else  # four test processes share the GPU: the kernels' compiles run side by side
   BENCH=(); KERNELS=(); KERNEL_TESTS=(-n 4); SIZES=(--lengths 1024,4096,16384 --head-dims 64,128 --kv-groups 1,4)
+  PROFILE=()
   CASES+=(tests/models/test_static_decode.py)  # its CUDA-only test captures and replays the decode step
 fi
-PART_KILL_AFTER=5  # the parts' limits (160 + 160 + 110 + 30) and 5 s to stop each: 480 s at the very most
+PART_KILL_AFTER=5  # the parts' limits (90 + 160 + 90 + 60 + 50) and 5 s to stop each: 475 s at the very most
 source "$(dirname "$0")/gpu_parts.sh"
 
-part kernels 160 "${KERNELS[@]}" "$PY" -m pytest -q -x -p no:cacheprovider "${CASES[@]}" "${KERNEL_TESTS[@]}"
+part kernels 90 "${KERNELS[@]}" "$PY" -m pytest -q -p no:cacheprovider "${CASES[@]}" "${KERNEL_TESTS[@]}"
 part attention 160 "$PY" -m benchmarks.gpu "${BENCH[@]}" --sections attention --schemes fire,shaw,transformer_xl,cope \
   --no-peers "${SIZES[@]}" --out "$OUT/attention"
-part maps 110 "$PY" -m benchmarks.gpu "${BENCH[@]}" --sections maps --out "$OUT/maps"
-part graphs 30 "$PY" -m benchmarks.gpu "${BENCH[@]}" --sections graphs --out "$OUT/graphs"
+part maps 90 "$PY" -m benchmarks.gpu "${BENCH[@]}" --sections maps --out "$OUT/maps"
+part graphs 60 "$PY" -m benchmarks.gpu "${BENCH[@]}" --sections graphs --out "$OUT/graphs"
+part profile 50 "$PY" -m benchmarks.gpu_profile "${PROFILE[@]}"
 "$PY" -m benchmarks.gpu_targets "$OUT" | tee "$OUT/targets.md"
