@@ -68,7 +68,8 @@ class StepTables:
     q_sin: Tensor
     key_positions: tuple[Tensor, ...]  # per map (maps that share a tensor share the object)
     new_key_rows: dict[tuple[int, int], tuple[Tensor, Tensor]] = field(default_factory=dict)  # (table, done) ->
-    # cos, sin (B,1,Tk-done,R/2) float32
+    # cos, sin (B,1,Tk-done,R/2) float32 of the keys past `done`; (table, -1) -> (B,Tk,R/2) of every key (the kernel
+    # rotates the key tiles)
 
 
 def step_tables(scheme: Scheme, q_pos: Tensor, k_pos: Tensor, b: int, tq: int, dh: int,
@@ -161,8 +162,11 @@ def map_triton(call: Call) -> Tensor | None:
     for m, p in enumerate(tables.key_positions):
         if id(p) not in key_tables:
             key_tables[id(p)] = len(keys)
-            if in_kernel:  # cos/sin rows: the kernel rotates the key tiles
-                keys.append(_key_rows(inner, p, b, dh))
+            if in_kernel:  # cos/sin rows: the kernel rotates the key tiles (the rows shared by the layers)
+                rows = tables.new_key_rows.get((key_tables[id(p)], -1))
+                if rows is None:
+                    rows = tables.new_key_rows[(key_tables[id(p)], -1)] = _key_rows(inner, p, b, dh)
+                keys.append(rows)
             elif call.kept is not None:  # kept in the cache: a step rotates its new keys, by the step's rows
                 keys.append(_kept_keys(inner, k, p, call.k_pos, key_tables[id(p)], tables, call.kept))
             else:  # the keys rotated once, in their dtype
