@@ -30,7 +30,6 @@ from posenc.nn import triton as gpu
 from posenc.nn.call import Call
 from posenc.nn.kv_cache import _Grown, append_only
 from posenc.nn.mapped_attention import _rotate_keys, _rotate_queries
-from posenc.rotary._core import apply_rotary
 from posenc.scheme import Scheme
 
 
@@ -132,7 +131,9 @@ def _kept_keys(inner: Scheme, k: Tensor, pos: Tensor, k_pos: Tensor, table: int,
     if rows is None:
         cos, sin = _key_rows(inner, pos[:, done:], k.shape[0], k.shape[-1])
         rows = tables.new_key_rows[(table, done)] = (cos[:, None], sin[:, None])  # (B,1,T,R/2)
-    new = apply_rotary(k[:, :, done:], rows[0], rows[1], inner.interleaved)  # (B,Hkv,Tk-done,Dh)
+    from posenc.nn.triton import rotary  # imports triton: map_triton serves only where it runs
+
+    new = rotary.rotate(k[:, :, done:], rows[0], rows[1], inner.interleaved)  # (B,Hkv,Tk-done,Dh)
     if entry is None:
         entry = kept[label] = _KeptKeys(inner, _Grown(new, time_dim=2), _Grown(pos, time_dim=1), source)
     entry.positions.append(pos[:, done:])
