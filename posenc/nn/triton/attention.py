@@ -73,7 +73,9 @@ RELATIVE_FP32_BY_HEAD_DIM = {
 #     pair of keys, 216-344 B spilled at 128; 4 warps: 488 B spilled at 128
 #   dkdv 64x128 8 warps: 210/0/412 at 64 (24 B spilled at 128); 32x128 8 warps: 228/0/331 at 128; 64x64 4 warps
 #     spills 336 B at 128
-#   dq 128x32 8 warps: 128/0/197 and 206/0/238; dq_rows 32x32 8 warps: 128/0/196 and 175/0/267 (64x64: 136-320 B)
+#   dq 128x32 8 warps: 128/0/197 and 206/0/238; dq_rows 32x32 8 warps: 128/0/196 and 175/0/267 (64x64: 136-320 B);
+#     dq_rows 32x64 8 warps 228/0/326 and 232/0/415: 17% and 22% fewer instructions per pair than 32x32 (at Dh 16
+#     and 32, 10% and 14%; 4 warps spilled 48-112 B), chosen after the H200 timed kerple's and T5's backward at 3x
 #   Dh 256: forward 64x32, dkdv and dq 32x32, dq_rows 16x32, all without spills.
 _BY_HEAD_DIM = {
     "forward": {16: Tiles(128, 64, 4, 3), 32: Tiles(128, 64, 4, 3), 64: Tiles(128, 64, 8, 3),
@@ -82,8 +84,8 @@ _BY_HEAD_DIM = {
              128: Tiles(32, 128, 8, 2), 256: Tiles(32, 32, 8, 2)},
     "dq": {16: Tiles(128, 32, 4, 2), 32: Tiles(128, 32, 4, 2), 64: Tiles(128, 32, 8, 2),
            128: Tiles(128, 32, 8, 2), 256: Tiles(32, 32, 8, 2)},
-    "dq_rows": {16: Tiles(32, 32, 4, 2), 32: Tiles(32, 32, 4, 2), 64: Tiles(32, 32, 8, 2),
-                128: Tiles(32, 32, 8, 2), 256: Tiles(16, 32, 8, 2)},
+    "dq_rows": {16: Tiles(32, 64, 8, 2), 32: Tiles(32, 64, 8, 2), 64: Tiles(32, 64, 8, 2),
+                128: Tiles(32, 64, 8, 2), 256: Tiles(16, 32, 8, 2)},
     **RELATIVE_BY_HEAD_DIM,
     # The piecewise bias (piecewise_attention.py: FIRE); pieces_dq_grad needs BM <= BN like dq_rows. Sweeps at
     # bf16, causal (registers / spilled bytes / hot-loop instructions, a knot crossing's branch included): forward
