@@ -61,7 +61,7 @@ def _modules(module: nn.Module) -> tuple[nn.Module, ...]:
     return (module, *listed[1])
 
 
-def _same(a: State, b: State) -> bool:
+def same_state(a: State, b: State) -> bool:
     return len(a) == len(b) and all(s[0] is t[0] and s[1:] == t[1:] for s, t in zip(a, b, strict=True))
 
 
@@ -75,7 +75,7 @@ def kept(module: nn.Module, kind: Any, fits: Callable[[Any], bool], build: Calla
         module.register_load_state_dict_post_hook(_forget)
     now = state(module)
     hit = entries.get(kind)
-    if hit is not None and _same(hit[0], now) and _unchanged(hit[2]) and fits(hit[1]):
+    if hit is not None and same_state(hit[0], now) and _unchanged(hit[2]) and fits(hit[1]):
         return hit[1]
     value = ordinary(build)  # ordinary tensors: a training step after an evaluation under inference_mode reads them
     entries[kind] = (now, value, ordinary(lambda: _values(now)))
@@ -118,4 +118,4 @@ def wanted_gradient(module: nn.Module) -> bool:
     return torch.is_grad_enabled() and any(p.requires_grad for p in parameters(module))
 
 
-__all__ = ["kept", "kept_span", "parameters", "state", "wanted_gradient"]
+__all__ = ["kept", "kept_span", "parameters", "same_state", "state", "wanted_gradient"]

@@ -28,6 +28,7 @@ from torch import Tensor
 from posenc.inference_tensors import position_version
 from posenc.nn import triton as gpu
 from posenc.nn.call import Call
+from posenc.nn.kept_tables import same_state, state
 from posenc.nn.kv_cache import _Grown, append_only
 from posenc.nn.mapped_attention import _rotate_keys, _rotate_queries
 from posenc.scheme import Scheme
@@ -62,7 +63,8 @@ class StepTables:
     """What one forward's calls derive from its positions alone: each map's query rows, the key position tensors,
     and the rows of the keys past `done` (a decode step's new ones) per key table."""
 
-    key: tuple  # the positions tensors, their versions, and the call's shape and device: a hit needs all equal
+    key: tuple  # the positions tensors, their versions, the call's shape and device, the map: a hit needs all equal
+    state: tuple  # kept_tables.state of the scheme: its tensors, their versions and storage
     q_cos: Tensor  # (M,B,Tq,R/2) float32
     q_sin: Tensor
     key_positions: tuple[Tensor, ...]  # per map (maps that share a tensor share the object)
@@ -74,16 +76,18 @@ class StepTables:
 def step_tables(scheme: Scheme, q_pos: Tensor, k_pos: Tensor, b: int, tq: int, dh: int,
                 device: torch.device) -> StepTables:
     """The scheme's StepTables for these positions: built by the first layer of a forward, read by the others."""
-    key = (q_pos, k_pos, position_version(q_pos), position_version(k_pos), b, tq, dh, device)
+    now = state(scheme)  # the rotation's tensors (a frequency patched in place between two calls: another table)
+    key = (q_pos, k_pos, position_version(q_pos), position_version(k_pos), b, tq, dh, device, scheme.position_map)
     last = scheme.__dict__.get("_step_tables")
-    if last is not None and last.key[0] is q_pos and last.key[1] is k_pos and last.key[2:] == key[2:]:
+    if last is not None and last.key[0] is q_pos and last.key[1] is k_pos and last.key[2:] == key[2:] \
+            and same_state(last.state, now):
         return last
     position_map, inner = scheme.position_map, scheme.inner
     origin = k_pos[:, :1]
     q_rows = [_cos_sin(_rotate_queries(inner, _unit(inner, (p.shape[0], tq, dh), device), p), inner, b)
               for p in position_map.query_positions(q_pos, origin)]
     q_cos, q_sin = (torch.stack([rows[n] for rows in q_rows]) for n in (0, 1))  # (M,B,Tq,R/2)
-    tables = StepTables(key, q_cos, q_sin, tuple(position_map.key_positions(k_pos, origin)))
+    tables = StepTables(key, now, q_cos, q_sin, tuple(position_map.key_positions(k_pos, origin)))
     scheme.__dict__["_step_tables"] = tables  # a plain attribute: not a module's state, never saved
     return tables
 
@@ -99,6 +103,7 @@ class _KeptKeys:
     cache's positions buffer the call's key positions viewed (None: another tensor)."""
 
     scheme: Scheme
+    position_map: object  # the PositionMap (a frozen dataclass: compared by value, on the host)
     keys: _Grown
     positions: _Grown
     source: Tensor | None
@@ -109,22 +114,23 @@ def _cache_buffer(k_pos: Tensor) -> Tensor | None:
     return k_pos._base if append_only(k_pos._base) else None
 
 
-def _kept_keys(inner: Scheme, k: Tensor, pos: Tensor, k_pos: Tensor, table: int, tables: StepTables,
+def _kept_keys(inner: Scheme, position_map, k: Tensor, pos: Tensor, k_pos: Tensor, table: int, tables: StepTables,
                kept: dict) -> Tensor:
     """k (B,Hkv,Tk,Dh) rotated at pos (B|1,Tk), the map's positions of the raw key positions k_pos, in k's dtype;
     the keys rotated by earlier calls read from the KV cache's store, only the keys past them rotated, by the step's
     rows (shared by the layers). The kept positions hold while k_pos views the same cache buffer as when they were
-    kept (appended to only: a key's map position depends on its own position and the first one); else they are
-    compared with pos's first ones, as _rotate_keys does (any mismatch: all rotated again)."""
+    kept (appended to only: a key's map position depends on its own position and the first one) under the same map;
+    else they are compared with pos's first ones, as _rotate_keys does (any mismatch: all rotated again)."""
     label, tk, source = (f"rotated keys ({k.dtype})", table), k.shape[2], _cache_buffer(k_pos)
     entry = kept.get(label)
     done = 0 if entry is None else entry.positions.length
     if entry is not None and not (entry.scheme is inner and done <= tk and entry.keys.data.shape[:2] == k.shape[:2]
-                                  and ((source is not None and entry.source is source)
+                                  and ((source is not None and entry.source is source
+                                        and entry.position_map == position_map)
                                        or torch.equal(entry.positions.data[:, :done], pos[:, :done]))):
         entry, done = None, 0
     if entry is not None:
-        entry.source = source
+        entry.source, entry.position_map = source, position_map
         if done == tk:
             return entry.keys.data[:, :, :tk]
     rows = tables.new_key_rows.get((table, done))
@@ -135,7 +141,7 @@ def _kept_keys(inner: Scheme, k: Tensor, pos: Tensor, k_pos: Tensor, table: int,
 
     new = rotary.rotate(k[:, :, done:], rows[0], rows[1], inner.interleaved)  # (B,Hkv,Tk-done,Dh)
     if entry is None:
-        entry = kept[label] = _KeptKeys(inner, _Grown(new, time_dim=2), _Grown(pos, time_dim=1), source)
+        entry = kept[label] = _KeptKeys(inner, position_map, _Grown(new, time_dim=2), _Grown(pos, time_dim=1), source)
     entry.positions.append(pos[:, done:])
     return entry.keys.append(new)
 
@@ -169,7 +175,8 @@ def map_triton(call: Call) -> Tensor | None:
                     rows = tables.new_key_rows[(key_tables[id(p)], -1)] = _key_rows(inner, p, b, dh)
                 keys.append(rows)
             elif call.kept is not None:  # kept in the cache: a step rotates its new keys, by the step's rows
-                keys.append(_kept_keys(inner, k, p, call.k_pos, key_tables[id(p)], tables, call.kept))
+                keys.append(_kept_keys(inner, position_map, k, p, call.k_pos, key_tables[id(p)], tables,
+                                       call.kept))
             else:  # the keys rotated once, in their dtype
                 keys.append(_rotate_keys(inner, k, p, None, m, dtype=k.dtype))
         key_maps.append(key_tables[id(p)])

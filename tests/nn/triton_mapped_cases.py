@@ -228,3 +228,30 @@ def test_kept_keys_handed_other_positions_are_rotated_again():
         fresh = dispatch.KERNELS["map_triton"](call._replace(kept=None))
         torch.testing.assert_close(dispatch.KERNELS["map_triton"](call), fresh, rtol=0, atol=1e-6)
     assert kept, "the store was used"
+
+
+@torch.no_grad()
+def test_kept_keys_and_step_tables_follow_a_changed_map_or_rotation():
+    """Calls on one KV cache's positions buffer (kept keys trusted without a comparison) and one positions tensor
+    (the step's tables kept): another map over the same rotation rotates the kept keys again; a frequency changed in
+    place between two calls on the same positions gives new tables. Each equals the same call on fresh tensors."""
+    from posenc.nn.kv_cache import _Grown
+
+    first, other = _mapped("yarn", MAPS[0]), _mapped("yarn", {**MAPS[0], "group_size": 4})
+    other.inner = first.inner  # one rotation, two maps
+    (q, k, v), q_pos, raw = _attention_inputs(torch.float32, 1, 2, 1, 1, 24, 32)
+    k_pos = _Grown(raw, time_dim=1, append_only=True).append(raw)  # a view of an append-only buffer, as a cache's
+
+    def call(scheme, kept=None, fresh=False):
+        positions = (q_pos.clone(), k_pos.clone()) if fresh else (q_pos, k_pos)
+        return dispatch.KERNELS["map_triton"](Call(q, k, v, scheme, *positions, True, 0.0, False, kept))
+
+    kept: dict = {}
+    before = call(first, kept)
+    torch.testing.assert_close(call(other, kept), call(other, fresh=True), rtol=0, atol=1e-6)
+    assert (call(other, fresh=True) - before).abs().max() > 1e-3  # the maps differ: the kept keys were not reused
+    call(first)  # the step's tables for these positions tensors
+    first.inner.inv_freq.mul_(0.5)
+    changed = call(first)
+    torch.testing.assert_close(changed, call(first, fresh=True), rtol=0, atol=1e-6)
+    assert (changed - before).abs().max() > 1e-3
