@@ -61,7 +61,8 @@ def _cos_sin(rotated: Tensor, scheme: Scheme, batch: int) -> tuple[Tensor, Tenso
 @dataclass
 class StepTables:
     """What one forward's calls derive from its positions alone: each map's query rows, the key position tensors,
-    and the rows of the keys past `done` (a decode step's new ones) per key table."""
+    and the rows of the keys past `done` (a decode step's new ones) per key table. The scheme holds the last one
+    until its next call: after a long prompt, up to (M + Mk) x B x T x R x 4 bytes (0.3 GB for DCA at 128k, R 128)."""
 
     key: tuple  # the positions tensors, their versions, the call's shape and device, the map: a hit needs all equal
     state: tuple  # kept_tables.state of the scheme: its tensors, their versions and storage
