@@ -15,8 +15,11 @@ from torch import Tensor
 APPEND_ONLY = "_posenc_append_only"
 
 
-def append_only(t: Tensor | None) -> bool:
-    return t is not None and getattr(t, APPEND_ONLY, False)
+def append_only_buffer(view: Tensor) -> Tensor | None:
+    """The KV cache's positions buffer that view (a cache's key positions, (B,Tk)) reads, or None for any other
+    tensor."""
+    base = view._base
+    return base if base is not None and getattr(base, APPEND_ONLY, False) else None
 
 
 class _Grown:

@@ -16,8 +16,9 @@ g = H // Hkv query heads per key/value head.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 from itertools import pairwise
-from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -25,7 +26,7 @@ from torch import Tensor
 
 from posenc.errors import bad_value
 from posenc.nn.call import Call, needs_grad
-from posenc.nn.kv_cache import _Grown
+from posenc.nn.kv_cache import _Grown, append_only_buffer
 from posenc.position_map import PositionMap
 from posenc.scheme import Scheme
 
@@ -75,14 +76,18 @@ def _rotate_queries(scheme: Scheme, q: Tensor, pos: Tensor) -> Tensor:
     return scheme.rotate(q, q[:, :1, :1], pos, _first(pos))[0]
 
 
-def _rotate_keys(scheme: Scheme, k: Tensor, pos: Tensor, kept: dict | None = None, slot: int = 0,
-                 label: str = "rotated keys", dtype: torch.dtype | None = None) -> Tensor:
+def _rotate_keys(scheme: Scheme, k: Tensor, pos: Tensor, kept: dict | None = None, slot: Hashable = 0,
+                 label: Hashable = "rotated keys", dtype: torch.dtype | None = None, source: Tensor | None = None,
+                 rotate_new: Callable[[Tensor, int], Tensor] | None = None) -> Tensor:
     """k (B,Hkv,Tk,Dh) rotated at pos (B,Tk). With a KV cache's store, the keys rotated by earlier calls are reused:
     the cache's raw keys only grow, a key's mapped position depends on its own position alone (PositionMap's
-    key_positions), and the rotation of a key on its own; so only keys past the kept ones are rotated, after the
-    kept positions are checked equal to pos's first ones (any mismatch: all rotated again). label: the store's key
-    (map_triton keeps its own beside these). dtype: what the kept keys are stored in (None: float32 for half
-    precision, as the per-map kernels compute)."""
+    key_positions), and the rotation of a key on its own; so only keys past the kept ones are rotated. The kept
+    positions hold while pos derives, under the map the store's key names, from the same KV cache positions buffer
+    `source` (kv_cache.append_only_buffer: appended to only); else they are checked equal to pos's first ones (any
+    mismatch: all rotated again). label, slot: the store's key (map_triton keeps its own beside these; a key that
+    names the map keeps each map's apart). dtype: what the kept keys are stored in (None: float32 for half
+    precision, as the per-map kernels compute). rotate_new(keys, done): the keys past `done` rotated (default: the
+    scheme's rotate())."""
     if kept is None:
         return scheme.rotate(k[:, :1, :1], k, _first(pos), pos)[1]
     entry, tk = kept.get((label, slot)), k.shape[2]
@@ -91,15 +96,20 @@ def _rotate_keys(scheme: Scheme, k: Tensor, pos: Tensor, kept: dict | None = Non
         dtype = torch.float32 if k.element_size() < 4 else k.dtype  # half precision: rotated in float32
     if entry is not None and not (entry.scheme is scheme and done <= tk and entry.keys.data.dtype == dtype
                                   and entry.keys.data.shape[:2] == k.shape[:2]
-                                  and torch.equal(entry.positions.data[:, :done], pos[:, :done])):
+                                  and ((source is not None and entry.source is source)
+                                       or torch.equal(entry.positions.data[:, :done], pos[:, :done]))):
         entry, done = None, 0
-    if entry is not None and done == tk:
-        return entry.keys.data[:, :, :tk]
+    if entry is not None:
+        entry.source = source
+        if done == tk:
+            return entry.keys.data[:, :, :tk]
     fresh = k[:, :, done:].to(dtype)  # (B,Hkv,Tk-done,Dh)
-    new = scheme.rotate(fresh[:, :1, :1], fresh, _first(pos[:, done:]), pos[:, done:])[1]
+    if rotate_new is not None:
+        new = rotate_new(fresh, done)
+    else:
+        new = scheme.rotate(fresh[:, :1, :1], fresh, _first(pos[:, done:]), pos[:, done:])[1]
     if entry is None:
-        entry = _Rotated(scheme, _Grown(new, time_dim=2), _Grown(pos, time_dim=1))
-        kept[(label, slot)] = entry
+        entry = kept[(label, slot)] = _Rotated(scheme, _Grown(new, time_dim=2), _Grown(pos, time_dim=1), source)
     entry.positions.append(pos[:, done:])
     return entry.keys.append(new)
 
@@ -122,12 +132,15 @@ def _values_in_float32(v: Tensor, kept: dict | None) -> Tensor:
     return entry.append(fresh)
 
 
-class _Rotated(NamedTuple):
-    """One map's keys as rotated so far (B,Hkv,T,Dh) and the positions they were rotated at (B,T)."""
+@dataclass
+class _Rotated:
+    """One map's keys as rotated so far (B,Hkv,T,Dh), the positions they were rotated at (B,T), and the KV cache
+    positions buffer those derived from (None: another tensor)."""
 
     scheme: Scheme
     keys: _Grown
     positions: _Grown
+    source: Tensor | None
 
 
 def mapped_attention(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, position_map: PositionMap,
@@ -162,7 +175,8 @@ def mapped_attention(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, position_m
     keys = []
     for m, pos in enumerate(position_map.key_positions(k_pos, origin)):
         if id(pos) not in rotated:
-            rotated[id(pos)] = _rotate_keys(scheme, k, pos, kept, m)  # (B,Hkv,Tk,Dh)
+            rotated[id(pos)] = _rotate_keys(scheme, k, pos, kept, m, ("rotated keys", position_map),
+                                            source=append_only_buffer(k_pos))  # (B,Hkv,Tk,Dh)
         keys.append(rotated[id(pos)])
     q_maps = position_map.query_positions(q_pos, origin)  # per map (B,Tq)
     gpu = q.device.type != "cpu"

@@ -29,7 +29,7 @@ from posenc.inference_tensors import position_version
 from posenc.nn import triton as gpu
 from posenc.nn.call import Call
 from posenc.nn.kept_tables import same_state, state
-from posenc.nn.kv_cache import _Grown, append_only
+from posenc.nn.kv_cache import append_only_buffer
 from posenc.nn.mapped_attention import _rotate_keys, _rotate_queries
 from posenc.scheme import Scheme
 
@@ -98,53 +98,16 @@ def _key_rows(inner: Scheme, pos: Tensor, b: int, dh: int) -> tuple[Tensor, Tens
     return _cos_sin(_rotate_keys(inner, _unit(inner, (pos.shape[0], pos.shape[1], dh), pos.device), pos), inner, b)
 
 
-@dataclass
-class _KeptKeys:
-    """One key table's keys as rotated so far (B,Hkv,T,Dh), the positions they were rotated at (B,T), and the KV
-    cache's positions buffer the call's key positions viewed (None: another tensor)."""
-
-    scheme: Scheme
-    position_map: object  # the PositionMap (a frozen dataclass: compared by value, on the host)
-    keys: _Grown
-    positions: _Grown
-    source: Tensor | None
-
-
-def _cache_buffer(k_pos: Tensor) -> Tensor | None:
-    """The KV cache's positions buffer k_pos (B,Tk) is a view of, or None (kv_cache.APPEND_ONLY)."""
-    return k_pos._base if append_only(k_pos._base) else None
-
-
-def _kept_keys(inner: Scheme, position_map, k: Tensor, pos: Tensor, k_pos: Tensor, table: int, tables: StepTables,
-               kept: dict) -> Tensor:
-    """k (B,Hkv,Tk,Dh) rotated at pos (B|1,Tk), the map's positions of the raw key positions k_pos, in k's dtype;
-    the keys rotated by earlier calls read from the KV cache's store, only the keys past them rotated, by the step's
-    rows (shared by the layers). The kept positions hold while k_pos views the same cache buffer as when they were
-    kept (appended to only: a key's map position depends on its own position and the first one) under the same map;
-    else they are compared with pos's first ones, as _rotate_keys does (any mismatch: all rotated again)."""
-    label, tk, source = (f"rotated keys ({k.dtype})", table), k.shape[2], _cache_buffer(k_pos)
-    entry = kept.get(label)
-    done = 0 if entry is None else entry.positions.length
-    if entry is not None and not (entry.scheme is inner and done <= tk and entry.keys.data.shape[:2] == k.shape[:2]
-                                  and ((source is not None and entry.source is source
-                                        and entry.position_map == position_map)
-                                       or torch.equal(entry.positions.data[:, :done], pos[:, :done]))):
-        entry, done = None, 0
-    if entry is not None:
-        entry.source, entry.position_map = source, position_map
-        if done == tk:
-            return entry.keys.data[:, :, :tk]
+def _rotate_by_rows(inner: Scheme, fresh: Tensor, pos: Tensor, done: int, table: int, tables: StepTables) -> Tensor:
+    """The keys past `done` (B,Hkv,Tk-done,Dh) rotated at pos[:, done:] by the step's rows of key table `table`
+    (built by the first layer that asks, read by the others: rotation is linear in the key)."""
     rows = tables.new_key_rows.get((table, done))
     if rows is None:
-        cos, sin = _key_rows(inner, pos[:, done:], k.shape[0], k.shape[-1])
+        cos, sin = _key_rows(inner, pos[:, done:], fresh.shape[0], fresh.shape[-1])
         rows = tables.new_key_rows[(table, done)] = (cos[:, None], sin[:, None])  # (B,1,T,R/2)
     from posenc.nn.triton import rotary  # imports triton: map_triton serves only where it runs
 
-    new = rotary.rotate(k[:, :, done:], rows[0], rows[1], inner.interleaved)  # (B,Hkv,Tk-done,Dh)
-    if entry is None:
-        entry = kept[label] = _KeptKeys(inner, position_map, _Grown(new, time_dim=2), _Grown(pos, time_dim=1), source)
-    entry.positions.append(pos[:, done:])
-    return entry.keys.append(new)
+    return rotary.rotate(fresh, rows[0], rows[1], inner.interleaved)
 
 
 def map_triton(call: Call) -> Tensor | None:
@@ -167,19 +130,20 @@ def map_triton(call: Call) -> Tensor | None:
     in_kernel = tq == 1 and call.kept is None  # one query, no cache to keep rotated keys: rotated per tile
     key_tables: dict[int, int] = {}  # id of a key position tensor -> its table (maps sharing one share it)
     keys, key_maps = [], []
-    for m, p in enumerate(tables.key_positions):
+    for p in tables.key_positions:
         if id(p) not in key_tables:
-            key_tables[id(p)] = len(keys)
+            table = key_tables[id(p)] = len(keys)
             if in_kernel:  # cos/sin rows: the kernel rotates the key tiles (the rows shared by the layers)
-                rows = tables.new_key_rows.get((key_tables[id(p)], -1))
+                rows = tables.new_key_rows.get((table, -1))
                 if rows is None:
-                    rows = tables.new_key_rows[(key_tables[id(p)], -1)] = _key_rows(inner, p, b, dh)
+                    rows = tables.new_key_rows[(table, -1)] = _key_rows(inner, p, b, dh)
                 keys.append(rows)
-            elif call.kept is not None:  # kept in the cache: a step rotates its new keys, by the step's rows
-                keys.append(_kept_keys(inner, position_map, k, p, call.k_pos, key_tables[id(p)], tables,
-                                       call.kept))
-            else:  # the keys rotated once, in their dtype
-                keys.append(_rotate_keys(inner, k, p, None, m, dtype=k.dtype))
+            else:  # the keys rotated once, in their dtype; kept in the cache, a step rotates its new keys by the
+                # step's rows (shared by the layers: no read of the positions per layer)
+                keys.append(_rotate_keys(inner, k, p, call.kept, table, (f"rotated keys ({k.dtype})", position_map),
+                                         k.dtype, append_only_buffer(call.k_pos),
+                                         lambda fresh, done, p=p, table=table: _rotate_by_rows(
+                                             inner, fresh, p, done, table, tables)))
         key_maps.append(key_tables[id(p)])
     if in_kernel:
         key_rows = tuple(torch.stack([rows[n] for rows in keys]) for n in (0, 1))  # (Mk,B,Tk,R/2)

@@ -66,3 +66,21 @@ def test_kept_keys_are_dropped_when_the_positions_differ():
     longer[:, :, :9] = k
     assert torch.equal(engine._rotate_keys(scheme.inner, longer, torch.arange(11)[None] + 3, kept, 0),
                        engine._rotate_keys(scheme.inner, longer, torch.arange(11)[None] + 3))
+
+
+@pytest.mark.parametrize("spec", SMALL, ids=_ids)
+@torch.no_grad()
+def test_a_decode_step_trusts_the_cache_positions_without_comparing_them(spec):
+    """The kept keys derive from the KV cache's own positions buffer (appended to only): a step compares no kept
+    positions (torch.equal, a read of the device on a GPU), in any layer."""
+    from tests.models.host_syncs import HostSyncCount
+
+    model = tiny_llama(attention_extension=spec)
+    cache = model.new_cache()
+    ids = token_ids(1, T)
+    model(ids[:, :12], cache=cache)
+    model(ids[:, 12:13], cache=cache)
+    count = HostSyncCount()
+    with count:
+        model(ids[:, 13:14], cache=cache)
+    assert not [where for where in count.where if "aten.equal" in where], dict(count.where)
