@@ -46,3 +46,13 @@ def test_a_part_past_the_deadline_is_skipped_in_one_line(tmp_path):
     assert summary == [f"{part}: skipped, {summary[i].split(', ')[1]}" for i, part in
                        enumerate(SCRIPTS["gpu_schemes.sh"])], summary
     assert all("s left before PART_DEADLINE" in line for line in summary)
+
+
+def test_named_parts_are_skipped_and_recorded(tmp_path):
+    # Every part but the cheapest skipped by name: those record one line each, the rest still runs.
+    skipped = [part for part in SCRIPTS["gpu_schemes.sh"] if part != "profile"]
+    done = run_script("gpu_schemes.sh", tmp_path, PART_SKIP=" ".join(skipped))
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = (tmp_path / "summary.txt").read_text().splitlines()
+    assert summary[:-1] == [f"{part}: skipped (PART_SKIP)" for part in skipped], summary
+    assert summary[-1].startswith("profile: exit 0 "), summary
