@@ -94,18 +94,25 @@ class _Rotate(torch.autograd.Function):
     def forward(ctx, x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
         ctx.save_for_backward(cos, sin)
         ctx.interleaved = interleaved
-        return _rotate(x, cos, sin, interleaved)
+        ctx.kernels = _plain_kernels(x, cos, sin)
+        return _first_served(ctx.kernels, x, cos, sin, interleaved, 1.0)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         cos, sin = ctx.saved_tensors
-        return _rotate(grad, cos, sin, ctx.interleaved, sign=-1.0), None, None, None  # R(theta)^T = R(-theta)
+        # grad has x's shape, dtype and device (autograd casts it to them), which is all the row's key reads: the
+        # forward's row serves it, without asking the table again (host time, per layer and step).
+        return _first_served(ctx.kernels, grad, cos, sin, ctx.interleaved, -1.0), None, None, None  # R^T = R(-theta)
+
+
+def _plain_kernels(x: Tensor, cos: Tensor, sin: Tensor) -> tuple[str, ...]:
+    """The kernels of the rotation table's row for x's key without a gradient."""
+    return dispatch.rotation_plan(rotation_device(x, cos, sin, "none"), x.dtype, "none")[1]
 
 
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, sign: float = 1.0) -> Tensor:
     """No autograd: the kernels of the rotation table for x's key without a gradient, the first that serves."""
-    _, kernels = dispatch.rotation_plan(rotation_device(x, cos, sin, "none"), x.dtype, "none")
-    return _first_served(kernels, x, cos, sin, interleaved, sign)
+    return _first_served(_plain_kernels(x, cos, sin), x, cos, sin, interleaved, sign)
 
 
 def _first_served(kernels: tuple[str, ...], x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool,

@@ -65,10 +65,11 @@ def rotate_half_split_compiled(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor | 
 def triton_fits(x: Tensor, cos: Tensor, sin: Tensor) -> bool:
     """The Triton kernel rotates x (B,H,T,Dh) with these tables (B|1,1,T,R/2): triton installed, x on a CUDA
     device (or the interpreter's CPU); tables per head or in another layout take the eager path."""
-    if not gpu.serves(x) or x.dim() != 4 or cos.dim() != 4 or cos.shape != sin.shape:  # serves: a CPU tensor leaves
+    if not gpu.serves(x):  # first: a CPU tensor leaves here
         return False
-    b, _, t, d = x.shape
-    return cos.shape[0] in (1, b) and cos.shape[1:3] == (1, t) and 2 * cos.shape[-1] <= d
+    shape, table = x.shape, cos.shape  # torch.Size is a tuple: indexing it is the cheapest read (asked per call)
+    return (len(shape) == 4 and len(table) == 4 and table == sin.shape and table[0] in (1, shape[0])
+            and table[1] == 1 and table[2] == shape[2] and 2 * table[3] <= shape[3])
 
 
 def rotate_triton(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, sign: float = 1.0) -> Tensor | None:

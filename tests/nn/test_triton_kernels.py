@@ -55,6 +55,28 @@ def test_library_works_without_triton(monkeypatch):
     assert posenc.attention(q, q, q, scheme, pos, pos).shape == q.shape
 
 
+def test_host_grid_arithmetic_equals_tritons():
+    """The launches' grid and tile sizes come from posenc's plain-integer cdiv and next_power_of_2 (Triton's are
+    constexpr functions, ~2 us a host call): they give what Triton's give, over every size a launch meets."""
+    triton = pytest.importorskip("triton")
+    sizes = [*range(0, 1100), 4095, 4096, 4097, 65_535, 131_071, 131_072, 2**31 - 1]
+    for n in sizes:
+        assert gpu.next_power_of_2(n) == triton.next_power_of_2(n), n
+        for d in (1, 3, 16, 64, 128, 256):
+            assert gpu.cdiv(n, d) == triton.cdiv(n, d), (n, d)
+
+
+def test_a_served_check_refuses_any_tensor_off_the_first_ones_device_or_dtypes(monkeypatch):
+    """serves() with several tensors (the attention kernels): one on another device, or of a dtype the kernels
+    do not take, refuses them all."""
+    monkeypatch.setattr(gpu, "_interpret", [True])  # CPU tensors stand for the GPU's, as under the interpreter
+    pytest.importorskip("triton")
+    q = torch.randn(1, 2, 5, 8)
+    assert gpu.serves(q, q.bfloat16(), q.half())
+    assert not gpu.serves(q, q.double()) and not gpu.serves(q, q.to(torch.int32))
+    assert not gpu.serves(q, torch.randn(1, 2, 5, 8, device="meta"))
+
+
 class _LargestTensor(TorchDispatchMode):
     """The largest number of elements any operator returns while active."""
 

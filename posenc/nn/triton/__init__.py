@@ -40,6 +40,9 @@ def interpreting() -> bool:
     return _interpret[0]
 
 
+SERVED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
 def serves(*tensors: Tensor) -> bool:
     """The Triton kernels can run on these tensors: triton installed, and all on one CUDA device (or all on the
     CPU under the interpreter), in bf16, fp16 or fp32."""
@@ -51,7 +54,22 @@ def serves(*tensors: Tensor) -> bool:
     if not (first.is_cuda or (first.is_cpu and interpreting())) or not installed():
         return False
     device = first.device
-    return all(t.device == device and t.dtype in (torch.bfloat16, torch.float16, torch.float32) for t in tensors)
+    for tensor in tensors:  # noqa: SIM110  (a loop, not all(generator): host time on every launch)
+        if tensor.dtype not in SERVED_DTYPES or tensor.device != device:
+            return False
+    return True
+
+
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for host code. triton.cdiv and triton.next_power_of_2 are constexpr functions: each call from the
+    host costs ~2 us (argument unwrapping, a knobs read), and a launch asked several per call (tests check these
+    equal Triton's)."""
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """The least power of 2 >= n (0 for n <= 0), as triton.next_power_of_2 gives, in plain integer arithmetic."""
+    return 1 << (n - 1).bit_length() if n > 0 else 0
 
 
 MAX_HEAD_DIM = 256  # the attention kernel keeps a (BM, Dh) tile per operand in registers
@@ -76,4 +94,4 @@ def _float32_rule(head_dim: int) -> bool:
     return serves_float32(head_dim, interpreting())
 
 
-__all__ = ["attention_fits", "installed", "interpreting", "serves"]
+__all__ = ["attention_fits", "cdiv", "installed", "interpreting", "next_power_of_2", "serves"]

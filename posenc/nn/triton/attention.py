@@ -21,11 +21,11 @@ from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
-import triton
 from torch import Tensor
 
 from posenc.nn.fused_attention import per_batch_row
 from posenc.nn.triton import attention_kernels as kernels
+from posenc.nn.triton import cdiv, next_power_of_2
 
 REDUCE_BLOCK = 256  # row elements per program of the row-gradient reduction
 GRID_AXIS_LIMIT = 65_535  # CUDA's limit on grid axes 1 and 2 (heads, batch)
@@ -129,7 +129,7 @@ INTERPRETED_TILES = Tiles(16, 16, 1, 1)  # Triton's interpreter (tests): small t
 
 
 def padded_head_dim(head_dim: int) -> int:
-    return max(16, triton.next_power_of_2(head_dim))
+    return max(16, next_power_of_2(head_dim))
 
 
 def gpu_tiles(kernel: str, head_dim: int, dtype: torch.dtype) -> Tiles:
@@ -218,7 +218,7 @@ class _RowBiasAttention(torch.autograd.Function):
         biased, row_stride = _padded_rows(rows, pad)
         out = torch.empty_like(q, memory_format=torch.contiguous_format)  # (B,H,Tq,Dh)
         lse = torch.empty(b, h, tq, device=q.device, dtype=torch.float32)  # base 2; the backward's softmax
-        launch(kernels._forward, (triton.cdiv(tq, t.bm), h, b),
+        launch(kernels._forward, (cdiv(tq, t.bm), h, b),
                q, k, v, out, lse, biased, e, *_bhd(q), *_bhd(k), *_bhd(v), *_bhd(out),
                h, h // k.shape[1], tq, k.shape[2], row_stride, d**-0.5 * kernels.LOG2E,
                D=d, CAUSAL=causal, HAS_BIAS=True, BM=t.bm, BN=t.bn, BD=padded_head_dim(d),
@@ -243,7 +243,7 @@ class _RowBiasAttention(torch.autograd.Function):
         dk_heads = torch.empty(b, h, tk, d, device=q.device, dtype=kv_dtype)
         dv_heads = torch.empty(b, h, tk, d, device=q.device, dtype=kv_dtype)
         t = tiles("dkdv", d, q.device, q.dtype)
-        launch(kernels._dkdv, (triton.cdiv(tk, t.bn), h, b), q, k, v, dout, lse, delta, dk_heads, dv_heads,
+        launch(kernels._dkdv, (cdiv(tk, t.bn), h, b), q, k, v, dout, lse, delta, dk_heads, dv_heads,
                biased, e, *strides, h, group, tq, tk, ctx.row_stride, *scales,
                BM=t.bm, BN=t.bn, **shape, **_options(t, q.dtype, q.device))
         dk, dv = dk_heads, dv_heads
@@ -252,7 +252,7 @@ class _RowBiasAttention(torch.autograd.Function):
             dv = dv_heads.view(b, hkv, group, tk, d).sum(2).to(v.dtype)
         row_grad = ctx.needs_input_grad[3]
         t = tiles("dq_rows" if row_grad else "dq", d, q.device, q.dtype)
-        q_blocks, diag_len = triton.cdiv(tq, t.bm), triton.cdiv(tk, t.bn) * t.bn + t.bn
+        q_blocks, diag_len = cdiv(tq, t.bm), cdiv(tk, t.bn) * t.bn + t.bn
         diag = torch.zeros(b * h, q_blocks, diag_len if row_grad else 1, device=q.device, dtype=torch.float32)
         dq = torch.empty(b, h, tq, d, device=q.device, dtype=q.dtype)
         launch(kernels._dq, (q_blocks, h, b), q, k, v, dout, lse, delta, dq, biased, e, diag, *strides,
@@ -261,7 +261,7 @@ class _RowBiasAttention(torch.autograd.Function):
         drow = None
         if row_grad:
             drow = torch.empty(h, ctx.row_len, device=q.device, dtype=torch.float32)
-            launch(kernels._row_reduce, (h, triton.cdiv(ctx.row_len, REDUCE_BLOCK)), diag, e, drow, b, h, q_blocks,
+            launch(kernels._row_reduce, (h, cdiv(ctx.row_len, REDUCE_BLOCK)), diag, e, drow, b, h, q_blocks,
                    diag_len, ctx.row_len, BM=t.bm, BR=REDUCE_BLOCK)
         return dq, dk, dv, drow, None, None
 

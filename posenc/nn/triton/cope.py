@@ -12,10 +12,9 @@ attention.launch, so benchmarks/gpu_static.py compiles exactly what runs here.
 from __future__ import annotations
 
 import torch
-import triton
 from torch import Tensor
 
-from posenc.nn.triton import attention
+from posenc.nn.triton import attention, cdiv
 from posenc.nn.triton import cope_kernels as kernels
 from posenc.nn.triton.attention import INTERPRETED_TILES, Tiles, _bhd, _check_sizes, _dense_last, _options
 
@@ -76,7 +75,7 @@ class _ContextualAttention(torch.autograd.Function):
         t = tiles("forward", d, q.device, q.dtype)
         out = torch.empty_like(q, memory_format=torch.contiguous_format)  # (B,H,Tq,Dh)
         lse = torch.empty(b, h, tq, device=q.device, dtype=torch.float32)  # base 2; the backward's softmax
-        attention.launch(kernels._cope_forward, (triton.cdiv(tq, t.bm), h, b), q, k, v, out, lse, rows,
+        attention.launch(kernels._cope_forward, (cdiv(tq, t.bm), h, b), q, k, v, out, lse, rows,
                          *_bhd(q), *_bhd(k), *_bhd(v), *_bhd(out), *_sizes(q, k, rows), d**-0.5, **_head(d),
                          BM=t.bm, BN=t.bn, FAR=FAR_WIDTH, **_options(t, q.dtype, q.device))
         ctx.save_for_backward(q, k, v, out, lse, rows)
@@ -91,7 +90,7 @@ class _ContextualAttention(torch.autograd.Function):
         group = h // hkv
         delta = (dout.float() * out.float()).sum(-1)  # (B,H,Tq): rowsum(dO * O)
         t_dq, t_kv = tiles("dq", d, q.device, q.dtype), tiles("dkdv", d, q.device, q.dtype)
-        key_tiles = triton.cdiv(tk, t_dq.bn)  # the carries' tiles: _dkdv must walk the same ones
+        key_tiles = cdiv(tk, t_dq.bn)  # the carries' tiles: _dkdv must walk the same ones
         carry_g = torch.zeros(b, h, tq, key_tiles, device=q.device, dtype=torch.float32)
         carry_d = torch.zeros_like(carry_g)
         total = torch.empty(b, h, tq, device=q.device, dtype=torch.float32)  # D_i
@@ -99,7 +98,7 @@ class _ContextualAttention(torch.autograd.Function):
         dq = torch.empty(b, h, tq, d, device=q.device, dtype=q.dtype)
         strides = (*_bhd(q), *_bhd(k), *_bhd(v), *_bhd(dout))
         scalars = (*_sizes(q, k, rows), key_tiles, d**-0.5)
-        attention.launch(kernels._cope_dq, (triton.cdiv(tq, t_dq.bm), h, b), q, k, v, dout, lse, delta, dq, rows,
+        attention.launch(kernels._cope_dq, (cdiv(tq, t_dq.bm), h, b), q, k, v, dout, lse, delta, dq, rows,
                          drows, carry_g, carry_d, total, *strides, *scalars, **_head(d), BM=t_dq.bm, BN=t_dq.bn,
                          FAR=FAR_WIDTH, **_options(t_dq, q.dtype, q.device))
         kv_dtype = k.dtype if group == 1 else torch.float32  # a GQA group's heads are added up in float32 after

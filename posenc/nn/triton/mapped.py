@@ -19,9 +19,9 @@ takes (16). Justified by the static table (benchmarks/gpu_static.py).
 from __future__ import annotations
 
 import torch
-import triton
 from torch import Tensor
 
+from posenc.nn.triton import cdiv, next_power_of_2
 from posenc.nn.triton import mapped_kernels as kernels
 from posenc.nn.triton.attention import GRID_AXIS_LIMIT, Tiles, precision
 from posenc.nn.triton.attention_kernels import LOG2E
@@ -49,7 +49,7 @@ def launch(kernel, grid: tuple[int, ...], *args, **options) -> None:
 
 
 def padded(n: int) -> int:
-    return max(16, triton.next_power_of_2(max(1, n)))
+    return max(16, next_power_of_2(max(1, n)))
 
 
 # float32 (TF32) decoding: 16x64 and 16x32 left 8-16 B of stack at Dh 16-128 in one map or another (the full sweep);
@@ -77,7 +77,7 @@ def key_splits(programs: int, tk: int, bn: int, device: torch.device) -> int:
     """Shares of the keys per query block: 1 where the grid already fills the GPU (prefill), else enough programs
     for about two per SM, each over SPLIT_MIN_TILES key tiles or more (decoding against a long cache). The
     interpreter splits in two where the grid has two programs at most (the tests' decoding takes the merge)."""
-    tiles = triton.cdiv(tk, bn)
+    tiles = cdiv(tk, bn)
     if device.type == "cpu":
         return INTERPRETED_SPLITS if programs <= 2 and tiles >= 2 else 1
     wanted = 2 * _sm_count(device) // programs
@@ -128,7 +128,7 @@ def attend_mapped(q: Tensor, k: Tensor | tuple[Tensor, ...], v: Tensor, q_cos: T
     q_pos, k_pos = (p.expand(b, n).to(device=q.device, dtype=torch.int32).contiguous()
                     for p, n in ((q_pos, tq), (k_pos, tk)))
     t = tiles(tq == 1, dh, q.device, q.dtype)
-    q_blocks = triton.cdiv(tq, t.bm)
+    q_blocks = cdiv(tq, t.bm)
     splits = key_splits(q_blocks * h * b, tk, t.bn, q.device)
     if splits > 1:  # flash-decoding: partial outputs and log-sum-exps per share of the keys, merged below
         out = torch.empty(splits, b, h, tq, dh, device=q.device, dtype=torch.float32)

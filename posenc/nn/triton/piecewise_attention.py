@@ -19,11 +19,10 @@ Tiles, warps and stages: attention.TILES (the "pieces_*" kernels), chosen by the
 from __future__ import annotations
 
 import torch
-import triton
 from torch import Tensor
 
 from posenc.nn.fused_attention import per_batch_row
-from posenc.nn.triton import attention
+from posenc.nn.triton import attention, cdiv, next_power_of_2
 from posenc.nn.triton import attention_kernels as row_kernels
 from posenc.nn.triton import piecewise_kernels as kernels
 
@@ -40,7 +39,7 @@ def _padded_feature(feature: Tensor, pad: int) -> Tensor:
 def _inverse_bounds(inv: Tensor, bm: int) -> Tensor:
     """(B|1,Tq) -> (B|1, ceil(Tq / bm), 2): the smallest and largest inv of each block of bm queries."""
     tq = inv.shape[1]
-    blocks = triton.cdiv(tq, bm)
+    blocks = cdiv(tq, bm)
     padded = torch.cat((inv, inv[:, -1:].expand(-1, blocks * bm - tq)), 1).view(inv.shape[0], blocks, bm)
     return torch.stack((padded.amin(-1), padded.amax(-1)), -1)
 
@@ -52,7 +51,7 @@ def _segment_table(padded: Tensor, pad: int, e: Tensor, inv: Tensor, knots: Tens
     crosses more, or (keys_outer: dK/dV's loop over queries) (B, NK) one past the last query tile that does.
     x = f inv lies between the tile's corner features times its queries' inv extremes (the feature does not grow
     with r = e - i + j; inv > 0), products the kernel's own rounding cannot leave."""
-    nq, nk = triton.cdiv(tq, t.bm), triton.cdiv(tk, t.bn)
+    nq, nk = cdiv(tq, t.bm), cdiv(tk, t.bn)
     m0 = torch.arange(nq, device=e.device)[None, :, None] * t.bm
     n0 = torch.arange(nk, device=e.device)[None, None, :] * t.bn
     r = e[:, None, None] - m0 + n0  # (B,NQ,NK): r at the tile's first query and key
@@ -95,7 +94,7 @@ class _PiecewiseAttention(torch.autograd.Function):
         exact_out = q.dtype != torch.float32 and any(ctx.needs_input_grad[3:7])
         out = torch.empty(q.shape, device=q.device, dtype=torch.float32 if exact_out else q.dtype)  # (B,H,Tq,Dh)
         lse = torch.empty(b, h, tq, device=q.device, dtype=torch.float32)  # base 2
-        attention.launch(kernels._forward, (triton.cdiv(tq, t.bm), h, b),
+        attention.launch(kernels._forward, (cdiv(tq, t.bm), h, b),
                          q, k, v, out, lse, padded[pad:], e, inv, segs, split, extended, slopes, intercepts,
                          *attention._bhd(q), *attention._bhd(k), *attention._bhd(v), *attention._bhd(out),
                          h, h // k.shape[1], tq, k.shape[2], _batch_stride(inv), segs.shape[1], segs.shape[2],
@@ -121,7 +120,7 @@ class _PiecewiseAttention(torch.autograd.Function):
         dv_heads = torch.empty(b, h, tk, d, device=q.device, dtype=kv_dtype)
         t = ctx.tile_sets["pieces_dkdv"]
         segs, split = _segment_table(padded, pad, e, inv, knots, t, tq, tk, keys_outer=True)
-        attention.launch(kernels._dkdv, (triton.cdiv(tk, t.bn), h, b), q, k, v, dout, lse, delta, dk_heads, dv_heads,
+        attention.launch(kernels._dkdv, (cdiv(tk, t.bn), h, b), q, k, v, dout, lse, delta, dk_heads, dv_heads,
                          padded[pad:], e, inv, segs, split, extended, slopes, intercepts, *strides, h, group, tq, tk,
                          _batch_stride(inv), segs.shape[1], segs.shape[2], n_knots, *scales, BM=t.bm, BN=t.bn,
                          **shape, **attention._options(t, q.dtype, q.device))
@@ -132,8 +131,8 @@ class _PiecewiseAttention(torch.autograd.Function):
         param_grad = any(ctx.needs_input_grad[3:7])
         t = ctx.tile_sets["pieces_dq_grad" if param_grad else "pieces_dq"]
         segs, split = _segment_table(padded, pad, e, inv, knots, t, tq, tk, keys_outer=False)
-        q_blocks, diag_len = triton.cdiv(tq, t.bm), triton.cdiv(tk, t.bn) * t.bn + t.bn
-        segments = triton.next_power_of_2(n_knots + 1)
+        q_blocks, diag_len = cdiv(tq, t.bm), cdiv(tk, t.bn) * t.bn + t.bn
+        segments = next_power_of_2(n_knots + 1)
         diag = torch.zeros(b * h, q_blocks, diag_len if param_grad else 1, device=q.device, dtype=torch.float32)
         d_inv = torch.empty(b, h, tq, device=q.device, dtype=torch.float32) if param_grad else diag
         sums = torch.empty(b, h, q_blocks, 2 * segments if param_grad else 1, device=q.device, dtype=torch.float32)
@@ -147,7 +146,7 @@ class _PiecewiseAttention(torch.autograd.Function):
             return dq, dk, dv, None, None, None, None, None, None, None
         ln2 = 1.0 / row_kernels.LOG2E  # the bias is in base-2 units: d loss / d (base-2 bias) = ln 2 dS
         d_feature = torch.empty(h, ctx.feature_len, device=q.device, dtype=torch.float32)
-        attention.launch(row_kernels._row_reduce, (h, triton.cdiv(ctx.feature_len, attention.REDUCE_BLOCK)), diag,
+        attention.launch(row_kernels._row_reduce, (h, cdiv(ctx.feature_len, attention.REDUCE_BLOCK)), diag,
                          e, d_feature, b, h, q_blocks, diag_len, ctx.feature_len, BM=t.bm, BR=attention.REDUCE_BLOCK)
         d_inv = d_inv.sum(1) if inv.shape[0] > 1 else d_inv.sum((0, 1))[None]  # (B|1,Tq)
         sums = sums.view(b, h, q_blocks, 2, segments).sum((0, 2))[..., : n_knots + 1]  # (H,2,K+1)

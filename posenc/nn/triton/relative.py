@@ -16,11 +16,10 @@ a tile reads two chunks of BN distances, so BM <= BN), chosen by the static tabl
 from __future__ import annotations
 
 import torch
-import triton
 from torch import Tensor
 
 from posenc.nn.fused_attention import per_batch_row
-from posenc.nn.triton import attention
+from posenc.nn.triton import attention, cdiv
 from posenc.nn.triton import relative_kernels as kernels
 from posenc.nn.triton.attention import Tiles, _bhd, _check_sizes, _dense_last, _options, padded_head_dim
 from posenc.nn.triton.attention_kernels import LOG2E
@@ -53,7 +52,7 @@ class _RelativeAttention(torch.autograd.Function):
         vt = values.contiguous() if has_values else table[0]
         out = torch.empty_like(qc, memory_format=torch.contiguous_format)  # (B,H,Tq,Dh)
         lse = torch.empty(b, h, tq, device=qc.device, dtype=torch.float32)  # base 2
-        attention.launch(kernels._forward, (triton.cdiv(tq, t.bm), h, b),
+        attention.launch(kernels._forward, (cdiv(tq, t.bm), h, b),
                          qc, qr, k, v, table, vt, out, lse, e, *_bhd(qc), *_bhd(qr), *_bhd(k), *_bhd(v),
                          *_bhd(out), *_table_strides(table, vt), h, h // k.shape[1], tq, k.shape[2],
                          table.shape[1], d**-0.5 * LOG2E, scale * LOG2E, D=d, CAUSAL=causal, HAS_VALUES=has_values,
@@ -78,7 +77,7 @@ class _RelativeAttention(torch.autograd.Function):
         dk_heads = torch.empty(b, h, tk, d, device=qc.device, dtype=kv_dtype)
         dv_heads = torch.empty(b, h, tk, d, device=qc.device, dtype=kv_dtype)
         t = _tiles("relative_dkdv", qc)
-        attention.launch(kernels._dkdv, (triton.cdiv(tk, t.bn), h, b), qc, qr, k, v, dout, lse, delta, lse_far,
+        attention.launch(kernels._dkdv, (cdiv(tk, t.bn), h, b), qc, qr, k, v, dout, lse, delta, lse_far,
                          delta_far, dk_heads, dv_heads, table, vt, e, *strides, h, group, tq, tk, length, *scales,
                          BM=t.bm, BN=t.bn, **shape, **_options(t, qc.dtype, qc.device))
         dk, dv = dk_heads, dv_heads
@@ -90,7 +89,7 @@ class _RelativeAttention(torch.autograd.Function):
         dvalues = torch.zeros(h if ctx.has_values else 1, length, d, device=qc.device, dtype=torch.float32)
         dqc = torch.empty(b, h, tq, d, device=qc.device, dtype=qc.dtype)
         dqr = torch.empty(b, h, tq, d, device=qc.device, dtype=torch.float32)
-        attention.launch(kernels._dq, (triton.cdiv(tq, t.bm), h, b), qc, qr, k, v, dout, lse, delta, lse_far,
+        attention.launch(kernels._dq, (cdiv(tq, t.bm), h, b), qc, qr, k, v, dout, lse, delta, lse_far,
                          delta_far, dqc, dqr, table, vt, dtable, dvalues, e, *strides, h, group, tq, tk, length,
                          *scales, BM=t.bm, BN=t.bn, **shape, **_options(t, qc.dtype, qc.device))
         dtable = dtable * ctx.scale  # (H,S,Dh)

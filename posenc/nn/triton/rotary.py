@@ -13,10 +13,14 @@ half-split halves as two runs, the interleaved pairs as one run of R values spli
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+
+from posenc.nn.triton import cdiv, next_power_of_2
 
 BYTES_PER_PROGRAM = 8192  # positions per program: about this many bytes of x (enough loads in flight per SM)
 
@@ -60,13 +64,26 @@ def launch(kernel, grid: tuple[int, ...], *args, **options) -> None:
 
 
 def positions_per_program(head_dim: int, element_size: int) -> int:
-    return max(1, min(128, triton.next_power_of_2(max(1, BYTES_PER_PROGRAM // (head_dim * element_size)))))
+    return max(1, min(128, next_power_of_2(max(1, BYTES_PER_PROGRAM // (head_dim * element_size)))))
+
+
+@functools.lru_cache(maxsize=1024)
+def _launch_shape(t: int, d: int, half: int, element_size: int, interleaved: bool,
+                  copy_rest: bool) -> tuple[int, dict[str, int | bool]]:
+    """(position blocks on the grid's first axis, the kernel's constexprs) for one shape, worked out once per shape:
+    a small rotation is launch-bound, and it runs forward and backward per layer per step."""
+    block = positions_per_program(d, element_size)
+    rest = d - 2 * half
+    return cdiv(t, block), dict(
+        D=d, HALF=half, INTERLEAVED=interleaved, COPY_REST=copy_rest, BT=block,
+        BP=max(next_power_of_2(half), 1), BREST=next_power_of_2(rest) if rest else 1)
 
 
 def rotate(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, sign: float = 1.0,
            out: Tensor | None = None) -> Tensor:
     """x (B,H,T,Dh) rotated by sign * angle -> out (a new tensor, or `out`, which may be x itself: in place).
-    cos/sin (B|1,1,T,R/2) with R <= Dh. No autograd (posenc.rotary._core's function calls this both ways)."""
+    cos/sin (B|1,1,T,R/2) with R <= Dh. No autograd (posenc.rotary._core's function calls this both ways).
+    Host time counts here (a small rotation is launch-bound): no-op conversions are skipped, not called."""
     b, h, t, d = x.shape
     half = cos.shape[-1]
     if cos.shape != sin.shape or cos.dim() != 4 or cos.shape[0] not in (1, b) or cos.shape[1:3] != (1, t):
@@ -75,18 +92,20 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, sign: float =
         raise ValueError(f"rotary dims R={2 * half}: expected R <= head_dim={d}")
     if h > 65_535 or b > 65_535:
         raise ValueError(f"RoPE on the GPU: B={b}, H={h}; each sits on a grid axis of at most 65535")
-    x = x if x.stride(-1) == 1 else x.contiguous()
-    cos, sin = (c.to(device=x.device, dtype=torch.float32) for c in (cos, sin))
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    device = x.device
+    if cos.dtype != torch.float32 or cos.device != device or sin.dtype != torch.float32 or sin.device != device:
+        cos, sin = (c.to(device=device, dtype=torch.float32) for c in (cos, sin))
     if cos.stride() != sin.stride() or cos.stride(-1) != 1:
         cos, sin = cos.contiguous(), sin.contiguous()
     if out is None:
-        out = torch.empty(x.shape, device=x.device, dtype=x.dtype)
-    rest = d - 2 * half
-    block = positions_per_program(d, x.element_size())
-    launch(_rotate, (triton.cdiv(t, block), h, b), x, out, cos, sin, *x.stride()[:3], *out.stride()[:3],
-           cos.stride(0) if cos.shape[0] > 1 else 0, cos.stride(2), t, sign,
-           D=d, HALF=half, INTERLEAVED=interleaved, COPY_REST=rest > 0 and out.data_ptr() != x.data_ptr(),
-           BT=block, BP=max(triton.next_power_of_2(half), 1), BREST=triton.next_power_of_2(rest) if rest else 1)
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)  # cheaper than torch.empty(shape, ...)
+    copy_rest = d > 2 * half and out.data_ptr() != x.data_ptr()
+    blocks, constexprs = _launch_shape(t, d, half, x.element_size(), interleaved, copy_rest)
+    sx, so = x.stride(), out.stride()
+    launch(_rotate, (blocks, h, b), x, out, cos, sin, sx[0], sx[1], sx[2], so[0], so[1], so[2],
+           cos.stride(0) if cos.shape[0] > 1 else 0, cos.stride(2), t, sign, **constexprs)
     return out
 
 
