@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 
 import torch
+from torch.autograd import DeviceType
 
 from benchmarks.gpu_sections import _forward_backward, attention_cells
 from posenc.models import GPT, GPTConfig
@@ -101,7 +102,10 @@ def profile(name: str, call: Callable, device: torch.device, calls: int, rows: i
             call()
         sync()
     events = prof.key_averages()
-    device_us = sum(e.self_device_time_total for e in events) / calls if cuda else float("nan")
+    # The kernels' own rows only: the operator (or autograd Function) that launched a kernel carries its time too,
+    # so summing every row counted each kernel twice (2026-11-26: 'kernels' above the wall for kerple_backward).
+    device_us = sum(e.self_device_time_total for e in events if e.device_type == DeviceType.CUDA) / calls if cuda \
+        else float("nan")
     syncs = {e.key: e.count // calls for e in events if e.key in SYNCS and e.count}
     print(f"\n## {name}: wall {1e3 * wall:.3f} ms per call, kernels {device_us / 1e3:.3f} ms per call, "
           f"host syncs per call {syncs or 0}")
