@@ -246,9 +246,10 @@ MAP_RULES = {"self_extend": (0, 2, 2), "dual_chunk": (2, 3, 1), "lm_infinite": (
 def mapped_launches(dtype: torch.dtype, head_dim: int, decode: bool, rule: str = "dual_chunk",
                     keys_in_kernel: bool = False, *,
                     batch: int = 1, heads: int = 32, kv_heads: int = 8, length: int = 1024) -> list[_Launch]:
-    """The one-pass position-map attention (posenc.nn.triton.mapped) on meta tensors, prefill or a decode step;
-    DCA by default (three maps: the most query copies a program holds). Llama's 32:8 heads: the prefill grid fills
-    an H100 (one share of the keys per program), the decode step splits the keys (flash-decoding). keys_in_kernel:
+    """The one-pass position-map attention (posenc.nn.triton.mapped) on meta tensors, prefill (one map per program)
+    or a decode step; DCA by default (three maps: the most query copies a decode program holds). Llama's 32:8 heads:
+    the prefill grid fills an H100 (one share of the keys per program), the decode step splits the keys
+    (flash-decoding). keys_in_kernel:
     the kernel rotates the key tiles (one query without a KV cache), else they come rotated (a prefill, a cached
     decode step)."""
     from posenc.nn.triton.mapped import attend_mapped

@@ -24,7 +24,8 @@ def test_mapped_kernel_under_the_interpreter():
 @pytest.mark.parametrize(("decode", "keys_in_kernel"), [(False, False), (True, False), (True, True)],
                          ids=["prefill", "decode", "decode rotating keys"])
 def test_mapped_kernel_compiles_for_sm90_fits_and_does_not_spill(decode, keys_in_kernel):
-    """DCA at Dh 128 in bf16: three maps, so three rotated query copies per program, the most registers."""
+    """DCA at Dh 128 in bf16: three maps (a decode program holds three rotated query copies, the most registers;
+    a prefill program one, beside the row kernel's 128x64 key tiles)."""
     with tempfile.TemporaryDirectory() as workdir:
         (launch,) = gpu_static.mapped_launches(gpu_static.DTYPES["bf16"], 128, decode, "dual_chunk", keys_in_kernel)
         record = gpu_static.analyse(launch, "", Path(workdir))

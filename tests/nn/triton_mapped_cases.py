@@ -255,3 +255,33 @@ def test_kept_keys_and_step_tables_follow_a_changed_map_or_rotation():
     changed = call(first)
     torch.testing.assert_close(changed, call(first, fresh=True), rtol=0, atol=1e-6)
     assert (changed - before).abs().max() > 1e-3
+
+
+@torch.no_grad()
+def test_positions_out_of_order_take_the_per_pair_path(monkeypatch):
+    """Positions that jump back and forth (packed or reordered rows): for the last query block (positions 60-75) the
+    16-key tiles are far, near, far, mixed, near, diagonal under Self-Extend's window of 40, so neither map's whole
+    tiles form one run and each map's range goes per pair; the first blocks see other mixes. Equal to the eager path."""
+    from posenc.nn.triton import mapped
+
+    monkeypatch.setattr(mapped, "pair_keys", lambda bn, device: bn // 2)  # the GPU's half tiles in per-pair loops
+    scheme = _mapped("yarn", LONG_MAPS[0])
+    (q, k, v), _, _ = _attention_inputs(torch.float32, 1, 2, 1, LONG, LONG, 32)
+    starts = (0, 200, 0, 16, 100, 60)  # one per 16-key tile
+    pos = torch.cat([torch.arange(s, s + 16) for s in starts])[None].to(DEVICE)
+    call = Call(q, k, v, scheme, pos, pos, True, 0.0, False)
+    got = dispatch.KERNELS["map_triton"](call)
+    assert got is not None, "map_triton declined"
+    _close(got, dispatch.KERNELS["map_eager"](call), FLOAT32, "positions out of order")
+
+
+@torch.no_grad()
+def test_a_chunk_of_queries_split_into_shares_of_the_keys(monkeypatch):
+    """A chunk of queries after cached keys with the keys split into 3 shares (a GPU splits them where the grid is
+    small): DCA's three maps' partials of every share merged by log-sum-exp, shares without a pair of a map included."""
+    from posenc.nn.triton import mapped
+
+    monkeypatch.setattr(mapped, "key_splits", lambda programs, tk, bn, device: 3)
+    monkeypatch.setattr(mapped, "pair_keys", lambda bn, device: bn // 2)
+    got, expected = _both(_mapped("yarn", LONG_MAPS[1]), torch.float32, 16, LONG)
+    _close(got, expected, FLOAT32, "3 shares")

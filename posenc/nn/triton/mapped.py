@@ -1,46 +1,60 @@
-"""Attention under a position map on the GPU, one launch per call (mapped_kernels.py): prefill and decode,
-inference only. The caller (posenc.nn.mapped_gpu) builds the cos/sin rows of every map from the scheme's own
-rotation; this module checks shapes, picks tiles and launches.
+"""Attention under a position map on the GPU, one launch per call, inference only: a prompt or a chunk of queries
+(Tq > 1) through mapped_prefill_kernels.py, one map per program; a decode step through mapped_kernels.py, every map
+scored per pair in each program. The caller (posenc.nn.mapped_gpu) builds the cos/sin rows of every map from the
+scheme's own rotation; this module checks shapes, picks tiles and launches.
 
 The keys come rotated by the host, once per distinct key position tensor, in their dtype (with a KV cache, kept
 there: a decode step rotates only its new key), and the loop reads a tile as plain flash attention does; or, where
 no cache keeps them and a step would rotate every key for one query, raw with cos/sin rows per key, and the kernel
 rotates each key tile.
 
-Where the grid has fewer programs than about two per SM (a decode step, a short chunk after a long cache), the keys
-are split into shares, one program each, and the shares' outputs merged by their log-sum-exps (flash-decoding):
-torch operations on the device, no value read back by the host.
+Partial outputs are merged by their log-sum-exps (flash-decoding), torch operations on the device, no value read
+back by the host: a prefill's M maps (one program each per query block), and, where the grid has fewer programs
+than about two per SM (a decode step, a short chunk after a long cache), the shares the keys are split into.
 
-Tiles per (decode, padded head dim): a prefill program holds M rotated query copies (M <= 3 maps) next to the
-accumulator, so its key tiles are short (BN 32); decoding has one query per row, so BM is the smallest tile tl.dot
-takes (16). Justified by the static table (benchmarks/gpu_static.py).
+Tiles per (decode, padded head dim): a prefill program holds one rotated query copy, so it takes the row kernel's
+tiles (128x64); decoding has one query per row, so BM is the smallest tile tl.dot takes (16), and its program holds
+every map's copy. Justified by the static table (benchmarks/gpu_static.py).
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from posenc.nn.triton import cdiv, next_power_of_2
 from posenc.nn.triton import mapped_kernels as kernels
+from posenc.nn.triton import mapped_prefill_kernels as prefill_kernels
 from posenc.nn.triton.attention import GRID_AXIS_LIMIT, Tiles, precision
 from posenc.nn.triton.attention_kernels import LOG2E
 from posenc.position_map import PAIR_RULES, PairRule
 
-MAX_MAPS = 3  # query copies held per program (DCA's three)
-# Sweeps at bf16, DCA (three maps: the most registers), registers / spilled bytes / loop instructions: Dh 128
-# 128x32 8 warps 254/0/1233; 128x64 8 warps 255/608/2902; 64x64 4 warps 255/584/2994. Self-Extend at 128: 128x32
-# 227/0/726, 128x64 256 B spilled. Dh 64: 128x64 8 warps 328 B spilled. With the whole-tile path (a tile under one
-# map, unmasked) beside the per-pair one, Dh 256's 64x32 spilled 16 B; 64x16 8 warps 238/0 (32x32: 1.3x the
-# instructions per pair).
-_PREFILL = {16: Tiles(128, 32, 8, 2), 32: Tiles(128, 32, 8, 2), 64: Tiles(128, 32, 8, 2),
-            128: Tiles(128, 32, 8, 2), 256: Tiles(64, 16, 8, 2)}
+MAX_MAPS = 3  # DCA's three; a decode program holds a query copy per map
+# Prefill (one map per program, mapped_prefill_kernels.py): the row kernel's forward tiles. Sweeps at bf16 (registers
+# / spilled bytes / unmasked-loop instructions), DCA and LM-Infinite: 128x64 8 warps 3 stages 146-226/0/265-376 at
+# Dh 16-128; Dh 256 64x32 8 warps 2 stages 238-242/0/344 (64x64: 32-40 B spilled). The per-pair program of before
+# (every map's query copy held: 128x32, and 64x16 at Dh 256) spent 0.46 instructions per pair at Dh 128 on a tile
+# under one map, this one's unmasked loop 0.37; and its K/V loads sat in branches, plain LDG with no cp.async (the
+# pipeliner skips loads under an if), where this loop's are pipelined (LDGSTS, 3 stages) as the row kernel's.
+_PREFILL = {16: Tiles(128, 64, 8, 3), 32: Tiles(128, 64, 8, 3), 64: Tiles(128, 64, 8, 3),
+            128: Tiles(128, 64, 8, 3), 256: Tiles(64, 32, 8, 2)}
+# float32 (TF32): the row kernel's 128x32 8 warps 2 stages, 122-255/0/226-388 at Dh 16-128 (every map and head dim).
+_FP32_PREFILL = {16: Tiles(128, 32, 8, 2), 32: Tiles(128, 32, 8, 2), 64: Tiles(128, 32, 8, 2),
+                 128: Tiles(128, 32, 8, 2)}
 # Decoding (keys split into shares): Dh 32 16x64 4 warps spilled 8 B (stack), 8 warps none. With the whole-tile
 # path, 16x64 8 warps spilled 16-24 B at Dh 16 and 32 (16x32 8 warps: none, 15 instructions per key against 18 at
 # 16x64 4 warps), and 16x64 4 warps 8 B at Dh 80 and 96 (8 warps: none).
 _DECODE = {16: Tiles(16, 32, 8, 2), 32: Tiles(16, 32, 8, 2), 64: Tiles(16, 64, 4, 2),
            128: Tiles(16, 64, 8, 2), 256: Tiles(16, 32, 4, 2)}
 INTERPRETED_TILES = Tiles(16, 16, 1, 1)
+def pair_keys(bn: int, device: torch.device) -> int:
+    """Keys per tile of a prefill program's per-pair loops (mixed tiles: more live values than the unmasked loop):
+    half the key tile on a GPU; the interpreter's whole tile (the tests' cost is per loop step; two tests take half)."""
+    return bn if device.type == "cpu" else bn // 2
+
+
+TILE_CHUNK = 256  # key tiles a prefill program classifies at once before a map's pass (32k keys: 2 steps at BN 64)
 
 
 def launch(kernel, grid: tuple[int, ...], *args, **options) -> None:
@@ -59,7 +73,10 @@ _FP32_DECODE = {16: Tiles(16, 32, 4, 2), 32: Tiles(16, 32, 8, 2), 64: Tiles(16, 
 
 
 def gpu_tiles(decode: bool, head_dim: int, dtype: torch.dtype) -> Tiles:
-    table = (_FP32_DECODE if dtype == torch.float32 else _DECODE) if decode else _PREFILL
+    if decode:
+        table = _FP32_DECODE if dtype == torch.float32 else _DECODE
+    else:
+        table = _FP32_PREFILL if dtype == torch.float32 else _PREFILL
     return table[padded(head_dim)]
 
 
@@ -112,6 +129,9 @@ def attend_mapped(q: Tensor, k: Tensor | tuple[Tensor, ...], v: Tensor, q_cos: T
         raise ValueError(f"position map tables {tuple(q_cos.shape)}, keys {[tuple(t.shape) for t in keys]}: expected "
                          f"(M,{b},{tq},R/2) with R <= {dh}, keys like v {tuple(v.shape)}, with (Mk,{b},{tk},R/2) "
                          "tables or one rotated per key table")
+    if not rotated and tq > 1:
+        raise ValueError(f"position map key tables with Tq={tq} queries: keys rotated in the kernel serve one query "
+                         "(a decode step); expected the keys rotated, one tensor per key table")
     if rule.kind not in PAIR_RULES or (rule.kind == PAIR_RULES[-1] and rule.a < 1):
         raise ValueError(f"pair rule {rule}: expected a kind in {PAIR_RULES} (chunks of a >= 1 positions)")
     if h > GRID_AXIS_LIMIT or b > GRID_AXIS_LIMIT or h % hkv:
@@ -127,12 +147,15 @@ def attend_mapped(q: Tensor, k: Tensor | tuple[Tensor, ...], v: Tensor, q_cos: T
     tables = [t.to(device=q.device, dtype=torch.float32).contiguous() for t in (q_cos, q_sin, *k_tables)]
     q_pos, k_pos = (p.expand(b, n).to(device=q.device, dtype=torch.int32).contiguous()
                     for p, n in ((q_pos, tq), (k_pos, tk)))
-    t = tiles(tq == 1, dh, q.device, q.dtype)
+    prefill = tq > 1  # one map per program (mapped_prefill_kernels.py); a decode step: the per-pair kernel
+    t = tiles(not prefill, dh, q.device, q.dtype)
     q_blocks = cdiv(tq, t.bm)
-    splits = key_splits(q_blocks * h * b, tk, t.bn, q.device)
-    if splits > 1:  # flash-decoding: partial outputs and log-sum-exps per share of the keys, merged below
-        out = torch.empty(splits, b, h, tq, dh, device=q.device, dtype=torch.float32)
-        lse = torch.empty(splits, b, h, tq, device=q.device, dtype=torch.float32)
+    per_block = n_maps if prefill else 1  # programs per query block and share of the keys
+    splits = key_splits(q_blocks * per_block * h * b, tk, t.bn, q.device)
+    shares = splits * per_block
+    if shares > 1:  # partial outputs and log-sum-exps per map and share of the keys, merged below (flash-decoding)
+        out = torch.empty(shares, b, h, tq, dh, device=q.device, dtype=torch.float32)
+        lse = torch.empty(shares, b, h, tq, device=q.device, dtype=torch.float32)
     else:
         out = torch.empty(b, h, tq, dh, device=q.device, dtype=q.dtype)
         lse = out  # unread
@@ -140,18 +163,35 @@ def attend_mapped(q: Tensor, k: Tensor | tuple[Tensor, ...], v: Tensor, q_cos: T
     options = {"PRECISION": precision(q.dtype, interpreted), "UPCAST": interpreted}
     if not interpreted:
         options.update(num_warps=t.warps, num_stages=t.stages)
-    rest = dh - 2 * half
-    launch(kernels._mapped_forward, (q_blocks * splits, h, b), q, *by_map, v, out, lse, q_pos, k_pos, *tables,
-           *q.stride()[:3], *keys[0].stride()[:3], *v.stride()[:3], *out.stride()[-4:-1],
-           b, h, h // hkv, tq, tk, splits, score_scale * dh**-0.5 * LOG2E, rule.a, rule.b, rule.window,
-           D=dh, HALF=half, REST=rest, INTERLEAVED=interleaved, KIND=rule.kind, WINDOWED=rule.window > 0,
-           N_MAPS=n_maps, KEY_MAP1=key_maps[1] if n_maps > 1 else 0, KEY_MAP2=key_maps[2] if n_maps > 2 else 0,
-           ROTATED=rotated, CAUSAL=causal, BM=t.bm, BN=t.bn, BP=padded(half), BR=padded(rest), BD=padded(dh),
-           SPLIT=splits > 1, **options)
-    if splits == 1:
+    qk_scale = score_scale * dh**-0.5 * LOG2E
+    strides = (*q.stride()[:3], *keys[0].stride()[:3], *v.stride()[:3], *out.stride()[-4:-1])
+    shape = dict(D=dh, HALF=half, INTERLEAVED=interleaved, KIND=rule.kind, WINDOWED=rule.window > 0, N_MAPS=n_maps,
+                 CAUSAL=causal, BM=t.bm, BN=t.bn, BD=padded(dh), **options)
+    grid = (q_blocks * shares, h, b)
+    if prefill:
+        k_lo, k_hi = _tile_bounds(k_pos, t.bn)
+        launch(prefill_kernels._mapped_prefill, grid, q, *by_map, v, out, lse, q_pos, k_pos, k_lo, k_hi, *tables[:2],
+               *strides, b, h, h // hkv, tq, tk, k_lo.shape[1], splits, qk_scale, rule.a, rule.b, rule.window,
+               CHUNK=TILE_CHUNK, PBN=pair_keys(t.bn, q.device), PARTIAL=shares > 1, **shape)
+    else:
+        rest = dh - 2 * half
+        launch(kernels._mapped_forward, grid, q, *by_map, v, out, lse, q_pos, k_pos, *tables, *strides, b, h,
+               h // hkv, tq, tk, splits, qk_scale, rule.a, rule.b, rule.window, REST=rest,
+               KEY_MAP1=key_maps[1] if n_maps > 1 else 0, KEY_MAP2=key_maps[2] if n_maps > 2 else 0,
+               ROTATED=rotated, BP=padded(half), BR=padded(rest), SPLIT=splits > 1, **shape)
+    if shares == 1:
         return out
-    weights = torch.exp2(lse - lse.amax(0, keepdim=True))  # (S,B,H,Tq): 0 for a share with no key attended
+    weights = torch.exp2(lse - lse.amax(0, keepdim=True))  # (S,B,H,Tq): 0 for a share with no pair attended
     return ((weights[..., None] * out).sum(0) / weights.sum(0)[..., None]).to(q.dtype)
+
+
+def _tile_bounds(k_pos: Tensor, bn: int) -> tuple[Tensor, Tensor]:
+    """k_pos (B,Tk) int32 -> the least and the greatest position of each BN-key tile, (B,ceil(Tk/BN)) int32 each
+    (the ragged last tile over its keys only)."""
+    pad = -k_pos.shape[1] % bn
+    lo = F.pad(k_pos, (0, pad), value=kernels.BIG.value).view(k_pos.shape[0], -1, bn).amin(-1)
+    hi = F.pad(k_pos, (0, pad), value=-kernels.BIG.value).view(k_pos.shape[0], -1, bn).amax(-1)
+    return lo, hi
 
 
 __all__ = ["MAX_MAPS", "attend_mapped", "gpu_tiles", "key_splits", "launch", "tiles"]

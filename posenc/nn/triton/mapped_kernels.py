@@ -1,5 +1,6 @@
 """Triton kernel: attention under a position map (Self-Extend, DCA, LM-Infinite, attention sinks, STRING) in one
-pass, the map chosen per pair inside each tile (posenc.position_map: PositionMap, PairRule).
+pass, the map chosen per pair inside each tile (posenc.position_map: PositionMap, PairRule): the decode steps
+(mapped.py sends Tq > 1 to mapped_prefill_kernels.py, one map per program, which shares _tile_map and _select).
 
     score(i, j) = rot(q_i, P_q^m(i)) . rot(k_j, P_k^m(j)) * qk_scale,   m = rule(pos_i, pos_j)
 
