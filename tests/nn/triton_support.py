@@ -154,8 +154,9 @@ def kernel_device(tf32: bool = False) -> tuple[bool, str]:
 # kernel's own precision ("low"). They use 2; we use 3 because our kernels and the low reference round in different
 # places: Triton's TF32 dot truncates its operands where cuBLAS rounds them (triton-lang/triton#4574), the kernels
 # multiply a bias or a position table in other orders (CoPE's gates summed per tile), and FIRE's and CoPE's
-# parameter gradients sum dS over whole segments. Measured: the H200's errors were up to 2.5x the low reference's
-# (TF32 emulated on the CPU: Transformer-XL's dtable 0.0167 against 0.0066; kerple's p 0.0168 against 0.0097).
+# parameter gradients sum dS over whole segments. Measured with TF32 emulated on the CPU (POSENC_EMULATE_TF32=1, each
+# test at its interpreter sizes): the kernels' errors reach 2.6x the low reference's (CoPE's one_position dtable
+# 0.0179 against 0.0069; Transformer-XL's dtable 0.0167 against 0.0083, where the H200 measured the same 0.0167).
 FACTOR = 3
 
 
