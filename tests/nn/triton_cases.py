@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from contextlib import nullcontext
 
 import pytest
 import torch
@@ -24,7 +25,14 @@ from posenc.registry import build as registry_build
 from posenc.rotary import _core, _fast
 from posenc.scheme import Scheme
 from tests.conftest import tiny_config
-from tests.nn.triton_support import attention_reference, kernel_device, twins, within_reach
+from tests.nn.triton_support import (
+    at_kernel_precision,
+    attention_reference,
+    exact_float32,
+    kernel_device,
+    twins,
+    within_reach,
+)
 
 pytestmark = pytest.mark.skipif(not gpu.installed(), reason="triton is not installed")
 INTERPRETED, DEVICE = kernel_device()
@@ -35,12 +43,12 @@ DIM = 16 if INTERPRETED else 64  # head dim
 SCALE = 1 if INTERPRETED else 16  # sequence lengths: tiny under the interpreter, real on a GPU
 DISTANCE = [n for n in posenc.available() if SCHEMES[n].bias_by_distance is not Scheme.bias_by_distance]
 ROTARY = [n for n in posenc.available() if SCHEMES[n].rotate is not Scheme.rotate]
-# On a GPU the kernel serves float32 only as TF32 (attention.serves_float32): the low references multiply as TF32
-# too (triton_support.within_reach); the interpreter multiplies exactly.
+# On a GPU the kernel serves float32 only as TF32 (attention.serves_float32), which torch must allow; the low
+# references multiply on TF32 operands inside at_kernel_precision (triton_support); the interpreter multiplies exactly.
 if not INTERPRETED:
     torch.set_float32_matmul_precision("high")
 # The floors of within_reach's bound: the fixed tolerances these tests had.
-TOLERANCE = {torch.float32: 2e-5 if INTERPRETED else 5e-3, torch.float16: 5e-3, torch.bfloat16: 3e-2}
+TOLERANCE = {torch.float32: 2e-5 if exact_float32() else 5e-3, torch.float16: 5e-3, torch.bfloat16: 3e-2}
 
 
 def close(actual: torch.Tensor, exact: torch.Tensor, low: torch.Tensor, dtype: torch.dtype, what: str) -> None:
@@ -72,7 +80,9 @@ def check_rows(out, inputs, e, causal, dtype, what, grad=None):
     """The kernel's output of inputs (q, k, v, rows), and with `grad` the gradients of those that need one, against
     rows_reference in float64 (exact) and in the kernel's own dtypes (low)."""
     exact_inputs = twins(inputs)
-    exact, low = rows_reference(*exact_inputs, e, causal), rows_reference(*inputs, e, causal)
+    exact = rows_reference(*exact_inputs, e, causal)
+    with at_kernel_precision():
+        low = rows_reference(*inputs, e, causal)
     close(out, exact, low, dtype, f"{what} output")
     if grad is None:
         return
@@ -80,7 +90,8 @@ def check_rows(out, inputs, e, causal, dtype, what, grad=None):
     names = [("dq", "dk", "dv", "drow")[n] for n in wanted]
     fast = torch.autograd.grad(out, [inputs[n] for n in wanted], grad.to(out.dtype))
     slow = torch.autograd.grad(exact, [exact_inputs[n] for n in wanted], grad.double())
-    rough = torch.autograd.grad(low, [inputs[n] for n in wanted], grad.to(low.dtype))
+    with at_kernel_precision():
+        rough = torch.autograd.grad(low, [inputs[n] for n in wanted], grad.to(low.dtype))
     for name, a, b, c in zip(names, fast, slow, rough, strict=True):
         close(a, b, c, dtype, f"{what} {name}")
 
@@ -168,15 +179,17 @@ def test_every_distance_scheme_trains_through_the_kernel(name, layout, monkeypat
     q_pos = k_pos[:, tk - tq:]
     fast = dispatch.fast_attention(q, k, v, scheme, q_pos, k_pos, causal)
     assert calls, "the Triton kernel must serve rows per head"
-    (exact, exact_inputs), (low, low_inputs) = (scheme_reference(scheme, q, k, v, q_pos, k_pos, causal, dtype)
-                                                for dtype in (torch.float64, torch.float32))
+    exact, exact_inputs = scheme_reference(scheme, q, k, v, q_pos, k_pos, causal, torch.float64)
+    with at_kernel_precision():
+        low, low_inputs = scheme_reference(scheme, q, k, v, q_pos, k_pos, causal, torch.float32)
     close(fast, exact, low, torch.float32, "output")
     params = [p for p in scheme.parameters() if p.requires_grad]
     grad = torch.randn(fast.shape, generator=torch.Generator().manual_seed(3)).to(DEVICE)
     names = ["dq", "dk", "dv", *(f"d{n}" for n, p in scheme.named_parameters() if p.requires_grad)]
+    with at_kernel_precision():
+        rough = torch.autograd.grad(low, low_inputs, grad)
     for what, a, b, c in zip(names, torch.autograd.grad(fast, [q, k, v, *params], grad),
-                             torch.autograd.grad(exact, exact_inputs, grad.double()),
-                             torch.autograd.grad(low, low_inputs, grad), strict=True):
+                             torch.autograd.grad(exact, exact_inputs, grad.double()), rough, strict=True):
         close(a, b, c, torch.float32, f"{name} {what}")
 
 
@@ -199,8 +212,9 @@ def test_positions_given_once_for_the_whole_batch():
     q, k, v = inputs(3, 4, 4, t, t, torch.float32, seed=5)
     pos = (torch.arange(t) + 5)[None].to(DEVICE)
     fast = dispatch.fast_attention(q, k, v, scheme, pos, pos, True)
-    (exact, _), (low, _) = (scheme_reference(scheme, q, k, v, pos, pos, True, dtype)
-                            for dtype in (torch.float64, torch.float32))
+    exact, _ = scheme_reference(scheme, q, k, v, pos, pos, True, torch.float64)
+    with at_kernel_precision():
+        low, _ = scheme_reference(scheme, q, k, v, pos, pos, True, torch.float32)
     close(fast, exact, low, torch.float32, "output")
 
 
@@ -256,6 +270,7 @@ def test_model_with_triton_kernels_equals_model_without(name, monkeypatch):
     tokens = torch.randint(0, 61, (2, 24 * SCALE), generator=torch.Generator().manual_seed(0)).to(DEVICE)
     results = []
     for use_kernels, dtype in ((True, torch.float32), (False, torch.float64), (False, torch.float32)):
+        low_precision = at_kernel_precision() if (use_kernels, dtype) == (False, torch.float32) else nullcontext()
         monkeypatch.setattr(gpu, "serves", lambda *t, on=use_kernels, f=gpu.serves: on and f(*t))
         monkeypatch.setattr(_fast, "rotate_native", lambda *a, on=use_kernels, f=_fast.rotate_native: None if on
                             else f(*a))
@@ -263,9 +278,10 @@ def test_model_with_triton_kernels_equals_model_without(name, monkeypatch):
         model = GPT(tiny_config(name, d_model=4 * DIM, max_seq_len=64 * SCALE)).to(DEVICE).train()
         perturb_scheme_parameters(model)
         model = model.to(dtype)
-        logits = model(tokens)
-        results.append((logits, torch.autograd.grad(logits.square().mean(), list(model.parameters()),
-                                                    allow_unused=True)))
+        with low_precision:  # the low model: every float32 product on TF32 operands
+            logits = model(tokens)
+            results.append((logits, torch.autograd.grad(logits.square().mean(), list(model.parameters()),
+                                                        allow_unused=True)))
     (fast, fast_grads), (exact, exact_grads), (low, low_grads) = results
     close(fast, exact, low, torch.float32, "logits")
     names = [n for n, _ in model.named_parameters()]
@@ -330,8 +346,11 @@ def test_repeated_forward_backward_with_one_positions_tensor(name, monkeypatch):
     pos = torch.arange(t, device=DEVICE)[None]
     params = [q, k, v, *(p for p in scheme.parameters() if p.requires_grad)]
     assert len(params) > 3, f"{name} must have learnable parameters for this test"
-    references = (scheme_reference(scheme, q, k, v, pos, pos, True, dtype) for dtype in (torch.float64, torch.float32))
-    exact, low = (torch.autograd.grad(out.square().sum(), inputs) for out, inputs in references)
+    out, leaves = scheme_reference(scheme, q, k, v, pos, pos, True, torch.float64)
+    exact = torch.autograd.grad(out.square().sum(), leaves)
+    with at_kernel_precision():
+        out, leaves = scheme_reference(scheme, q, k, v, pos, pos, True, torch.float32)
+        low = torch.autograd.grad(out.square().sum(), leaves)
     for _ in range(2):
         grads = torch.autograd.grad(dispatch.fast_attention(q, k, v, scheme, pos, pos, True).square().sum(), params)
         names = ["dq", "dk", "dv", *(f"d{n}" for n, p in scheme.named_parameters() if p.requires_grad)]

@@ -20,7 +20,14 @@ from posenc.nn import dispatch
 from posenc.nn import triton as gpu
 from posenc.registry import build
 from tests.conftest import tiny_config
-from tests.nn.triton_support import attention_reference, kernel_device, twins, within_reach
+from tests.nn.triton_support import (
+    at_kernel_precision,
+    attention_reference,
+    exact_float32,
+    kernel_device,
+    twins,
+    within_reach,
+)
 
 pytestmark = pytest.mark.skipif(not gpu.installed(), reason="triton is not installed")
 INTERPRETED, DEVICE = kernel_device()
@@ -31,7 +38,7 @@ SCALE = 1 if INTERPRETED else 16  # sequence lengths: tiny under the interpreter
 if not INTERPRETED:
     torch.set_float32_matmul_precision("high")  # float32 runs as TF32 on a GPU (attention.serves_float32)
 # The floors of triton_support.within_reach's bound: the fixed tolerances these tests had.
-TOLERANCE = {torch.float32: 2e-5 if INTERPRETED else 5e-3, torch.bfloat16: 3e-2}
+TOLERANCE = {torch.float32: 2e-5 if exact_float32() else 5e-3, torch.bfloat16: 3e-2}
 # FIRE's own parameters in bf16: their gradients add dS over whole segments of pairs, where each query's dS sums
 # to 0 only up to bf16's rounding of P before P V (measured on causal_gqa_bf16: 4.5e-2 on the MLP's output layer,
 # where the materialised bias in bf16 autograd errs by 2.0e-2 and q, k, v stay within 3e-2).
@@ -88,13 +95,18 @@ def test_fire_kernel_equals_the_float64_dense_bias_with_every_gradient(case, mon
     exact_scheme = copy.deepcopy(scheme).double()
     q64, k64, v64 = twins([q, k, v])
     exact = attention_reference(q64, k64, v64, exact_scheme.bias(q_pos, k_pos, q64, k64), causal)
-    low = attention_reference(q, k, v, scheme.bias(q_pos, k_pos, q, k), causal)  # the bias cast to q's dtype
+    bias = scheme.bias(q_pos, k_pos, q, k)  # FIRE's MLP in float32: the kernel evaluates its pieces without tl.dot
+    held = bias.detach().requires_grad_()
+    with at_kernel_precision():  # the attention's products as the kernel's tl.dot makes them
+        low = attention_reference(q, k, v, held, causal)  # the bias cast to q's dtype
     close(out, exact, low, dtype, f"{case} output")
     grad = torch.randn(out.shape, generator=g, dtype=torch.float64).to(DEVICE)
     names = ["dq", "dk", "dv", *(f"d{n}" for n, p in scheme.named_parameters())]
     fast = torch.autograd.grad(out, [q, k, v, *scheme.parameters()], grad.to(dtype))
     slow = torch.autograd.grad(exact, [q64, k64, v64, *exact_scheme.parameters()], grad)
-    rough = torch.autograd.grad(low, [q, k, v, *scheme.parameters()], grad.to(dtype))
+    with at_kernel_precision():
+        *rough, d_bias = torch.autograd.grad(low, [q, k, v, held], grad.to(dtype))
+    rough += torch.autograd.grad(bias, list(scheme.parameters()), d_bias)
     assert slow[4].abs().max() > 0 and slow[3].abs().max() > 0, "L and c must both receive a gradient here"
     for n, (what, a, b_, c) in enumerate(zip(names, fast, slow, rough, strict=True)):
         parameter = n >= 3 and dtype == torch.bfloat16
@@ -109,11 +121,48 @@ def dense_pieces(feature, divisor, knots, slopes, intercepts, e, tq, tk):
     return (slopes[:, segment] * x + intercepts[:, segment]).transpose(0, 1)
 
 
+def _between(xs: torch.Tensor, target: float, reach: float) -> float:
+    """A knot near target in the widest gap between neighbouring values of xs (sorted) within reach of it: no pair's
+    x lies near it, so float32 and float64 put every pair on one side."""
+    mids, gaps = (xs[1:] + xs[:-1]) / 2, xs[1:] - xs[:-1]
+    near = (mids - target).abs() < reach
+    return mids[near][gaps[near].argmax()].item() if near.any() else target
+
+
+def _knots_for_tiles(x: torch.Tensor, valid: torch.Tensor, t: attention.Tiles) -> torch.Tensor:
+    """Three knots for x (B,Tq,Tk) under tiles of t.bm queries x t.bn keys, each in an interval between the tiles' x
+    ranges' ends: two in neighbouring intervals that one tile spans (crossed together: the knot loops), one below
+    them that a tile crosses alone (the fast loops' branch), with a tile that crosses none; of all such choices the
+    one whose narrowest interval is widest (the kernel's tile bounds are a little wider than x's own ranges)."""
+    b, tq, tk = x.shape
+    nq, nk = -(-tq // t.bm), -(-tk // t.bn)
+    padded = torch.full((b, nq * t.bm, nk * t.bn), float("nan"), dtype=x.dtype)
+    padded[:, :tq, :tk] = torch.where(valid, x, float("nan"))
+    tiles = padded.view(b, nq, t.bm, nk, t.bn).permute(0, 1, 3, 2, 4).flatten(3)  # (B,NQ,NK,BM*BN)
+    seen = ~tiles.isnan().all(-1)
+    lo, hi = tiles.nan_to_num(float("inf")).amin(-1)[seen], tiles.nan_to_num(float("-inf")).amax(-1)[seen]
+    ends = torch.cat([lo, hi]).unique()  # sorted
+    mids, widths = (ends[1:] + ends[:-1]) / 2, ends[1:] - ends[:-1]
+    spans = ((lo < mids[:, None]) & (mids[:, None] < hi)).double()  # (intervals, tiles)
+    clear = (1 - spans[:-1]) * (1 - spans[1:])  # tiles crossing neither of two neighbouring intervals
+    together = (spans[:-1] * spans[1:]).sum(1) > 0  # (pairs,)
+    alone, none = spans @ clear.T > 0, (1 - spans) @ clear.T > 0  # (intervals, pairs)
+    below = torch.arange(len(mids))[:, None] < torch.arange(len(mids) - 1)
+    score = torch.minimum(torch.minimum(widths[:, None], widths[None, :-1]), widths[None, 1:])
+    score = score.masked_fill(~(alone & none & below & together), -1)
+    assert score.max() > 0, f"no knots fit the tiles of {t.bm} x {t.bn}"
+    one, pair = divmod(score.argmax().item(), len(mids) - 1)
+    xs = x[valid].unique()
+    return torch.tensor([_between(xs, mids[n].item(), widths[n].item() / 2) for n in (one, pair, pair + 1)],
+                        dtype=torch.float64)
+
+
 def test_pieces_kernel_loops_equal_the_dense_formula_with_every_gradient(monkeypatch):
-    """Pieces built so that tiles cross no knot, one knot (the fast loops' branch) and two (the knot loops), with
-    two batch rows at different offsets: the kernel equals the dense formula in float64, gradients of the feature,
-    the divisor, the slopes and the intercepts included."""
-    if INTERPRETED:  # 16 x 16 everywhere: the knots below are placed for these tiles
+    """Pieces built so that tiles cross no knot, one knot (the fast loops' branch) and two (the knot loops), at the
+    forward's own tiles (the GPU's, or 16 x 16 under the interpreter), with two batch rows at different offsets: the
+    kernel equals the dense formula in float64, gradients of the feature, the divisor, the slopes and the
+    intercepts included."""
+    if INTERPRETED:  # 16 x 16 everywhere: a query block meets interior, diagonal and ragged tiles
         monkeypatch.setattr(attention, "tiles", lambda *a: attention.Tiles(16, 16, 4, 2))
     tables = []
     table = piecewise_attention._segment_table
@@ -124,26 +173,34 @@ def test_pieces_kernel_loops_equal_the_dense_formula_with_every_gradient(monkeyp
     size = tq + tk + 4
     feature = 1.0 - torch.arange(size, dtype=torch.float64) / size  # x falls slowly: few knots per tile
     divisor = 1.0 + 0.01 * torch.arange(tq, dtype=torch.float64).expand(b, tq)
-    # Interior tiles span x of about [0.35, 0.62] to [0.48, 0.76]: 0.45 is crossed alone, 0.75 and 0.755 together
-    knots = torch.tensor([0.4513, 0.7511, 0.7557], dtype=torch.float64)  # no x = (100 - r) / (100 + i) lands on one
+    e = torch.tensor([tq - 1, tq + 1])
+    r = e[:, None, None] - torch.arange(tq)[:, None] + torch.arange(tk)  # (B,Tq,Tk)
+    x = feature[r.clamp(0, size - 1)] / divisor[:, :, None]
+    valid = (torch.arange(tk) <= torch.arange(tq)[:, None] + (tk - tq)).expand(b, tq, tk)
+    knots = _knots_for_tiles(x, valid, attention.tiles("pieces_forward", 16, torch.device(DEVICE), torch.float32))
     slopes = 3 * torch.randn(h, 4, generator=g, dtype=torch.float64)
     intercepts = torch.zeros(h, 4, dtype=torch.float64)
     for s in range(3):  # continuous at the knots, as a ReLU MLP is: rounding at a knot moves nothing
         intercepts[:, s + 1] = intercepts[:, s] + (slopes[:, s] - slopes[:, s + 1]) * knots[s]
-    e = torch.tensor([tq - 1, tq + 1])
     q, k, v = (torch.randn(b, h, tq, 16, generator=g, dtype=torch.float64) for _ in range(3))
     leaves = [t.to(DEVICE).requires_grad_() for t in (q, k, v, feature, divisor, slopes, intercepts)]
     fast_in = [t.float().detach().requires_grad_() for t in leaves]
     out = piecewise_attention.attend_pieces(*fast_in[:4], fast_in[4], knots.float().to(DEVICE), *fast_in[5:],
                                             e.to(DEVICE), True)
-    exact, low = (attention_reference(*ins[:3], dense_pieces(ins[3], ins[4], knots.to(DEVICE, ins[0].dtype), *ins[5:],
-                                                             e.to(DEVICE), tq, tk), True) for ins in (leaves, fast_in))
+    def reference(ins):
+        bias = dense_pieces(ins[3], ins[4], knots.to(DEVICE, ins[0].dtype), *ins[5:], e.to(DEVICE), tq, tk)
+        return attention_reference(*ins[:3], bias, True)
+
+    exact = reference(leaves)
+    with at_kernel_precision():  # no product in the dense pieces: only the attention's
+        low = reference(fast_in)
     close(out, exact, low, torch.float32, "output")
     grad = torch.randn(out.shape, generator=g, dtype=torch.float64).to(DEVICE)
     names = ("dq", "dk", "dv", "dfeature", "ddivisor", "dslopes", "dintercepts")
+    with at_kernel_precision():
+        rough = torch.autograd.grad(low, fast_in, grad.float())
     for what, a, b_, c in zip(names, torch.autograd.grad(out, fast_in, grad.float()),
-                              torch.autograd.grad(exact, leaves, grad), torch.autograd.grad(low, fast_in, grad.float()),
-                              strict=True):
+                              torch.autograd.grad(exact, leaves, grad), rough, strict=True):
         close(a, b_, c, torch.float32, what)
     crossed = torch.cat([(segs[..., 1] - segs[..., 0]).flatten() for segs, _ in tables])
     assert {0, 1} <= set(crossed.tolist()) and crossed.max() > 1, f"tiles crossing {sorted(set(crossed.tolist()))}"
@@ -160,11 +217,13 @@ def test_fire_kernel_without_parameter_gradients_and_its_bias_matters(monkeypatc
     out = dispatch.fast_attention(q, k, v, scheme, pos, pos, True)
     exact_inputs = twins([q, k, v])
     exact = attention_reference(*exact_inputs, copy.deepcopy(scheme).double().bias(pos, pos), True)
-    low = attention_reference(q, k, v, scheme.bias(pos, pos), True)
+    bias = scheme.bias(pos, pos)  # frozen FIRE in float32, outside: the kernel evaluates its pieces without tl.dot
+    with at_kernel_precision():
+        low = attention_reference(q, k, v, bias, True)
+        rough = torch.autograd.grad(low.square().sum(), [q, k, v])
     close(out, exact, low, torch.float32, "output")
     for what, a, b_, c in zip(("dq", "dk", "dv"), torch.autograd.grad(out.square().sum(), [q, k, v]),
-                              torch.autograd.grad(exact.square().sum(), exact_inputs),
-                              torch.autograd.grad(low.square().sum(), [q, k, v]), strict=True):
+                              torch.autograd.grad(exact.square().sum(), exact_inputs), rough, strict=True):
         close(a, b_, c, torch.float32, what)
     with torch.no_grad():
         scheme.mlp[2].weight.mul_(3.0)

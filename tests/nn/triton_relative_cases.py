@@ -19,7 +19,7 @@ from posenc.nn import triton as gpu
 from posenc.nn.attention_core import attend_eager
 from posenc.scheme import RelativeTable
 from tests.nn.triton_cases import DEVICE, INTERPRETED, build, close, gpu_tiles
-from tests.nn.triton_support import twins
+from tests.nn.triton_support import at_kernel_precision, twins
 
 pytestmark = pytest.mark.skipif(not gpu.installed(), reason="triton is not installed")
 
@@ -31,7 +31,7 @@ SCALE = 1 if INTERPRETED else 16
 
 def formula(qc, qr, k, v, table, values, e, causal, scale):
     """softmax(qc k / sqrt(Dh) + scale qr . table[c] + mask) (v + values[c]), c = clamp(j - i + e[b]), in k's dtype:
-    float64 leaves give the exact reference, the kernel's own (TF32 matmuls on a GPU, bf16) the low one."""
+    float64 leaves give the exact reference, the kernel's own the low one (in at_kernel_precision: TF32 operands)."""
     qc, qr, v, table = (t.to(k.dtype) for t in (qc, qr, v, table))
     b, h, tq, d = qc.shape
     tk = k.shape[2]
@@ -90,14 +90,16 @@ def _reference(leaves, params, e, causal, shaw):
 def _check(case, dtype, out, leaves, params, e, causal, shaw):
     exact_leaves, exact_params = twins(leaves), twins(params)
     exact = _reference(exact_leaves, exact_params, e, causal, shaw)
-    low = _reference(leaves, params, e, causal, shaw)  # the kernel's dtype: float32 tables cast to bf16 with q
+    with at_kernel_precision():
+        low = _reference(leaves, params, e, causal, shaw)  # the kernel's dtype: float32 tables cast to bf16 with q
     close(out, exact, low, dtype, f"{case} output")
     grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(7)).to(DEVICE)
     inputs = [*leaves, *params]
     names = ["dq", "dk", "dv", "dtable", *(["dvalues"] if shaw else ["du", "dv_shift"])]
     fast = torch.autograd.grad(out, inputs, grad.to(out.dtype))
     slow = torch.autograd.grad(exact, [*exact_leaves, *exact_params], grad.double())
-    rough = torch.autograd.grad(low, inputs, grad.to(low.dtype))
+    with at_kernel_precision():
+        rough = torch.autograd.grad(low, inputs, grad.to(low.dtype))
     for name, a, b, c in zip(names, fast, slow, rough, strict=True):
         close(a, b, c, dtype, f"{case} {name}")
 
@@ -148,7 +150,8 @@ def test_schemes_train_through_the_kernel(name, layout, monkeypatch):
     assert calls, "the Triton kernel must serve rows per query"
     twin, exact_inputs = copy.deepcopy(scheme).double(), twins([q, k, v])
     exact = scheme_reference(twin, *exact_inputs, q_pos, k_pos, causal)
-    low = scheme_reference(scheme, q, k, v, q_pos, k_pos, causal)
+    with at_kernel_precision():
+        low = scheme_reference(scheme, q, k, v, q_pos, k_pos, causal)
     close(fast, exact, low, torch.float32, "output")
     named = [(n, p) for n, p in scheme.named_parameters() if p.requires_grad]
     assert named, f"{name} must have learnable parameters"
@@ -157,7 +160,8 @@ def test_schemes_train_through_the_kernel(name, layout, monkeypatch):
     inputs = [q, k, v, *(p for _, p in named)]
     fast_grads = torch.autograd.grad(fast, inputs, grad)
     slow_grads = torch.autograd.grad(exact, [*exact_inputs, *(twin_params[n] for n, _ in named)], grad.double())
-    low_grads = torch.autograd.grad(low, inputs, grad)
+    with at_kernel_precision():
+        low_grads = torch.autograd.grad(low, inputs, grad)
     for what, a, b, c in zip(["dq", "dk", "dv", *(f"d{n}" for n, _ in named)], fast_grads, slow_grads, low_grads,
                              strict=True):
         close(a, b, c, torch.float32, f"{name} {layout} {what}")
