@@ -29,7 +29,8 @@ def perturb_scheme_parameters(model: nn.Module, seed: int = 1) -> None:
             if isinstance(module, Scheme):
                 for name, p in module.named_parameters():
                     if "raw" not in name:
-                        p.add_(0.1 * torch.randn(p.shape, generator=g).to(p))  # drawn on the CPU: the same values on any device
+                        # drawn on the CPU, then moved: the same values on any device
+                        p.add_(0.1 * torch.randn(p.shape, generator=g).to(p))
 
 
 @dataclass
