@@ -21,7 +21,7 @@ if [ "${QUICK:-0}" = 1 ]; then
   SIZES=(); CASES=(tests/nn/triton_pieces_cases.py tests/nn/triton_cope_cases.py)
 else  # four test processes share the GPU: the kernels' compiles run side by side
   BENCH=(); KERNELS=(); KERNEL_TESTS=(-n 4); SIZES=(--lengths 1024,4096,16384 --head-dims 64,128 --kv-groups 1,4)
-  PROFILE=()
+  PROFILE=(--calls 100)  # with 10 calls the profiler's one-off ~4 ms start lands in every per-call CPU figure
   CASES+=(tests/models/test_static_decode.py)  # its CUDA-only test captures and replays the decode step
 fi
 PART_KILL_AFTER=5  # the parts' limits (90 + 160 + 90 + 60 + 50) and 5 s to stop each: 475 s at the very most
