@@ -10,16 +10,21 @@ from __future__ import annotations
 from torch import Tensor
 
 # Set on the KV caches' position buffers: written only past their length (append), so a view of one holds the same
-# values at the same indices for as long as the buffer lives. What is derived from cached positions may be trusted by
-# the buffer's identity instead of compared value by value (a comparison waits for the device).
+# values at the same indices for as long as the buffer lives, and a bigger buffer it grows into holds them too. The
+# attribute's value names the buffer across its growth (one token per _Grown): what is derived from cached positions
+# may be trusted by that name instead of compared value by value (a comparison waits for the device).
 APPEND_ONLY = "_posenc_append_only"
 
 
-def append_only_buffer(view: Tensor) -> Tensor | None:
-    """The KV cache's positions buffer that view (a cache's key positions, (B,Tk)) reads, or None for any other
-    tensor."""
+class AppendOnly:
+    """The name of one append-only positions buffer, the same object across its growth."""
+
+
+def append_only_buffer(view: Tensor) -> AppendOnly | None:
+    """The name of the KV cache's positions buffer that view (a cache's key positions, (B,Tk)) reads, or None for
+    any other tensor."""
     base = view._base
-    return base if base is not None and getattr(base, APPEND_ONLY, False) else None
+    return None if base is None else getattr(base, APPEND_ONLY, None)
 
 
 class _Grown:
@@ -27,11 +32,11 @@ class _Grown:
     marked APPEND_ONLY (nothing but append() writes it)."""
 
     def __init__(self, first: Tensor, time_dim: int, append_only: bool = False) -> None:
-        self.time_dim, self.append_only = time_dim, append_only
+        self.time_dim, self.append_only = time_dim, AppendOnly() if append_only else None
         self.length = 0
         self.data = first.new_empty(self._shape(first, max(16, first.shape[time_dim])))
         if append_only:
-            setattr(self.data, APPEND_ONLY, True)
+            setattr(self.data, APPEND_ONLY, self.append_only)
 
     def _shape(self, like: Tensor, capacity: int) -> list[int]:
         shape = list(like.shape)
@@ -39,16 +44,20 @@ class _Grown:
         return shape
 
     def append(self, new: Tensor) -> Tensor:
-        end = self.length + new.shape[self.time_dim]
+        self.slot(new.shape[self.time_dim]).copy_(new)
+        return self.data.narrow(self.time_dim, 0, self.length)
+
+    def slot(self, n: int) -> Tensor:
+        """The buffer grown by n along the time axis: the view of the n new places (to be written by the caller)."""
+        end = self.length + n
         if end > self.data.shape[self.time_dim]:
             bigger = self.data.new_empty(self._shape(self.data, max(end, 2 * self.data.shape[self.time_dim])))
             bigger.narrow(self.time_dim, 0, self.length).copy_(self.data.narrow(self.time_dim, 0, self.length))
             self.data = bigger
-            if self.append_only:
-                setattr(bigger, APPEND_ONLY, True)
-        self.data.narrow(self.time_dim, self.length, new.shape[self.time_dim]).copy_(new)
-        self.length = end
-        return self.data.narrow(self.time_dim, 0, end)
+            if self.append_only is not None:
+                setattr(bigger, APPEND_ONLY, self.append_only)
+        start, self.length = self.length, end
+        return self.data.narrow(self.time_dim, start, n)
 
 
 class KVCache:

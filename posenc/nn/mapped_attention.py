@@ -26,7 +26,7 @@ from torch import Tensor
 
 from posenc.errors import bad_value
 from posenc.nn.call import Call, needs_grad
-from posenc.nn.kv_cache import _Grown, append_only_buffer
+from posenc.nn.kv_cache import AppendOnly, _Grown, append_only_buffer
 from posenc.position_map import PositionMap
 from posenc.scheme import Scheme
 
@@ -77,41 +77,40 @@ def _rotate_queries(scheme: Scheme, q: Tensor, pos: Tensor) -> Tensor:
 
 
 def _rotate_keys(scheme: Scheme, k: Tensor, pos: Tensor, kept: dict | None = None, slot: Hashable = 0,
-                 label: Hashable = "rotated keys", dtype: torch.dtype | None = None, source: Tensor | None = None,
-                 rotate_new: Callable[[Tensor, int], Tensor] | None = None) -> Tensor:
+                 label: Hashable = "rotated keys", dtype: torch.dtype | None = None, source: AppendOnly | None = None,
+                 rotate_new: Callable[[Tensor, int, Tensor], None] | None = None) -> Tensor:
     """k (B,Hkv,Tk,Dh) rotated at pos (B,Tk). With a KV cache's store, the keys rotated by earlier calls are reused:
     the cache's raw keys only grow, a key's mapped position depends on its own position alone (PositionMap's
-    key_positions), and the rotation of a key on its own; so only keys past the kept ones are rotated. The kept
-    positions hold while pos derives, under the map the store's key names, from the same KV cache positions buffer
-    `source` (kv_cache.append_only_buffer: appended to only); else they are checked equal to pos's first ones (any
-    mismatch: all rotated again). label, slot: the store's key (map_triton keeps its own beside these; a key that
-    names the map keeps each map's apart). dtype: what the kept keys are stored in (None: float32 for half
-    precision, as the per-map kernels compute). rotate_new(keys, done): the keys past `done` rotated (default: the
-    scheme's rotate())."""
+    key_positions), and the rotation of a key on its own; so only keys past the kept ones are rotated, into the kept
+    buffer's new places. The kept keys hold while pos derives, under the map the store's key names, from the same KV
+    cache positions buffer `source` (kv_cache.append_only_buffer: appended to only, named across its growth): then
+    no position is kept or compared. Without a source, the positions are kept and checked equal to pos's first ones
+    (any mismatch: all rotated again). label, slot: the store's key (a key that names the map keeps each map's apart).
+    dtype: what the kept keys are stored in (None: float32 for half precision, as the per-map kernels compute).
+    rotate_new(keys, done, out): writes the keys past `done` rotated into out (default: the scheme's rotate())."""
     if kept is None:
         return scheme.rotate(k[:, :1, :1], k, _first(pos), pos)[1]
     entry, tk = kept.get((label, slot)), k.shape[2]
-    done = 0 if entry is None else entry.positions.length
+    done = 0 if entry is None else entry.keys.length
     if dtype is None:
         dtype = torch.float32 if k.element_size() < 4 else k.dtype  # half precision: rotated in float32
     if entry is not None and not (entry.scheme is scheme and done <= tk and entry.keys.data.dtype == dtype
-                                  and entry.keys.data.shape[:2] == k.shape[:2]
-                                  and ((source is not None and entry.source is source)
-                                       or torch.equal(entry.positions.data[:, :done], pos[:, :done]))):
+                                  and entry.keys.data.shape[:2] == k.shape[:2] and entry.holds(pos, done, source)):
         entry, done = None, 0
-    if entry is not None:
-        entry.source = source
-        if done == tk:
-            return entry.keys.data[:, :, :tk]
-    fresh = k[:, :, done:].to(dtype)  # (B,Hkv,Tk-done,Dh)
-    if rotate_new is not None:
-        new = rotate_new(fresh, done)
-    else:
-        new = scheme.rotate(fresh[:, :1, :1], fresh, _first(pos[:, done:]), pos[:, done:])[1]
+    if entry is not None and done == tk:
+        return entry.keys.data[:, :, :tk]
+    fresh = k[:, :, done:] if k.dtype == dtype else k[:, :, done:].to(dtype)  # (B,Hkv,Tk-done,Dh)
     if entry is None:
-        entry = kept[(label, slot)] = _Rotated(scheme, _Grown(new, time_dim=2), _Grown(pos, time_dim=1), source)
-    entry.positions.append(pos[:, done:])
-    return entry.keys.append(new)
+        entry = kept[(label, slot)] = _Rotated(scheme, _Grown(fresh, time_dim=2),
+                                               None if source is not None else _Grown(pos, time_dim=1), source)
+    out = entry.keys.slot(tk - done)  # (B,Hkv,Tk-done,Dh), a view of the kept buffer
+    if rotate_new is not None:
+        rotate_new(fresh, done, out)
+    else:
+        out.copy_(scheme.rotate(fresh[:, :1, :1], fresh, _first(pos[:, done:]), pos[:, done:])[1])
+    if entry.positions is not None:
+        entry.positions.append(pos[:, done:])
+    return entry.keys.data[:, :, :tk]
 
 
 def _values_in_float32(v: Tensor, kept: dict | None) -> Tensor:
@@ -134,13 +133,20 @@ def _values_in_float32(v: Tensor, kept: dict | None) -> Tensor:
 
 @dataclass
 class _Rotated:
-    """One map's keys as rotated so far (B,Hkv,T,Dh), the positions they were rotated at (B,T), and the KV cache
-    positions buffer those derived from (None: another tensor)."""
+    """One map's keys as rotated so far (B,Hkv,T,Dh); the KV cache positions buffer their positions derived from, or
+    (source None: another tensor) the positions they were rotated at (B,T)."""
 
     scheme: Scheme
     keys: _Grown
-    positions: _Grown
-    source: Tensor | None
+    positions: _Grown | None
+    source: AppendOnly | None
+
+    def holds(self, pos: Tensor, done: int, source: AppendOnly | None) -> bool:
+        """The first `done` keys were rotated at pos's first positions: the same buffer named, or (kept positions)
+        the same values (a comparison: a read of the device)."""
+        if self.positions is None:
+            return source is not None and self.source is source
+        return torch.equal(self.positions.data[:, :done], pos[:, :done])
 
 
 def mapped_attention(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, position_map: PositionMap,

@@ -30,6 +30,7 @@ from posenc.nn.triton.attention import GRID_AXIS_LIMIT, Tiles, precision
 from posenc.nn.triton.attention_kernels import LOG2E
 from posenc.position_map import PAIR_RULES, PairRule
 
+LN2 = 0.6931471805599453  # a log-sum-exp in base 2 times this: in base e
 MAX_MAPS = 3  # DCA's three; a decode program holds a query copy per map
 # Prefill (one map per program, mapped_prefill_kernels.py): the row kernel's forward tiles. Sweeps at bf16 (registers
 # / spilled bytes / unmasked-loop instructions), DCA and LM-Infinite: 128x64 8 warps 3 stages 146-226/0/265-376 at
@@ -145,8 +146,9 @@ def attend_mapped(q: Tensor, k: Tensor | tuple[Tensor, ...], v: Tensor, q_cos: T
     by_map += [by_map[0]] * (MAX_MAPS - n_maps)  # unread
     k_tables = (q_cos, q_sin) if rotated else key_rows  # unread when rotated
     tables = [t.to(device=q.device, dtype=torch.float32).contiguous() for t in (q_cos, q_sin, *k_tables)]
-    q_pos, k_pos = (p.expand(b, n).to(device=q.device, dtype=torch.int32).contiguous()
-                    for p, n in ((q_pos, tq), (k_pos, tk)))
+    q_pos, k_pos = (p if p.dtype == torch.int32 and p.shape == (b, n) and p.is_contiguous() and p.device == q.device
+                    else p.expand(b, n).to(device=q.device, dtype=torch.int32).contiguous()
+                    for p, n in ((q_pos, tq), (k_pos, tk)))  # as posenc.nn.mapped_gpu's StepTables hold them
     prefill = tq > 1  # one map per program (mapped_prefill_kernels.py); a decode step: the per-pair kernel
     t = tiles(not prefill, dh, q.device, q.dtype)
     q_blocks = cdiv(tq, t.bm)
@@ -181,8 +183,10 @@ def attend_mapped(q: Tensor, k: Tensor | tuple[Tensor, ...], v: Tensor, q_cos: T
                ROTATED=rotated, BP=padded(half), BR=padded(rest), SPLIT=splits > 1, **shape)
     if shares == 1:
         return out
-    weights = torch.exp2(lse - lse.amax(0, keepdim=True))  # (S,B,H,Tq): 0 for a share with no pair attended
-    return ((weights[..., None] * out).sum(0) / weights.sum(0)[..., None]).to(q.dtype)
+    # (S,B,H,Tq) the shares' weights 2^lse / sum 2^lse, 0 for a share with no pair attended: one softmax, not the
+    # five operators of its formula (a decode step pays each launch in every layer)
+    weights = torch.softmax(lse * LN2, dim=0)
+    return (weights[..., None] * out).sum(0).to(q.dtype)
 
 
 def _tile_bounds(k_pos: Tensor, bn: int) -> tuple[Tensor, Tensor]:
