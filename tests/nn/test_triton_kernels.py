@@ -1,6 +1,7 @@
 """posenc's GPU kernels (posenc/nn/triton) in `make test`: under Triton's interpreter on a machine without a GPU,
-compiled at real sizes on a CUDA machine (the cases live in triton_cases.py and triton_relative_cases.py, run in
-one fresh process); the library without triton installed; and a decode step that builds nothing larger than a row
+compiled at real sizes on a CUDA machine (the row schemes' cases live in triton_cases.py, run in one fresh process;
+the other schemes' in test_triton_scheme_kernels.py, a file of its own so that the two interpreted processes run on
+two workers side by side); the library without triton installed; and a decode step that builds nothing larger than a row
 on the GPU's paths."""
 
 from __future__ import annotations
@@ -20,8 +21,7 @@ from posenc.nn import triton as gpu
 from tests.conftest import tiny_config
 from tests.nn.triton_support import run_interpreted
 
-CASES = [Path(__file__).with_name(name) for name in (
-    "triton_cases.py", "triton_pieces_cases.py", "triton_relative_cases.py", "triton_cope_cases.py")]
+CASES = [Path(__file__).with_name("triton_cases.py")]
 
 
 def test_triton_kernels_under_the_interpreter():

@@ -3,7 +3,7 @@
 only), a cache offset (Tq < Tk), GQA, positions clamped at the table's end and not, bf16, and tiles that differ
 per kernel (the backward's carries are stored per key tile of dQ and read by dK/dV).
 
-Not collected by `make test` directly: tests/nn/test_triton_kernels.py runs it in a fresh process with the
+Not collected by `make test` directly: tests/nn/test_triton_scheme_kernels.py runs it in a fresh process with the
 interpreter (TRITON_INTERPRET=1: tiny shapes) or compiled on a CUDA machine (see triton_support.py).
 """
 

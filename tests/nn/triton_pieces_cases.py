@@ -2,7 +2,7 @@
 bias (Scheme.bias, its MLP evaluated on every pair), outputs and the gradients of q, k, v and every learnable FIRE
 parameter (its c, its threshold L, both MLP layers).
 
-Not collected by `make test` directly: tests/nn/test_triton_kernels.py runs this file with triton_cases.py in one
+Not collected by `make test` directly: tests/nn/test_triton_scheme_kernels.py runs this file with the others in one
 fresh process (TRITON_INTERPRET=1 without a GPU: tiny shapes, and tiles forced small so that a query block meets
 interior tiles, diagonal tiles and a ragged end; compiled on a CUDA machine at the GPU's own tiles).
 """

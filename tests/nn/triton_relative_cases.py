@@ -3,7 +3,7 @@ references, outputs and gradients: the formula itself written out with a materia
 distance index, and each scheme's own reference path (bias() and mix_values() in float64), every learnable
 parameter included.
 
-Run by tests/nn/test_triton_kernels.py in the same fresh process as triton_cases.py (TRITON_INTERPRET=1 on a
+Run by tests/nn/test_triton_scheme_kernels.py with the other schemes' cases (TRITON_INTERPRET=1 on a
 machine without a GPU; see tests/nn/triton_support.py).
 """
 
