@@ -130,7 +130,6 @@ def _rows(inner: Scheme, pos: Tensor, b: int, dh: int) -> tuple[tuple[Tensor, Te
     unit = _unit(inner, (pos.shape[0], pos.shape[1], dh), pos.device)
     q_rot, k_rot = inner.rotate(unit, unit, pos, pos)
     return _cos_sin(q_rot, inner, b), _cos_sin(k_rot, inner, b)
-__all__ = ["map_triton"]
 
 
 def _rotate_by_rows(inner: Scheme, fresh: Tensor, pos: Tensor, done: int, table: int, tables: StepTables,

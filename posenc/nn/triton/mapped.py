@@ -49,6 +49,8 @@ _FP32_PREFILL = {16: Tiles(128, 32, 8, 2), 32: Tiles(128, 32, 8, 2), 64: Tiles(1
 _DECODE = {16: Tiles(16, 32, 8, 2), 32: Tiles(16, 32, 8, 2), 64: Tiles(16, 64, 4, 2),
            128: Tiles(16, 64, 8, 2), 256: Tiles(16, 32, 4, 2)}
 INTERPRETED_TILES = Tiles(16, 16, 1, 1)
+
+
 def pair_keys(bn: int, device: torch.device) -> int:
     """Keys per tile of a prefill program's per-pair loops (mixed tiles: more live values than the unmasked loop):
     half the key tile on a GPU; the interpreter's whole tile (the tests' cost is per loop step; two tests take half)."""
