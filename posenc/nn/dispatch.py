@@ -45,16 +45,18 @@ whose class gives no score_mod.
     values weights                                      eager_weights                 eager_weights
     attends                                             scheme_attend > (the tail of the class's other form)
 
-The mapped form has a table of its own (MAP_RULES). map_triton (nn/mapped_gpu.py, triton/mapped.py) runs every
-map in one launch, the map chosen per pair inside each tile from the map's PairRule; it is inference only (no
-backward: gradients take map_eager) and declines a map without a pair rule. map_fused and map_eager
+The mapped form has a table of its own (MAP_RULES, keyed by device, grad and decode). map_triton (nn/mapped_gpu.py,
+triton/mapped.py) runs every map in one launch, the map chosen per pair inside each tile from the map's PairRule; it
+is inference only (no backward: gradients take map_eager) and declines a map without a pair rule. map_decode
+(nn/mapped_decode.py) scores one query per row over the runs of keys each map takes, found once per step for every
+layer, with one softmax over the merged row; it declines batch rows under different runs. map_fused and map_eager
 (nn/mapped_attention.py) run each map of a chunk of queries through a kernel and merge the maps by log-sum-exp:
 
-    form        device      no grad                              grad
-    ----------  ----------  -----------------------------------  -----------
-    mapped      cuda        map_triton > map_fused > map_eager   map_eager
-    mapped      cpu         map_fused > map_eager                map_eager
-    mapped      other       map_eager                            map_eager
+    form        device      no grad, decode                      no grad                              grad
+    ----------  ----------  -----------------------------------  -----------------------------------  ---------
+    mapped      cuda        map_triton > map_fused > map_eager   map_triton > map_fused > map_eager   map_eager
+    mapped      cpu         map_decode > map_fused > map_eager   map_fused > map_eager                map_eager
+    mapped      other       map_eager                            map_eager                            map_eager
 
 A kernel is a function kernel(call: Call) -> Tensor | None (posenc.nn.call, below this module and the kernels);
 KERNELS names each. Adding a kernel = its file + one KERNELS entry + its name in a rule.
@@ -107,7 +109,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from posenc.nn import bias_paths, decode_paths, mapped_attention, mapped_gpu, row_paths
+from posenc.nn import bias_paths, decode_paths, mapped_attention, mapped_decode, mapped_gpu, row_paths
 from posenc.nn import triton as gpu
 from posenc.nn.call import Call, needs_grad
 from posenc.position_map import MappedScheme
@@ -132,6 +134,7 @@ KERNELS: dict[str, Callable[[Call], Tensor | None]] = {
     "eager_weights": bias_paths.eager_weights,  # the weights materialised, then mix_values
     "scheme_attend": bias_paths.scheme_attend,  # Scheme.attend: the scheme's own attention
     "map_triton": mapped_gpu.map_triton,  # triton/mapped.py: every map in one launch, the map chosen per pair
+    "map_decode": mapped_decode.map_decode,  # one query per row: the maps' runs of keys, one softmax (CPU)
     "map_fused": mapped_attention.map_fused,  # per map: the CPU's flash or CUDA's efficient kernel
     "map_eager": mapped_attention.map_eager,  # per map: scores in memory (gradients, dropout)
 }
@@ -157,7 +160,10 @@ TAILS: dict[str, dict[bool, tuple[str, ...]]] = {
     **{form: BIAS_TAIL for form in ("contextual", "distance", "piecewise", "relative", "bias")},
     **{form: {False: ("eager_weights",), True: ("eager_weights",)} for form in ("values", "weights")},
 }
-MAP_RULES = {("cpu", False): ("map_fused", "map_eager"), ("cuda", False): ("map_triton", "map_fused", "map_eager")}
+# (device, grad, decode) -> the kernels for a mapped scheme
+MAP_RULES = {("cpu", False, True): ("map_decode", "map_fused", "map_eager"),
+             ("cpu", False, False): ("map_fused", "map_eager"),
+             **{("cuda", False, decode): ("map_triton", "map_fused", "map_eager") for decode in (False, True)}}
 MAP_DEFAULT = ("map_eager",)
 FORMS = ("mapped", "attends", "plain", "contextual", "distance", "piecewise", "values", "relative", "weights", "bias")
 
@@ -255,7 +261,7 @@ def plan(cls: type[Scheme], device: str, dtype: torch.dtype, grad: bool, decode:
     """The kernels tried, in order, for a scheme class and a key: the whole decision."""
     form = form_of(cls)
     if form == "mapped":
-        return map_plan(device, grad)
+        return map_plan(device, grad, decode)
     if form == "attends":  # the scheme's own attention, then what its other hooks would take
         return ("scheme_attend", *plan_of_form(form_of(cls, attends=False), device, dtype, grad, decode,
                                                _overrides(cls, "score_mod")))
@@ -275,9 +281,9 @@ def plan_of_form(form: str, device: str, dtype: torch.dtype, grad: bool, decode:
     return fast + (tail if score_mod else tuple(name for name in tail if name != "flex"))
 
 
-def map_plan(device: str, grad: bool) -> tuple[str, ...]:
-    """The kernels, in order, for one map of a position map (nn/mapped_attention.py)."""
-    return MAP_RULES.get((device, grad), MAP_DEFAULT)
+def map_plan(device: str, grad: bool, decode: bool = False) -> tuple[str, ...]:
+    """The kernels, in order, for a scheme under a position map (MAP_RULES)."""
+    return MAP_RULES.get((device, grad, decode), MAP_DEFAULT)
 
 
 def kernel(name: str) -> Callable[[Call], Tensor | None]:

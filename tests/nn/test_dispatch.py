@@ -46,7 +46,8 @@ def test_the_table_for_every_scheme_on_cpu_and_cuda_names_kernels_that_exist():
         assert chain[-1] in dispatch.SERVE_ALWAYS, f"{name}: {chain} may end with nothing serving"
     for device in ("cpu", "cuda", "mps"):
         for grad in (False, True):
-            assert all(k in dispatch.KERNELS for k in dispatch.map_plan(device, grad))
+            for decode in (False, True):
+                assert all(k in dispatch.KERNELS for k in dispatch.map_plan(device, grad, decode))
     assert set(POSITION_MAPS) == set(MAP_SPECS)
 
 
@@ -130,7 +131,8 @@ def test_every_kernel_is_used_by_some_rule_and_drawn_in_the_docstring():
     classes = {**every_scheme(), "own_attention": OwnAttention}
     assert dispatch.plan(OwnAttention, "cpu", torch.float32, False, False) == ("scheme_attend", "chunked", "reference")
     used = {k for row in dispatch.table(classes, ("cpu", "cuda"), DTYPES) for k in row[-1]}
-    used |= {k for device in ("cpu", "cuda") for grad in (False, True) for k in dispatch.map_plan(device, grad)}
+    used |= {k for device in ("cpu", "cuda") for grad in (False, True) for decode in (False, True)
+             for k in dispatch.map_plan(device, grad, decode)}
     assert used == set(dispatch.KERNELS)
     doc = " ".join(dispatch.__doc__.split())
     for form, device, dtypes, decoding, otherwise in dispatch.FAST_RULES:
