@@ -3,20 +3,33 @@ a training step (forward, backward, AdamW), an inference forward with its peak m
 
 from __future__ import annotations
 
+import statistics
+
 import torch
 import torch.nn.functional as F
 
 from benchmarks.memory import peak_live_bytes
-from benchmarks.timing import interleaved_seconds, ratio
+from benchmarks.timing import interleaved_seconds, interleaved_times, ratio, ratio_spread
 from posenc.models import GPT, GPTConfig
 
 PREFILL_CHUNK = 1024
 
 
-def _model(name: str, seq: int, d_model: int, layers: int, heads: int) -> GPT:
+# The position maps of the map decode section, a rope GPT trained at a quarter of the cache (4x): Self-Extend's
+# options scaled as the GPU benchmark's (benchmarks/gpu_sections.MAP_SPECS: G 8, W an eighth of the trained length),
+# the others at their defaults from the trained length.
+def map_specs(trained: int) -> dict[str, dict]:
+    return {"self_extend": {"type": "self_extend", "group_size": 8, "window": trained // 8},
+            "dual_chunk": {"type": "dual_chunk"}, "lm_infinite": {"type": "lm_infinite"},
+            "attention_sinks": {"type": "attention_sinks"}, "string": {"type": "string"}}
+
+
+def _model(name: str, seq: int, d_model: int, layers: int, heads: int, max_seq_len: int | None = None,
+           attention_extension: dict | None = None) -> GPT:
     torch.manual_seed(0)
-    return GPT(GPTConfig(vocab_size=256, n_layer=layers, n_head=heads, d_model=d_model, max_seq_len=max(seq, 16384),
-                         position_embedding_type=name))
+    return GPT(GPTConfig(vocab_size=256, n_layer=layers, n_head=heads, d_model=d_model,
+                         max_seq_len=max_seq_len or max(seq, 16384), position_embedding_type=name,
+                         attention_extension=attention_extension))
 
 
 def _train_step(name: str, seq: int, batch: int, d_model: int, layers: int, heads: int):
@@ -62,9 +75,10 @@ def forward_rows(schemes: list[str], lengths: list[int], repeats: int, d_model=2
     return rows
 
 
-def _decoder(name: str, ctx: int, new_tokens: int, d_model: int, layers: int, heads: int):
+def _decoder(name: str, ctx: int, new_tokens: int, d_model: int, layers: int, heads: int,
+             max_seq_len: int | None = None, attention_extension: dict | None = None):
     """A model with `ctx` tokens in its cache; each call decodes one more token (the cache grows by one)."""
-    model = _model(name, ctx + new_tokens + 8, d_model, layers, heads).eval()
+    model = _model(name, ctx + new_tokens + 8, d_model, layers, heads, max_seq_len, attention_extension).eval()
     prompt = torch.randint(0, 256, (1, ctx), generator=torch.Generator().manual_seed(0))
     cache = model.new_cache()
     with torch.no_grad():
@@ -81,11 +95,34 @@ def _decoder(name: str, ctx: int, new_tokens: int, d_model: int, layers: int, he
 
 def decode_rows(schemes: list[str], contexts: list[int], new_tokens: int, d_model=256, layers=4,
                 heads=8) -> list[dict]:
-    """Median latency of one new token against a cache of `context` tokens, ratio to `none`."""
+    """Median latency of one new token against a cache of `context` tokens, ratio to `none` (the median of the
+    per-token ratios, with their quartiles)."""
     rows = []
     for ctx in contexts:
         steps = {name: _decoder(name, ctx, new_tokens + 2, d_model, layers, heads) for name in schemes}
-        seconds = interleaved_seconds(steps, new_tokens, warmup=2)
-        rows += [{"context": ctx, "scheme": name, "ms/token": 1e3 * s, "x none": ratio(s, seconds["none"])}
-                 for name, s in seconds.items()]
+        rows += _decode_ratios(interleaved_times(steps, new_tokens, warmup=2), "none",
+                               {"context": ctx}, "scheme")
+    return rows
+
+
+def _decode_ratios(times: dict[str, list[float]], base: str, common: dict, label: str) -> list[dict]:
+    """A row per function: its median ms per token, and its per-token ratio to `base` (median, quartiles)."""
+    rows = []
+    for name, t in times.items():
+        middle, low, high = ratio_spread(t, times[base])
+        rows.append({**common, label: name, "ms/token": 1e3 * statistics.median(t), f"x {base}": middle,
+                     "quartiles": f"{low:.2f}-{high:.2f}"})
+    return rows
+
+
+def map_decode_rows(maps: list[str], contexts: list[int], new_tokens: int, d_model=256, layers=4,
+                    heads=8) -> list[dict]:
+    """Median latency of one new token against a cache of `context` tokens under each position map, ratio to plain
+    RoPE's step, a rope GPT trained at context // 4."""
+    rows = []
+    for ctx in contexts:
+        specs = {"rope": None, **{name: map_specs(ctx // 4)[name] for name in maps}}
+        steps = {name: _decoder("rope", ctx, new_tokens + 2, d_model, layers, heads, ctx // 4, spec)
+                 for name, spec in specs.items()}
+        rows += _decode_ratios(interleaved_times(steps, new_tokens, warmup=2), "rope", {"context": ctx}, "map")
     return rows

@@ -1,4 +1,5 @@
-"""One benchmark run: training steps, inference forwards, attention with biases, cached decoding, RoPE vs peers.
+"""One benchmark run: training steps, inference forwards, attention with biases, cached decoding (plain and under a
+position map), RoPE vs peers.
 
     MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=68719476736 python -m benchmarks.run
     (or `make bench`, `posenc bench`); --quick for a smoke run; --isa avx2 emulates an AVX2 machine on an AVX-512
@@ -21,7 +22,7 @@ import time
 from pathlib import Path
 
 from benchmarks.bench_attention import attention_rows
-from benchmarks.bench_model import decode_rows, forward_rows, train_rows
+from benchmarks.bench_model import decode_rows, forward_rows, map_decode_rows, train_rows
 from benchmarks.bench_rope import rope_rows
 from benchmarks.machine import AVX2_EMULATION, cpu_flags, describe, emulating_avx2
 from benchmarks.report import markdown
@@ -31,6 +32,7 @@ ALL_SCHEMES = ["none", "learned_absolute", "sinusoidal", "rope", "xpos", "p_rope
 # Schemes whose positional term is (Tq, Tk)-sized by nature (CoPE's gates, Transformer-XL's per-query rows over
 # every distance) are left out of the long inference forwards: at 8192 tokens that is 2 GiB per layer.
 FORWARD_SCHEMES = ["none", "rope", "alibi", "kerple", "sandwich", "relative", "fire", "shaw"]
+MAPS = ["self_extend", "dual_chunk", "lm_infinite", "attention_sinks", "string"]
 
 
 def plan(quick: bool) -> dict:
@@ -38,11 +40,12 @@ def plan(quick: bool) -> dict:
         return {"train": ["none", "rope", "alibi"], "train_shapes": [(32, 2)], "train_repeats": 2,
                 "forward": ["none", "alibi"], "forward_lengths": [128], "forward_repeats": 2,
                 "attention_lengths": [256], "attention_repeats": 2, "decode": ["none", "rope", "alibi"],
-                "contexts": [64], "new_tokens": 3, "rope": [(1, 8, 256, 64)], "rope_repeats": 2}
+                "contexts": [64], "new_tokens": 3, "maps": ["self_extend"], "rope": [(1, 8, 256, 64)],
+                "rope_repeats": 2}
     return {"train": ALL_SCHEMES, "train_shapes": [(64, 32), (256, 8), (1024, 2), (2048, 1)], "train_repeats": 7,
             "forward": FORWARD_SCHEMES, "forward_lengths": [2048, 4096, 8192], "forward_repeats": 3,
             "attention_lengths": [2048, 4096, 8192], "attention_repeats": 3, "decode": ALL_SCHEMES,
-            "contexts": [4096], "new_tokens": 15,
+            "contexts": [4096], "new_tokens": 100, "maps": MAPS,
             "rope": [(1, 8, 512, 64), (1, 16, 2048, 64), (4, 32, 4096, 128), (2, 8, 8192, 64)], "rope_repeats": 5}
 
 
@@ -55,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny sizes: checks the harness, measures nothing")
     parser.add_argument("--out", default=".", help="folder for BENCHMARKS.md (results go to benchmarks/)")
-    parser.add_argument("--sections", default="train,forward,attention,decode,rope")
+    parser.add_argument("--sections", default="train,forward,attention,decode,map_decode,rope")
     parser.add_argument("--baseline", help="results-cpu-<isa>.json of an earlier run: its ratios are shown as 'was'")
     parser.add_argument("--baseline-label", default="the commit before issue 15's fast paths")
     parser.add_argument("--isa", choices=("native", "avx2"), default="native",
@@ -78,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         results["attention"] = attention_rows(p["attention_lengths"], 8, 64, p["attention_repeats"])
     if "decode" in sections:
         results["decode"] = decode_rows(p["decode"], p["contexts"], p["new_tokens"])
+    if "map_decode" in sections:
+        results["map_decode"] = map_decode_rows(p["maps"], p["contexts"], p["new_tokens"])
     if "rope" in sections:
         results["rope"] = rope_rows(p["rope"], p["rope_repeats"])
     results["seconds"] = time.perf_counter() - started

@@ -10,6 +10,7 @@ TRAIN = {**dict.fromkeys(ROTARY_ABSOLUTE, 1.05), **dict.fromkeys(("alibi", "kerp
          **dict.fromkeys(("fire", *CONTENT), 2.0)}
 FORWARD_TIME, FORWARD_MEMORY = dict.fromkeys(BIAS, 1.25), dict.fromkeys(BIAS, 1.10)
 DECODE = 1.10  # every scheme
+MAP_DECODE = 1.30  # every position map, to plain RoPE (issue 34)
 
 
 def train_target(scheme: str) -> float | None:
@@ -22,3 +23,7 @@ def forward_target(scheme: str) -> tuple[float | None, float | None]:
 
 def decode_target(scheme: str) -> float | None:
     return None if scheme == "none" else DECODE
+
+
+def map_decode_target(name: str) -> float | None:
+    return None if name == "rope" else MAP_DECODE

@@ -7,6 +7,7 @@ by doubling, so a decode step writes one slice instead of copying the whole cach
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 # Set on the KV caches' position buffers: written only past their length (append), so a view of one holds the same
@@ -60,6 +61,26 @@ class _Grown:
         return self.data.narrow(self.time_dim, start, n)
 
 
+def in_float32(t: Tensor, kept: dict | None, label: str) -> Tensor:
+    """A KV cache's keys or values t (B,Hkv,Tk,Dh) in float32. With the layer's store (KVCache.derived), the copy is
+    kept under `label` and a step converts only its new entries (a decode step in half precision on the CPU computes in
+    float32: converting the whole cache in every layer of every step cost more than the attention). The kept copy's
+    last entry is checked against t's (another cache, or one rewound: converted afresh)."""
+    if kept is None:
+        return t.float()
+    entry, length = kept.get(label), t.shape[2]
+    done = 0 if entry is None else entry.length
+    if entry is not None and not (0 < done <= length and entry.data.shape[:2] == t.shape[:2]
+                                  and torch.equal(entry.data[:, :, done - 1], t[:, :, done - 1].float())):
+        entry, done = None, 0
+    if entry is not None and done == length:
+        return entry.data[:, :, :length]
+    fresh = t[:, :, done:].float()
+    if entry is None:
+        entry = kept[label] = _Grown(fresh, time_dim=2)
+    return entry.append(fresh)
+
+
 class KVCache:
     """Per-layer keys and values plus the positions of the keys (shared by all layers)."""
 
@@ -103,4 +124,4 @@ class KVCache:
         return keys.append(k), values.append(v)
 
 
-__all__ = ["KVCache"]
+__all__ = ["KVCache", "in_float32"]

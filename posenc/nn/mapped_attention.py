@@ -26,7 +26,7 @@ from torch import Tensor
 
 from posenc.errors import bad_value
 from posenc.nn.call import Call, needs_grad
-from posenc.nn.kv_cache import AppendOnly, _Grown, append_only_buffer
+from posenc.nn.kv_cache import AppendOnly, _Grown, append_only_buffer, in_float32
 from posenc.position_map import PositionMap
 from posenc.scheme import Scheme
 
@@ -113,24 +113,6 @@ def _rotate_keys(scheme: Scheme, k: Tensor, pos: Tensor, kept: dict | None = Non
     return entry.keys.data[:, :, :tk]
 
 
-def _values_in_float32(v: Tensor, kept: dict | None) -> Tensor:
-    """v (B,Hkv,Tk,Dh) in float32; with a KV cache's store, only the values past the kept ones are converted (the
-    last kept one is checked against v's)."""
-    if kept is None:
-        return v.float()
-    entry, tv = kept.get("values in float32"), v.shape[2]
-    done = 0 if entry is None else entry.length
-    if entry is not None and not (0 < done <= tv and entry.data.shape[:2] == v.shape[:2]
-                                  and torch.equal(entry.data[:, :, done - 1], v[:, :, done - 1].float())):
-        entry, done = None, 0
-    if entry is not None and done == tv:
-        return entry.data[:, :, :tv]
-    fresh = v[:, :, done:].float()
-    if entry is None:
-        entry = kept["values in float32"] = _Grown(fresh, time_dim=2)
-    return entry.append(fresh)
-
-
 @dataclass
 class _Rotated:
     """One map's keys as rotated so far (B,Hkv,T,Dh); the KV cache positions buffer their positions derived from, or
@@ -162,7 +144,7 @@ def mapped_attention(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, position_m
     grad = needs_grad(q, k, v, scheme)
     kept = None if grad else kept
     if q.element_size() < 4:  # half precision: scores and sums in float32, one rounding at the end
-        q, v = q.float(), _values_in_float32(v, kept)
+        q, v = q.float(), in_float32(v, kept, "values in float32")
         k = k if kept is not None else k.float()  # kept: _rotate_keys converts the keys it rotates
     scale = position_map.score_scale(q_pos, k_pos[:, :1], k.shape[2])  # a number or (B,Tq): folded into q
     if isinstance(scale, Tensor):

@@ -24,8 +24,8 @@ from torch import Tensor
 
 from posenc.inference_tensors import position_version
 from posenc.nn.call import Call
-from posenc.nn.kv_cache import append_only_buffer
-from posenc.nn.mapped_attention import _rotate_keys, _rotate_queries, _values_in_float32
+from posenc.nn.kv_cache import append_only_buffer, in_float32
+from posenc.nn.mapped_attention import _rotate_keys, _rotate_queries
 from posenc.scheme import Scheme
 
 Run = tuple[int, int, int]  # (map, first key, end key): map scores keys first..end-1
@@ -140,7 +140,7 @@ def map_decode(call: Call) -> Tensor | None:
     if step is None:
         return None
     if q.element_size() < 4:  # half precision: scores and sums in float32, one rounding at the end (as prompts)
-        q, v = q.float(), _values_in_float32(v, call.kept)
+        q, v = q.float(), in_float32(v, call.kept, "values in float32")
     if isinstance(step.scale, Tensor):
         q = q * step.scale[:, None, :, None].to(q.dtype)
     elif step.scale != 1.0:

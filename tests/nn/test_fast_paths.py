@@ -189,3 +189,4 @@ def test_cached_decoding_under_autocast_equals_recomputation_within_bfloat16():
         step = model(ids[:, 39:], cache=cache)[:, -1].float()
         full = model(ids)[:, -1].float()
     assert (step - full).abs().max().item() < 0.05 * full.abs().max().item()
+
