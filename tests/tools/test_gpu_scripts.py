@@ -24,7 +24,8 @@ def run_script(name: str, out: Path, **env: str) -> subprocess.CompletedProcess:
                           timeout=300)
 
 
-SCRIPTS = {"gpu_schemes.sh": ["kernels", "attention", "maps", "graphs", "profile"]}
+SCRIPTS = {"gpu_schemes.sh": ["kernels", "attention", "maps", "graphs", "profile"],
+           "extend_tables_gpu.sh": ["passkey_x4", "passkey_x8", "ruler_x4", "ruler_x8"]}  # QUICK: ~100 s
 
 
 @pytest.mark.slow
@@ -36,7 +37,8 @@ def test_a_prepared_gpu_command_runs_every_part(script, parts, tmp_path):
     assert [line.split(":")[0] for line in summary] == parts, summary
     failed = [line for line in summary if " exit 0 " not in line]
     assert not failed, (failed, *((tmp_path / f"{line.split(':')[0]}.log").read_text()[-1500:] for line in failed))
-    assert "| target |" in (tmp_path / "targets.md").read_text()
+    if script == "gpu_schemes.sh":
+        assert "| target |" in (tmp_path / "targets.md").read_text()
 
 
 def test_a_part_past_the_deadline_is_skipped_in_one_line(tmp_path):
