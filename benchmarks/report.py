@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from benchmarks import targets
 from benchmarks.machine import label
@@ -66,22 +67,19 @@ def forward_table(rows: list[dict], baseline: dict | None) -> list[dict]:
     return out
 
 
-def decode_table(rows: list[dict], baseline: dict | None) -> list[dict]:
-    out = []
-    for r in rows:
-        before = _before(baseline, "decode", {"context": r["context"], "scheme": r["scheme"]}, "x none")
-        out.append({**r, "x none": _with_before(r["x none"], before),
-                    "met": _met(r["x none"], targets.decode_target(r["scheme"]))})
-    return out
+def _decode_table(section: str, label: str, base: str, target: Callable[[str], float | None]) -> Callable:
+    """A decode section's rows: each ratio to `base` with the baseline's beside it, and whether target(name) holds."""
+    def shape(rows: list[dict], baseline: dict | None) -> list[dict]:
+        column = f"x {base}"
+        return [{**r, column: _with_before(r[column], _before(baseline, section, {"context": r["context"],
+                                                                               label: r[label]}, column)),
+                 "met": _met(r[column], target(r[label]))} for r in rows]
+
+    return shape
 
 
-def map_decode_table(rows: list[dict], baseline: dict | None) -> list[dict]:
-    out = []
-    for r in rows:
-        before = _before(baseline, "map_decode", {"context": r["context"], "map": r["map"]}, "x rope")
-        out.append({**r, "x rope": _with_before(r["x rope"], before),
-                    "met": _met(r["x rope"], targets.map_decode_target(r["map"]))})
-    return out
+decode_table = _decode_table("decode", "scheme", "none", targets.decode_target)
+map_decode_table = _decode_table("map_decode", "map", "rope", targets.map_decode_target)
 
 
 SECTIONS = {
