@@ -12,7 +12,8 @@ step is split in two:
       (warm-up on a side stream, as torch.cuda.graphs' docs ask) and replayed at every step; on the CPU it runs
       eagerly.
 
-Which schemes are served is decided by posenc.nn.dispatch (static_refusal): those whose terms positions alone decide.
+Which schemes are served is decided by posenc.nn.dispatch (static_refusal, static_map_refusal): those whose terms
+positions alone decide, a rotary scheme under a position map among them (its terms: posenc.models.static_map_terms).
 
     decoder = StaticDecoder(model, batch=1, max_len=4096)
     logits = decoder.prefill(input_ids)          # (B, V): the ordinary eager prefill, its cache copied in
@@ -57,7 +58,10 @@ def check_model(model: nn.Module) -> None:
     if model.training:
         raise bad_value("model.training", True, "False: call model.eval() first (the static step runs no dropout)")
     for i in range(len(model.blocks)):
-        reason = dispatch.static_refusal(type(model.layer_scheme(i)))
+        scheme = model.layer_scheme(i)
+        reason = dispatch.static_refusal(type(scheme))
+        if reason is None and dispatch.static_by_map(type(scheme)):
+            reason = dispatch.static_map_refusal(scheme)
         if reason is not None:
             extension = getattr(model.cfg, "attention_extension", None)
             name = model.schemes.name + (f" under attention_extension {extension.get('type')}" if extension else "")
@@ -123,6 +127,7 @@ class StaticDecoder:
         self.cache.load(cache, t)
         self.terms.positions[:, :t].copy_(position_ids)
         self.terms.tokens[:, :t].copy_(input_ids)
+        self.terms.load(t)
         self.length = t
 
     @torch.no_grad()
