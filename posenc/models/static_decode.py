@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from posenc.errors import bad_value
 from posenc.models.inputs import check_positions, check_token_ids
+from posenc.models.static_map_terms import key_width
 from posenc.models.static_terms import StepTerms, layer_shape
 from posenc.nn import dispatch
 from posenc.nn.kv_cache import KVCache
@@ -82,9 +83,11 @@ class StaticDecoder:
         self.model, self.graphed = model, weight.device.type == "cuda" if cuda_graph is None else cuda_graph
         slots = -(-max_len // SLOT_MULTIPLE) * SLOT_MULTIPLE
         shapes = [layer_shape(block.attn) for block in model.blocks]
-        self.cache = StaticKVCache([(batch, s.n_kv_head, slots, s.head_dim) for s in shapes], weight.dtype,
-                                   weight.device)
         schemes = [model.layer_scheme(i) for i in range(len(shapes))]
+        key_dims = [key_width(scheme, s.head_dim) if dispatch.static_by_map(type(scheme)) else s.head_dim
+                    for scheme, s in zip(schemes, shapes, strict=True)]  # under a map: rotated per key table
+        self.cache = StaticKVCache([(batch, s.n_kv_head, slots, s.head_dim) for s in shapes], weight.dtype,
+                                   weight.device, key_dims)
         self.terms = StepTerms(schemes, shapes, model.schemes.layer(0), self.cache, model.cfg.d_model, weight.dtype)
         self._check_reach(max_len - 1)
         self.length = 0  # slots filled
@@ -127,7 +130,7 @@ class StaticDecoder:
         self.cache.load(cache, t)
         self.terms.positions[:, :t].copy_(position_ids)
         self.terms.tokens[:, :t].copy_(input_ids)
-        self.terms.load(t)
+        self.terms.load(cache, t)
         self.length = t
 
     @torch.no_grad()

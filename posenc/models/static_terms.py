@@ -22,7 +22,8 @@ from torch import Tensor, nn
 from posenc.models.static_map_terms import MapTerms
 from posenc.nn import dispatch
 from posenc.nn.call import Call
-from posenc.nn.static_attention import MapSlots, map_slot_attention, slot_attention
+from posenc.nn.kv_cache import KVCache
+from posenc.nn.static_attention import MapSlots, map_rotate, map_slot_attention, slot_attention
 from posenc.nn.static_cache import StaticKVCache
 from posenc.rotary import apply_rotary
 from posenc.scheme import Dims, RotationTables, Scheme
@@ -70,16 +71,20 @@ class StepScheme(Scheme):
 
 
 class MapStepScheme(Scheme):
-    """One layer's scheme under a position map during the captured step: rotate() leaves q and k raw (the cache
-    keeps raw keys, as under the eager map), attend() runs map_slot_attention with the layer's rotated keys."""
+    """One layer's scheme under a position map during the captured step: rotate() gives every map's query (B,H,M,W)
+    and the new key rotated for every key table (B,Hkv,1,W), which the static cache keeps; attend() scores every slot
+    under the map that takes it (posenc.nn.static_attention)."""
 
-    def __init__(self, dims: Dims, terms: MapSlots, tables: Tensor, slot: Tensor) -> None:
+    def __init__(self, dims: Dims, terms: MapSlots) -> None:
         super().__init__(dims)
-        self.terms, self.tables, self.slot = terms, tables, slot
+        self.terms = terms
+
+    def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+        return map_rotate(q, k, self.terms)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, k_pos: Tensor, causal: bool,
                dropout: float = 0.0) -> Tensor:
-        return map_slot_attention(q, k, v, self.tables, self.slot, self.terms)  # (B,H,1,Dh)
+        return map_slot_attention(q, k, v, self.terms.mask)  # (B,H,1,Dh)
 
 
 def _buffer_like(t: Tensor, batch: int) -> Tensor:
@@ -105,12 +110,8 @@ class StepTerms:
         self._q = {s: torch.zeros(batch, s.n_head, 1, s.head_dim, dtype=dtype, device=device) for s in set(shapes)}
         self.tables: dict[int, RotationTables | None] = {}  # per scheme instance, filled at the first write
         self.rows: dict[tuple[int, int | None], Tensor] = {}  # per (scheme instance, window)
-        under_maps: dict[int, tuple[Scheme, dict[int, tuple[int, int]]]] = {}  # scheme instance -> its layers
-        for i, (scheme, shape) in enumerate(zip(schemes, shapes, strict=True)):
-            if dispatch.static_by_map(type(scheme)):
-                under_maps.setdefault(id(scheme), (scheme, {}))[1][i] = (shape.n_kv_head, shape.head_dim)
-        self.maps = {key: MapTerms(scheme, layers, batch, slots, dtype, device)
-                     for key, (scheme, layers) in under_maps.items()}
+        self.maps = {id(scheme): MapTerms(scheme, shape.head_dim, batch, slots, dtype, device)
+                     for scheme, shape in zip(schemes, shapes, strict=True) if dispatch.static_by_map(type(scheme))}
 
     def kinds(self) -> dict[tuple[int, int | None], int]:
         """(scheme instance, window) -> the first layer of that kind."""
@@ -150,15 +151,15 @@ class StepTerms:
             terms.write(q, every, n)
         self.cache.slot.fill_(n)
 
-    def load(self, t: int) -> None:
-        """After the cache's first t slots were filled (a prompt's keys, their positions in self.positions): the keys
-        of the layers under a map rotated into their tables."""
+    def load(self, cache: KVCache, t: int) -> None:
+        """The keys of the layers under a map, from an ordinary cache's first t raw keys (their positions in
+        self.positions) rotated per key table into the static cache (which copied the other layers' keys)."""
         if not self.maps:
             return
         _, k = self.framing.frame(self.positions[:, :t], self.positions[:, :t])  # (B,t)
         for layer, scheme in enumerate(self.schemes):
             if id(scheme) in self.maps:
-                self.maps[id(scheme)].load(layer, self.cache.keys[layer][:, :, :t], k)
+                self.maps[id(scheme)].load(self.cache.keys[layer], cache.layers[layer][0].data[:, :, :t], k)
 
     def _write_tables(self, scheme: Scheme, q: Tensor) -> None:
         tables = scheme.rotation_tables(q, q)  # the new key sits at the new position
@@ -195,10 +196,9 @@ class StepTerms:
 
     def layer_schemes(self, dims: Dims) -> list[StepScheme]:
         """One StepScheme per layer over the buffers (after the first write, which allocates them)."""
-        return [MapStepScheme(dims, self.maps[id(scheme)].step, self.maps[id(scheme)].tables[i], self.cache.slot)
-                if id(scheme) in self.maps else
+        return [MapStepScheme(dims, self.maps[id(scheme)].step) if id(scheme) in self.maps else
                 StepScheme(dims, self.tables[id(scheme)], self.rows[(id(scheme), shape.window)], shape.softcap)
-                for i, (scheme, shape) in enumerate(zip(self.schemes, self.shapes, strict=True))]
+                for scheme, shape in zip(self.schemes, self.shapes, strict=True)]
 
 
 __all__ = ["LayerShape", "MapStepScheme", "StepScheme", "StepTerms", "layer_shape"]

@@ -2,11 +2,11 @@
 step's row (B|1, H|1, 1, L) added to the scores: the scheme's bias where it has one, 0 elsewhere, -inf on empty slots
 and on keys outside a sliding window. Fixed shapes, no host reads: a CUDA graph captures it.
 
-Under a position map (map_slot_attention) the step's terms are per map: each map's query rotation, each key table's
-rotation of the step's new key (a key's mapped position depends on its own position alone, so every key is rotated
-once, when it arrives, into its layer's table of rotated keys), and a mask saying which map scores each slot.
+Under a position map (map_rotate, map_slot_attention) the step's terms are per map: each map's query rotation, each
+key table's rotation of the step's new key (a key's mapped position depends on its own position alone, so every key
+is rotated once, when it arrives, and the cache keeps it so), and a mask saying which map scores each slot.
 Notation as in attention.py; L the cache's slots, M the map's maps, Mk its key tables (maps that share one key
-position tensor share its table: DCA's three maps one table, Self-Extend's two maps two), g = H // Hkv.
+position tensor share its table: DCA's three maps one table, Self-Extend's two maps two), W = Mk * Dh, g = H // Hkv.
 """
 
 from __future__ import annotations
@@ -37,40 +37,42 @@ def slot_attention(q: Tensor, k: Tensor, v: Tensor, row: Tensor, softcap: float 
 class MapSlots:
     """A map's terms of one step, shared by the layers under it, in buffers that never move (written before each
     step by posenc.models.static_map_terms). The rotations are multipliers (posenc.nn.mapped_decode.Turns: x * c +
-    x[..., perm] * s, the scheme's own rotation read off a unit vector), in the work dtype (float32 for half
-    precision, as the CPU's map_decode computes)."""
+    x[..., pair] * s, the scheme's own rotation read off a unit vector) over W = Mk * Dh dims, one block of Dh per key
+    table, in the work dtype (float32 for half precision, as the CPU's map_decode computes)."""
 
-    c: Tensor  # (M+Mk,B,1,1,Dh): rows 0..M-1 rotate the query for each map, rows M.. the new key for each key table
-    s: Tensor
-    perm: Tensor  # (Dh,) int64: each dim's partner in its pair
-    mask: Tensor  # (Mk,B,1,M,1,L) in the model's dtype: 0 where slot j is scored by map m from table t, else -inf
-    scale: Tensor  # (B,1,1,1) in the work dtype: the map's score_scale, folded into q as map_decode does
-    n_maps: int
-
-
-def map_slot_scores(q: Tensor, k: Tensor, tables: Tensor, slot: Tensor, terms: MapSlots) -> Tensor:
-    """The step's scores under a map: q (B,H,1,Dh) unrotated, k (B,Hkv,L,Dh) the cache's raw keys with the step's at
-    `slot` (1,), tables (Mk,B,Hkv,L,Dh) the layer's rotated keys, into which the step's key is rotated here ->
-    (B,Hkv,g,L), each slot scored by the map that takes it (-inf where none does and on empty slots), unscaled."""
-    b, h, _, dh = q.shape
-    hkv, slots, m = k.shape[1], k.shape[2], terms.n_maps
-    new = k.index_select(2, slot)  # (B,Hkv,1,Dh): the step's raw key
-    x = torch.cat((q.to(terms.c.dtype) * terms.scale, new.to(terms.c.dtype)), dim=1)  # (B,H+Hkv,1,Dh)
-    turned = torch.addcmul(x * terms.c, x[..., terms.perm], terms.s)  # (M+Mk,B,H+Hkv,1,Dh): every rotation at once
-    tables.index_copy_(3, slot, turned[m:, :, h:].to(tables.dtype))  # each table's rotation of the new key
-    queries = turned[:m, :, :h].reshape(m, b, hkv, h // hkv, dh).permute(1, 2, 0, 3, 4)  # (B,Hkv,M,g,Dh)
-    scores = queries.reshape(b, hkv, -1, dh).to(tables.dtype) @ tables.transpose(-1, -2)  # (Mk,B,Hkv,M*g,L)
-    return (scores.view(-1, b, hkv, m, h // hkv, slots) + terms.mask).amax(dim=(0, 3))  # (B,Hkv,g,L)
+    c: Tensor  # (M+1,B,1,1,W): row m < M rotates the query for map m into its table's block (0 elsewhere) and
+    s: Tensor  # carries the score's factor (Dh^-1/2 and the map's score_scale); row M rotates the new key per table
+    dims: Tensor  # (W,) or (2W,) int64: w -> w mod Dh (the head's dims once per table; left out with one table, where
+    # it is every dim in order), then w -> the partner of w mod Dh in its rotated pair
+    mask: Tensor  # (B,1,1,M,L) in the model's dtype: 0 where map m scores slot j, else -inf (empty slots too)
 
 
-def map_slot_attention(q: Tensor, k: Tensor, v: Tensor, tables: Tensor, slot: Tensor, terms: MapSlots) -> Tensor:
-    """One query per row under a map over every slot: q (B,H,1,Dh), k/v (B,Hkv,L,Dh) raw from the static cache ->
-    (B,H,1,Dh). One softmax over the merged row (each slot under one map) is the exact softmax of the map's scores;
-    scores * Dh^-1/2 and the softmax as map_decode computes them (half precision: the softmax in float32)."""
-    b, h, _, dh = q.shape
-    scores = map_slot_scores(q, k, tables, slot, terms)  # (B,Hkv,g,L)
-    weights = torch.softmax(scores * dh**-0.5, dim=-1, dtype=torch.float32 if scores.element_size() < 4 else None)
-    return (weights.to(v.dtype) @ v).reshape(b, h, 1, dh)  # (B,Hkv,g,Dh) -> (B,H,1,Dh)
+def map_rotate(q: Tensor, k: Tensor, terms: MapSlots) -> tuple[Tensor, Tensor]:
+    """q (B,H,1,Dh), k (B,Hkv,1,Dh) the step's own -> every map's query (B,H,M,W), each in its key table's block of
+    dims and scaled, and the step's key rotated for every table side by side (B,Hkv,1,W): what the static cache keeps
+    for a layer under a map is its keys so rotated, so a key is rotated once, when it arrives. Every rotation at once
+    (x * c + x[..., pair] * s, as map_decode's Turns), in c's dtype (float32 for half precision: the products of
+    half-precision inputs promote, no cast of their own): cat, index_select, mul, addcmul, and the two results."""
+    h, m, w = q.shape[1], terms.c.shape[0] - 1, terms.c.shape[-1]
+    x = torch.cat((q, k), dim=1)  # (B,H+Hkv,1,Dh)
+    both = x.index_select(-1, terms.dims)  # (B,H+Hkv,1,W or 2W): the dims per table, then their partners
+    tiled = x if both.shape[-1] == w else both[..., :w]
+    turned = torch.addcmul(tiled * terms.c, both[..., -w:], terms.s)  # (M+1,B,H+Hkv,1,W)
+    queries = turned[:m, :, :h, 0].permute(1, 2, 0, 3).to(q.dtype, memory_format=torch.contiguous_format)
+    return queries.contiguous(), turned[m, :, h:].to(k.dtype)  # (B,H,M,W) (one copy: the cast or this), (B,Hkv,1,W)
 
 
-__all__ = ["MapSlots", "map_slot_attention", "map_slot_scores", "slot_attention"]
+def map_slot_attention(queries: Tensor, keys: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+    """One query per row under a map over every slot: queries (B,H,M,W) from map_rotate, keys (B,Hkv,L,W) the
+    layer's rotated keys, v (B,Hkv,L,Dh), mask (B,1,1,M,L) -> (B,H,1,Dh). Each map's query meets only its own table's
+    block (zeros elsewhere), so one product scores every slot under every map; each slot keeps its map's score (the
+    others' and the empty slots' at -inf), and one softmax over the merged row is the exact softmax of the map's
+    scores (half precision: its sums in float32 inside the kernel, the weights rounded once, as SDPA's)."""
+    b, h, m, w = queries.shape
+    hkv, slots, dh = keys.shape[1], keys.shape[2], v.shape[-1]
+    scores = queries.view(b, hkv, -1, w) @ keys.transpose(-1, -2)  # (B,Hkv,g*M,L)
+    picked = (scores.view(b, hkv, h // hkv, m, slots) + mask).amax(dim=3)  # (B,Hkv,g,L)
+    return (torch.softmax(picked, dim=-1) @ v).reshape(b, h, 1, dh)  # (B,Hkv,g,Dh) -> (B,H,1,Dh)
+
+
+__all__ = ["MapSlots", "map_rotate", "map_slot_attention", "slot_attention"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from posenc.models import static_terms
 from posenc.models.static_decode import StaticDecoder
 from posenc.nn import dispatch
 from posenc.position_map import MappedScheme
@@ -46,8 +47,8 @@ def _decode(model, prompt: torch.Tensor, tokens: list[torch.Tensor], max_len: in
     logits, used = [decoder.prefill(prompt)], set()
     for token in tokens:
         logits.append(decoder.step(token))
-        for terms in decoder.terms.maps.values():  # mask (Mk,B,1,M,1,L): 0 where map m scores a slot
-            used |= {m for m in range(terms.step.n_maps) if bool((terms.step.mask[:, :, :, m] == 0).any())}
+        for terms in decoder.terms.maps.values():  # mask (B,1,1,M,L): 0 where map m scores a slot
+            used |= {m for m in range(len(terms.key_maps)) if bool((terms.step.mask[..., m, :] == 0).any())}
     return logits, used, decoder
 
 
@@ -84,6 +85,22 @@ def test_a_gemma3_shaped_decoder_under_a_map_decodes_alike(extension_layers):
         torch.testing.assert_close(g, w, rtol=0, atol=ATOL, msg=lambda m, step=step: f"step {step}: {m}")
 
 
+@pytest.mark.parametrize("spec", [SPECS[0], SPECS[3], SPECS[5]], ids=_ids)
+@torch.no_grad()
+def test_in_bfloat16_the_static_step_stays_as_near_float64_as_the_cached_step(spec):
+    """Scores from bf16 products (the GPU's form) and rotations in float32: within twice the cached bf16 decoding's
+    own distance from the float64 decoding, along the float64 decoding's tokens."""
+    reference, model = tiny_llama(attention_extension=spec), tiny_llama(attention_extension=spec, dtype=torch.bfloat16)
+    prompt = token_ids(2, PROMPT)
+    want, tokens = cached_logits(reference, prompt, 12)
+    cache = model.new_cache()
+    cached = [model(prompt, cache=cache)[:, -1], *(model(token, cache=cache)[:, -1] for token in tokens)]
+    static, _, _ = _decode(model, prompt, tokens)
+    distance = {name: max((g.double() - w).abs().max().item() for g, w in zip(got, want, strict=True))
+                for name, got in (("static", static), ("cached", cached))}
+    assert distance["static"] <= 2 * distance["cached"], distance
+
+
 def test_rows_at_different_positions_decode_alike():
     """Each row's selector is its own (the eager map_decode declines such a batch): greedy tokens as the cache's."""
     model = tiny_llama(attention_extension=SPECS[4])
@@ -95,21 +112,34 @@ def test_rows_at_different_positions_decode_alike():
 
 @pytest.mark.parametrize("spec", [SPECS[0], SPECS[2], SPECS[4]], ids=_ids)
 @torch.no_grad()
-def test_every_key_is_rotated_into_its_table_as_the_scheme_rotates_it(spec):
-    """A prompt's keys (load) and each step's (map_slot_scores, by multipliers read off rotate()) in every key table
-    equal the scheme's own rotate() at the key's mapped position, bit for bit (RoPE)."""
+def test_every_key_is_rotated_into_its_table_as_the_scheme_rotates_it(spec, monkeypatch):
+    """A prompt's keys (load) and each step's (map_rotate, by multipliers read off rotate()), as the static cache keeps
+    them for every key table, equal the scheme's own rotate() at the key's mapped position, bit for bit (RoPE)."""
     model = tiny_llama(attention_extension=spec)
     prompt = token_ids(2, PROMPT)
     _, tokens = cached_logits(model, prompt, 8)
+    cache = model.new_cache()
+    model(prompt, cache=cache)  # the prefill's raw keys, as the decoder's own prefill computes them
+    raw = [[keys.data[:, :, :PROMPT]] for keys, _ in cache.layers]
+    rotate = static_terms.map_rotate
+
+    def keep_raw(q, k, terms):  # each step's raw key, layer by layer
+        raw[sum(map(len, raw)) % len(raw)].append(k)
+        return rotate(q, k, terms)
+
+    monkeypatch.setattr(static_terms, "map_rotate", keep_raw)
     _, _, decoder = _decode(model, prompt, tokens)
     (terms,) = decoder.terms.maps.values()
     n = decoder.length
     positions = decoder.terms.positions[:, :n]
     tables = {id(p): p for p in terms.position_map.key_positions(positions, positions[:, :1])}.values()
-    for layer, rotated in terms.tables.items():
-        raw = decoder.cache.keys[layer][:, :, :n]
+    raw = [torch.cat(keys, dim=2) for keys in raw]  # per layer (B,Hkv,n,Dh)
+    for layer, kept in enumerate(decoder.cache.keys):  # (B,Hkv,L,Mk*Dh)
+        rotated = kept[:, :, :n].unflatten(-1, (len(tables), -1))  # (B,Hkv,n,Mk,Dh)
         for table, pos in enumerate(tables):
-            assert torch.equal(rotated[table, :, :, :n], terms.inner.rotate(raw[:, :1, :1], raw, pos[:, :1], pos)[1])
+            want = terms.inner.rotate(raw[layer][:, :1, :1], raw[layer], pos[:, :1], pos)[1]
+            assert torch.equal(rotated[..., table, :], want), f"layer {layer}, table {table}"
+
 
 
 def _counted_step(decoder: StaticDecoder, token: torch.Tensor) -> OpCount:
