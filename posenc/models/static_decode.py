@@ -127,6 +127,8 @@ class StaticDecoder:
         t = input_ids.shape[1]
         if cache.length != t or t >= self.max_len:
             raise bad_value("cache.length", cache.length, f"the {t} tokens given, fewer than max_len={self.max_len}")
+        if self.terms.maps:  # the maps' turn tables reach the last step's positions (one host read, not per step)
+            self._check_reach(int(position_ids[:, -1].max()) + self.max_len - t)
         self.cache.load(cache, t)
         self.terms.positions[:, :t].copy_(position_ids)
         self.terms.tokens[:, :t].copy_(input_ids)

@@ -7,9 +7,9 @@ Per step, for the new token at slot n (positions framed as the model's stack fra
   c, s     each map's query rotation (in its key table's block of dims, times Dh^-1/2 and the map's score_scale with
            the step's key count: DCA's m(T)^2 follows it) and each key table's rotation of the new key, rows gathered
            at the step's mapped positions from per-position tables (reach) read off the scheme's own rotate() once
-           (posenc.nn.mapped_decode.rotation_turns, as the eager map_decode reads them)   (M+1,B,1,1,W)
+           (posenc.nn.mapped_decode.rotation_turns, as the eager map_decode reads them)   (B,1,M+1,W)
   mask     the map's selector over every slot of the cache (its select() over the L slots' positions, fixed shape),
-           -1 on the slots not yet filled, as 0 / -inf per map   (B,1,1,M,L)
+           -1 on the slots not yet filled, as 0 / -inf per map (row M, the key's, -inf)   (B,1,1,M+1,L)
 Nothing here reads a value back to the host, and no shape depends on n: the step's part (a) may run on the host
 while the device replays the previous step. (The scheme's rotate() reads its positions' extremes on the host to size
 its own tables; so it runs once per reach, over every mapped position the decoder can meet, not per step.) A prompt's
@@ -53,10 +53,12 @@ class MapTerms:
         m, dh, w = len(self.key_maps), head_dim, key_width(scheme, head_dim)
         work = torch.float32 if dtype.itemsize < 4 else dtype
         self.batch, self.slots, self.head_dim = batch, slots, dh
-        self.step = MapSlots(torch.zeros(m + 1, batch, 1, 1, w, dtype=work, device=device),
-                             torch.zeros(m + 1, batch, 1, 1, w, dtype=work, device=device),
+        self.step = MapSlots(torch.zeros(batch, 1, m + 1, w, dtype=work, device=device),
+                             torch.zeros(batch, 1, m + 1, w, dtype=work, device=device),
                              torch.zeros(2 * w if w > dh else w, dtype=torch.int64, device=device),
-                             torch.full((batch, 1, 1, m, slots), float("-inf"), dtype=dtype, device=device))
+                             torch.full((batch, 1, 1, m + 1, slots), float("-inf"), dtype=dtype, device=device),
+                             torch.zeros(batch, dh, (m + 1) * w, dtype=dtype, device=device) if work != dtype else None)
+        self._ones: tuple[Tensor, Tensor] | None = None  # (1,Dh,1,W) each: 1 where dim d feeds w directly, as partner
         self._maps = torch.arange(m, dtype=torch.int8, device=device).view(1, 1, 1, m, 1)
         self._turns: tuple[Tensor, Tensor, Tensor, Tensor] | None = None  # c, s as queries, c, s as keys (P,Dh)
 
@@ -76,6 +78,9 @@ class MapTerms:
         w = self.step.c.shape[-1]
         tile = torch.arange(w, device=k.device) % self.head_dim
         self.step.dims.copy_(torch.cat((tile, as_query.perm[tile])) if w > self.head_dim else as_query.perm)
+        d = torch.arange(self.head_dim, device=k.device)[:, None]  # (Dh,1)
+        self._ones = tuple((d == index).to(self.step.c.dtype).view(1, self.head_dim, 1, w)
+                           for index in (tile, as_query.perm[tile]))
 
     def write(self, q: Tensor, k: Tensor, n: int) -> None:
         """The step's terms: q (B,1) the new token's framed position at slot n, k (B,L) every slot's."""
@@ -90,12 +95,15 @@ class MapTerms:
         for buffer, query_side, key_side in ((step.c, q_c, k_c), (step.s, q_s, k_s)):
             rows = query_side.index_select(0, at_queries).view(m, self.batch, dh) * factor  # (M,B,Dh)
             for i, table in enumerate(self.key_maps):  # map i's query in its table's block of dims, 0 elsewhere
-                buffer[i, :, 0, 0, table * dh : (table + 1) * dh].copy_(rows[i])
-            buffer[m, :, 0, 0].copy_(key_side.index_select(0, at_keys).view(self.batch, -1))  # (B,W)
+                buffer[:, 0, i, table * dh : (table + 1) * dh].copy_(rows[i])
+            buffer[:, 0, m].copy_(key_side.index_select(0, at_keys).view(self.batch, -1))  # (B,W)
+        if step.matrix is not None:  # matrix[b, d, (m, w)]: c where d is w's own dim, s where it is w's partner
+            own, partner = self._ones
+            step.matrix.view(self.batch, dh, m + 1, -1).copy_(torch.addcmul(step.c * own, step.s, partner))
         chosen = pm.select(q, k, origin)  # (B,1,L) int8 over every slot
         chosen[..., n + 1 :] = -1  # slots not yet filled
         picked = chosen.view(self.batch, 1, 1, 1, self.slots) == self._maps  # (B,1,1,M,L)
-        step.mask.copy_(torch.where(picked, 0.0, float("-inf")))
+        step.mask[..., :m, :].copy_(torch.where(picked, 0.0, float("-inf")))  # row M stays -inf
 
     def load(self, keys: Tensor, raw: Tensor, k: Tensor) -> None:
         """A prompt's raw keys (B,Hkv,T,Dh) at framed positions k (B,T), rotated per key table into a layer's static

@@ -72,10 +72,10 @@ on keys outside a layer's window); a rotating scheme also gives its tables (Sche
     plain       0                                                    a class that rotates without rotation_tables
     distance    rows_decode's row (where it declines: bias()'s)
     piecewise   pieces_decode's row (where it declines: bias()'s)
-    mapped      map_slot_attention (static_attention.py): per map    a scheme under the map whose rotation does
-                the query's rotation, per key table the new key's    not turn pairs of dims (no rot_dim and
-                rotated into the layer's table, the selector as a    interleaved: it cannot be read off as
-                mask over every slot (static_map_refusal)            multipliers); it stays on the eager path
+    mapped      map_rotate, map_slot_attention (static_attention):   a scheme under the map whose rotation does
+                per map the query's rotation, the new key rotated    not turn pairs of dims (no rot_dim and
+                per key table as the cache keeps it, the selector    interleaved: it cannot be read off as
+                as a mask over every slot (static_map_refusal)       multipliers); it stays on the eager path
     the rest    refused (rows per query, content, the scheme's own attention: q or k decides the terms)
 
 Every map of posenc (Self-Extend, DCA, LM-Infinite, attention sinks, STRING, and a sliding window over any of them)

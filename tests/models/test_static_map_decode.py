@@ -47,7 +47,7 @@ def _decode(model, prompt: torch.Tensor, tokens: list[torch.Tensor], max_len: in
     logits, used = [decoder.prefill(prompt)], set()
     for token in tokens:
         logits.append(decoder.step(token))
-        for terms in decoder.terms.maps.values():  # mask (B,1,1,M,L): 0 where map m scores a slot
+        for terms in decoder.terms.maps.values():  # mask (B,1,1,M+1,L): 0 where map m scores a slot
             used |= {m for m in range(len(terms.key_maps)) if bool((terms.step.mask[..., m, :] == 0).any())}
     return logits, used, decoder
 
