@@ -13,7 +13,11 @@ step is split in two:
       eagerly.
 
 Which schemes are served is decided by posenc.nn.dispatch (static_refusal, static_map_refusal): those whose terms
-positions alone decide, a rotary scheme under a position map among them (its terms: posenc.models.static_map_terms).
+positions alone decide, a rotary scheme under a position map among them (its terms: posenc.models.static_map_terms;
+its (a) reads nothing back and allocates nothing by the cache's length, so it can run ahead of the device). On the
+CPU the static step is opt-in (generate(static_cache=True)) and pays only in host operators: under a map it issues
+~30% fewer operators than the ordinary step and no host reads, but scores every slot under every map where the
+ordinary map_decode scores only the keys each map attends (benchmarks/map_decode_ops.py --static).
 
     decoder = StaticDecoder(model, batch=1, max_len=4096)
     logits = decoder.prefill(input_ids)          # (B, V): the ordinary eager prefill, its cache copied in

@@ -38,7 +38,7 @@ class MapSlots:
     """A map's terms of one step, shared by the layers under it, in buffers that never move (written before each
     step by posenc.models.static_map_terms). The rotations are multipliers (posenc.nn.mapped_decode.Turns: x * c +
     x[..., pair] * s, the scheme's own rotation read off a unit vector) over W = Mk * Dh dims, one block of Dh per key
-    table, in the work dtype (float32 for half precision, as the CPU's map_decode computes)."""
+    table; c and s in float32 for half precision, where the step reads them as one matrix in the half type."""
 
     c: Tensor  # (B,1,M+1,W): row m < M rotates the query for map m into its table's block (0 elsewhere) and
     s: Tensor  # carries the score's factor (Dh^-1/2 and the map's score_scale); row M rotates the new key per table
@@ -52,11 +52,11 @@ def map_rotate(q: Tensor, k: Tensor, terms: MapSlots) -> tuple[Tensor, Tensor]:
     """q (B,H,1,Dh), k (B,Hkv,1,Dh) the step's own -> every map's query (B,H,M+1,W), each in its key table's block of
     dims and scaled (row M: a product with the key's rotation, scored and masked out), and the step's key rotated for
     every table side by side (B,Hkv,1,W): what the static cache keeps for a layer under a map is its keys so rotated,
-    so a key is rotated once, when it arrives. Every rotation at once (x * c + x[..., pair] * s, as map_decode's
-    Turns; each query rotated by the key's row too, so both come out of one tensor without a copy), in c's dtype
-    (float32 for half precision: the products of half-precision inputs promote): cat, index_select, mul, addcmul,
-    and for half precision one cast back. In half precision with a matrix: cat and one product, each rotated dim a
-    sum of two products in float32 (the multipliers rounded to the half type: 2^-9 relative in bf16)."""
+    so a key is rotated once, when it arrives. Every rotation at once (each query rotated by the key's row too, so
+    both come out of one tensor without a copy): in float32 and float64 x * c + x[..., pair] * s as map_decode's
+    Turns (cat, index_select, mul, addcmul; bit for bit the scheme's rotate() for RoPE); in half precision one
+    product with the matrix (cat, bmm: each rotated dim a sum of two products accumulated in float32, the multipliers
+    rounded to the half type, 2^-9 relative in bf16), as many launches as RoPE's own rotation."""
     h, w = q.shape[1], terms.c.shape[-1]
     x = torch.cat((q, k), dim=1)  # (B,H+Hkv,1,Dh)
     if terms.matrix is not None:
@@ -64,7 +64,7 @@ def map_rotate(q: Tensor, k: Tensor, terms: MapSlots) -> tuple[Tensor, Tensor]:
         return turned[:, :h], turned[:, h:, -1:]
     both = x.index_select(-1, terms.dims)  # (B,H+Hkv,1,W or 2W): the dims per table, then their partners
     tiled = x if both.shape[-1] == w else both[..., :w]
-    turned = torch.addcmul(tiled * terms.c, both[..., -w:], terms.s).to(k.dtype)  # (B,H+Hkv,M+1,W)
+    turned = torch.addcmul(tiled * terms.c, both[..., -w:], terms.s)  # (B,H+Hkv,M+1,W)
     return turned[:, :h], turned[:, h:, -1:]  # (B,H,M+1,W), (B,Hkv,1,W)
 
 
