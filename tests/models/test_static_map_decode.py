@@ -4,9 +4,11 @@ map (Self-Extend's window edge, DCA's chunk edges, LM-Infinite's and the sinks' 
 rotated into its table as the scheme's own rotate() rotates it, bit for bit; no host read and no allocation whose
 shape depends on the position anywhere in the step; a full cache and an unserved scheme refused in one line.
 
-Logits agree to ATOL, not bit for bit, as the plain static step's (tests/models/test_static_decode.py): the softmax
-and the value sums run over every slot of the cache, the other maps' and the empty slots at -inf, in another order
-than the ordinary step's sums over the runs of attended keys (float64 rounding, ~3e-14 here)."""
+Logits agree to ATOL, not bit for bit, as the plain static step's (tests/models/test_static_decode.py): the scores,
+the softmax and the value sums run over every slot of the cache, the other maps' and the empty slots at -inf, in
+another order than the ordinary step's sums over the runs of attended keys (float64 rounding, ~3e-14 here); with
+that attention swapped for the ordinary one, every logit is bit for bit. In bf16 (the GPU's form: the rotation as
+one product) the step stays as near the float64 decoding as the ordinary bf16 decoding does."""
 
 from __future__ import annotations
 
@@ -140,6 +142,39 @@ def test_every_key_is_rotated_into_its_table_as_the_scheme_rotates_it(spec, monk
             want = terms.inner.rotate(raw[layer][:, :1, :1], raw[layer], pos[:, :1], pos)[1]
             assert torch.equal(rotated[..., table, :], want), f"layer {layer}, table {table}"
 
+
+
+@pytest.mark.parametrize("spec", [SPECS[0], SPECS[3], SPECS[4], SPECS[5]], ids=_ids)
+@torch.no_grad()
+def test_everything_but_the_attention_over_every_slot_is_bit_for_bit(spec, monkeypatch):
+    """With the ordinary path's attention under the map (dispatch.attention over the filled slots' raw keys) in place
+    of map_slot_attention, every logit of every step is the ordinary cached decoding's, bit for bit: the step's
+    positions, cache and the rest are exact; what differs is the sums over every slot (ATOL above)."""
+    model = tiny_llama(attention_extension=spec)
+    prompt = token_ids(2, PROMPT)
+    want, tokens = cached_logits(model, prompt, STEPS)
+    cache = model.new_cache()
+    model(prompt, cache=cache)
+    raw = [keys.data[:, :, :PROMPT] for keys, _ in cache.layers]  # per layer (B,Hkv,T,Dh), grown by each step
+    decoder = StaticDecoder(model, 2, 32)
+    rotate, queries = static_terms.MapStepScheme.rotate, {}
+
+    def keep_raw(self, q, k, q_pos, k_pos):
+        layer = decoder._layers.index(self)
+        raw[layer], queries[layer] = torch.cat((raw[layer], k), dim=2), q
+        return rotate(self, q, k, q_pos, k_pos)
+
+    def ordinary(self, q, k, v, q_pos, k_pos, causal, dropout=0.0):
+        layer, n = decoder._layers.index(self), decoder.length + 1
+        positions = decoder.terms.positions[:, :n]
+        qp, kp = decoder.terms.framing.frame(positions[:, n - 1 :], positions)
+        return dispatch.attention(queries[layer], raw[layer], v[:, :, :n], decoder.terms.schemes[layer], qp, kp, True)
+
+    monkeypatch.setattr(static_terms.MapStepScheme, "rotate", keep_raw)
+    monkeypatch.setattr(static_terms.MapStepScheme, "attend", ordinary)
+    got = [decoder.prefill(prompt), *(decoder.step(token) for token in tokens)]
+    for step, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert torch.equal(g, w), f"step {step}: {(g - w).abs().max().item():.3g}"
 
 
 def _counted_step(decoder: StaticDecoder, token: torch.Tensor) -> OpCount:
