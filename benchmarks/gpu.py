@@ -7,8 +7,9 @@
     decode      one token against a 16k cache, per scheme, ratio to `none`
     train       one AdamW step of a GPT-2-small-sized model (12 layers, d_model 768, 12 heads, T = 1024), tokens/s
     graphs      the decode step three ways at 4k and 32k cached tokens: ordinary eager, static eager, static replayed
-                from a CUDA graph (benchmarks/gpu_decode_graphs.py), GPT with none, rope, alibi, fire and a
-                SmolLM2-shaped Llama decoder; not in the default sections (scripts/gpu_schemes.sh runs it)
+                from a CUDA graph (benchmarks/gpu_decode_graphs.py), a SmolLM2-shaped Llama decoder plain and under
+                each position map (graphed, as a ratio to the plain one's graphed step), GPT with none, rope, alibi,
+                fire; not in the default sections (scripts/gpu_schemes.sh runs it)
     maps        each position map (Self-Extend, DCA, LM-Infinite, sinks, STRING) at 4x the trained length: a 32k
                 prompt's attention (Dh 128, GQA 32:8) and a decode step against a 32k cache, as ratios to plain RoPE
 
@@ -112,6 +113,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--lengths", help="attention lengths, e.g. 1024,4096,16384")
     parser.add_argument("--head-dims", help="attention head dims, e.g. 64,128")
     parser.add_argument("--kv-groups", help="query heads per key head, e.g. 1,4 (4: GQA 4:1)")
+    parser.add_argument("--graph-models", help="graphs: models by name prefix, e.g. smollm2 (the plain decoder and "
+                        "each map; default: every model)")
     parser.add_argument("--no-peers", action="store_true",
                         help="attention against SDPA only: no flex or materialised peers (flex compiles per shape)")
     args = parser.parse_args(argv)
@@ -170,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
                                                  device, dtype, sink),
         "maps": lambda: _maps(p, layers, device, dtype, sink),
         "graphs": lambda: gpu_decode_graphs.graph_rows(p["graph_contexts"], layers, d_model, heads, device, dtype, sink,
-                                                       quick=args.quick),
+                                                       quick=args.quick, names=_csv(args.graph_models or "") or None),
     }
     for name, run in runs.items():
         if name in sections:

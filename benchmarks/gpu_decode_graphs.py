@@ -1,7 +1,9 @@
 """The decode step three ways (issue 34 item 4), per model and cache length: the ordinary eager step (its cache grows,
 its schemes read positions on the host), the static step run eagerly, and the static step replayed from a CUDA graph
-(posenc.models.static_decode). Models: GPT with none, rope, alibi and fire (gpu.py's decode shape) and the
-SmolLM2-135M-shaped Llama decoder (LlamaConfig's defaults) with random weights.
+(posenc.models.static_decode). Models: the SmolLM2-135M-shaped Llama decoder (LlamaConfig's defaults) with random
+weights, plain and under each position map (gpu_sections.MAP_SPECS, defaults from its trained 8k: at 32k every map is
+past its window; "x rope graphed": graphed ms over the plain one's, issue 34's <= 1.3 target), and GPT with none,
+rope, alibi and fire (gpu.py's decode shape). `names` picks models by prefix (gpu.py --graph-models).
 
 The caches are filled with random keys and values (a step's time does not depend on them; a 32k prefill per model
 would cost more than the section's budget). Each contender runs WARMUP steps, then STEPS timed back to back with
@@ -16,12 +18,14 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from benchmarks.gpu_sections import MAP_SPECS
 from posenc.models import GPT, GPTConfig
 from posenc.models.llama import Llama
 from posenc.models.llama_config import LlamaConfig
 from posenc.models.static_decode import StaticDecoder
 
 GPT_SCHEMES = ("none", "rope", "alibi", "fire")
+PLAIN = "smollm2-shaped"  # the model each map's graphed step is compared with
 WARMUP, STEPS = 5, 50
 QUICK_STEPS = 2  # --quick: the code paths only
 Sink = Callable[[str, dict], None]
@@ -33,11 +37,12 @@ def models(layers: int, d_model: int, heads: int, context: int, quick: bool) -> 
         return GPT(GPTConfig(vocab_size=50304, n_layer=layers, n_head=heads, d_model=d_model,
                              max_seq_len=context + 2 * (WARMUP + STEPS) + 64, position_embedding_type=name))
 
-    def smollm2() -> nn.Module:  # SmolLM2-135M's shapes (30 x 576, 9 heads, GQA 3:1); toy sizes with --quick
+    def smollm2(spec: dict | None = None) -> nn.Module:  # SmolLM2-135M's shapes (30 x 576, 9 heads, GQA 3:1)
         small = dict(n_layer=2, d_model=64, n_head=4, n_kv_head=2, ffn_hidden_size=96, vocab_size=512) if quick else {}
-        return Llama(LlamaConfig(**small, max_seq_len=8192, rotary_base=100000.0))
+        return Llama(LlamaConfig(**small, max_seq_len=8192, rotary_base=100000.0, attention_extension=spec))
 
-    return {**{f"gpt {name}": (lambda name=name: gpt(name)) for name in GPT_SCHEMES}, "smollm2-shaped": smollm2}
+    mapped = {f"{PLAIN} {name}": (lambda spec=spec: smollm2(spec)) for name, spec in MAP_SPECS.items()}
+    return {PLAIN: smollm2, **mapped, **{f"gpt {name}": (lambda name=name: gpt(name)) for name in GPT_SCHEMES}}
 
 
 def filled_cache(model: nn.Module, context: int, device, dtype):
@@ -84,20 +89,30 @@ def _cell(fn: Callable[[], float]) -> float | str:
 
 @torch.no_grad()
 def graph_rows(contexts: list[int], layers: int, d_model: int, heads: int, device, dtype, sink: Sink,
-               quick: bool = False) -> None:
-    """Per model and cache length: ms per token of the ordinary eager step, the static step eagerly and graphed."""
+               quick: bool = False, names: list[str] | None = None) -> None:
+    """Per model and cache length: ms per token of the ordinary eager step, the static step eagerly and graphed; a
+    model under a map also as a ratio to the plain model's graphed step (measured first in the same run)."""
     steps = QUICK_STEPS if quick else STEPS
     for context in contexts:
-        for name, make in models(layers, d_model, heads, context, quick).items():
+        plain: float | str = "not measured"
+        chosen = {name: make for name, make in models(layers, d_model, heads, context, quick).items()
+                  if names is None or any(name.startswith(prefix) for prefix in names)}
+        for name, make in chosen.items():
             try:
-                model = make().eval().to(device=device, dtype=dtype)
+                with torch.device(device):  # built where it runs: a 135M model's init on the CPU costs seconds
+                    model = make().eval().to(dtype=dtype)
                 cache, ids, positions = filled_cache(model, context, device, dtype)
                 decoder = StaticDecoder(model, 1, context + 2 * (WARMUP + STEPS) + 8, cuda_graph=False)
                 decoder.load(cache, ids, positions)
             except torch.OutOfMemoryError:
                 sink("graphs", {"context": context, "model": name, "eager ms": "OOM"})
                 continue
-            sink("graphs", {"context": context, "model": name, **three_ways(model, cache, decoder, device, steps)})
+            row = three_ways(model, cache, decoder, device, steps)
+            if name == PLAIN:
+                plain = row["graphed ms"]
+            elif name.startswith(PLAIN):
+                row["x rope graphed"] = _ratio(row["graphed ms"], plain)
+            sink("graphs", {"context": context, "model": name, **row})
             del model, decoder, cache
             if device.type == "cuda":
                 torch.cuda.empty_cache()

@@ -68,6 +68,12 @@ def targets(found: dict[str, list[dict]]) -> list[dict]:
             table_rows.append({"target": f"map {r['map']} decode", "setting": f"context {r['context']}",
                                "bound": f"<= {MAP_DECODE} x rope", "measured": r["x rope"],
                                "verdict": _verdict(r["x rope"], MAP_DECODE)})
+    for r in found.get("graphs", []):
+        if "x rope graphed" in r:
+            table_rows.append({"target": f"map {r['model'].split(' ', 1)[1]} graphed decode",
+                               "setting": f"context {r['context']}, SmolLM2-shaped",
+                               "bound": f"<= {MAP_DECODE} x rope graphed", "measured": r["x rope graphed"],
+                               "verdict": _verdict(r["x rope graphed"], MAP_DECODE)})
     for r in found.get("train", []):
         if r["scheme"] in TRAIN:
             table_rows.append({"target": f"124M GPT step {r['scheme']}", "setting": "T=1024 B=8 bf16",

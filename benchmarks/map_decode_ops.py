@@ -14,7 +14,11 @@ methods' options, a cache at 4x the trained length) is built small. Per step, co
   syncs      host reads of the device (tests/models/host_syncs.py's rule: .item, torch.equal, nonzero, tolist...)
 With 1 and N layers: the per-layer share is (N - 1 layer) / (N - 1), the rest is once per step.
 
-    .venv/bin/python -m benchmarks.map_decode_ops [--layers 4] [--where MAP]   (TRITON_INTERPRET unset)
+--static counts the static step instead (posenc.models.static_decode, the step a CUDA graph captures whole), in its
+two parts: (a) the terms, run on the host at every step (StepTerms.write: for a map its MapTerms), and (b) the part a
+graph replays (StaticDecoder.heavy); on a GPU, (b)'s launches cost one graph launch, (a)'s each its own.
+
+    .venv/bin/python -m benchmarks.map_decode_ops [--layers 4] [--where MAP] [--static]   (TRITON_INTERPRET unset)
 """
 
 from __future__ import annotations
@@ -123,7 +127,31 @@ def step_counts(spec: dict | None, layers: int, warm_steps: int = 3) -> OpCount:
     return counted_step(lambda: net(token, cache=cache))
 
 
-def table(layers: int) -> dict[str, dict[str, OpCount]]:
+@torch.no_grad()
+def static_counts(spec: dict | None, layers: int, part: str) -> OpCount:
+    """The static step's counts after a CONTEXT-token prompt and 3 steps: part "a" (its terms) or "b" (the graph's)."""
+    from posenc.models.static_decode import StaticDecoder
+
+    net = model(spec, layers)
+    decoder = StaticDecoder(net, 1, CONTEXT + 16)
+    cache = net.new_cache()
+    ids = torch.randint(0, 97, (1, CONTEXT))
+    net(ids, cache=cache)
+    decoder.load(cache, ids, torch.arange(CONTEXT)[None])
+    token = torch.zeros(1, 1, dtype=torch.long)
+    for _ in range(3):
+        decoder.step(token)
+    n = decoder.length
+    decoder.terms.positions[:, n].copy_(decoder.terms.positions[:, n - 1] + 1)
+    run = (lambda: decoder.terms.write(n)) if part == "a" else decoder.heavy
+    counted_step(run)
+    return counted_step(run)
+
+
+def table(layers: int, static: bool = False) -> dict[str, dict[str, OpCount]]:
+    if static:
+        return {f"{name} ({part})": {"1": static_counts(spec, 1, part), "N": static_counts(spec, layers, part)}
+                for name, spec in SPECS.items() for part in "ab"}
     return {name: {"1": step_counts(spec, 1), "N": step_counts(spec, layers)} for name, spec in SPECS.items()}
 
 
@@ -131,11 +159,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--where", default="", help="a map's aten operators per step at N layers, beside rope's")
+    parser.add_argument("--static", action="store_true", help="the static step's parts (a) and (b)")
     args = parser.parse_args(argv)
     gpu_like()
-    results = table(args.layers)
+    results = table(args.layers, args.static)
     n = args.layers
-    print(f"one decode step, GPT rope bf16, {CONTEXT} cached tokens (trained {TRAINED}), GPU path on the CPU")
+    kind = "the static decode step" if args.static else "one decode step"
+    print(f"{kind}, GPT rope bf16, {CONTEXT} cached tokens (trained {TRAINED}), GPU path on the CPU")
     print(f"{'':18}" + "".join(f"{c:>10}" for c in COLUMNS) + "   | per layer (1 vs N=" + f"{n})")
     for name, both in results.items():
         one, many = both["1"].columns, both["N"].columns
@@ -144,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name + f' {n} layers':18}" + "".join(f"{many[c]:>10}" for c in COLUMNS)
               + "   | " + " ".join(f"{c}={per_layer[c]:g}" for c in COLUMNS))
     if args.where:
-        for name in ("rope", args.where):
+        for name in (("rope (b)", f"{args.where} (a)", f"{args.where} (b)") if args.static else ("rope", args.where)):
             print(f"\n{name}, {n} layers, aten operators per step:")
             for op, k in results[name]["N"].where.most_common():
                 print(f"  {k:4} {op}")

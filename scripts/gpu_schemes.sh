@@ -3,10 +3,11 @@
 # The kernels of the other schemes and of the position maps at the GPU's own compile (FIRE's pieces, Shaw's and
 # Transformer-XL's rows per query, CoPE, the maps in one pass: each case file against its float64 reference), then
 # their attention timed against causal SDPA at 1k-16k, and each map's 32k prompt and decode step against plain RoPE;
-# the decode step captured whole (static cache + CUDA graph) against the ordinary eager step at 4k and 32k (at
-# most 60 s; its rows are kept as measured); where the time goes in the cases the first run found slow
-# (benchmarks/gpu_profile.py); the targets read out at the end (benchmarks/gpu_targets.py). The kernel tests run
-# without -x: the first GPU run stopped at its first failures and hid the rest.
+# the decode step captured whole (static cache + CUDA graph) against the ordinary eager step at 4k and 32k, the
+# SmolLM2-shaped decoder plain and under each map (graphed, as a ratio to plain's graphed step; at most 60 s, its rows
+# kept as measured; the section's GPT rows: `--graph-models gpt`); where the time goes in the cases the first run
+# found slow (benchmarks/gpu_profile.py); the targets read out at the end (benchmarks/gpu_targets.py). The kernel
+# tests run without -x: the first GPU run stopped at its first failures and hid the rest.
 # QUICK=1 runs the same plumbing on a CPU (interpreter, toy sizes) to check the script itself.
 set -u
 OUT=${OUT:-gpu-schemes}
@@ -22,7 +23,8 @@ if [ "${QUICK:-0}" = 1 ]; then
 else  # four test processes share the GPU: the kernels' compiles run side by side
   BENCH=(); KERNELS=(); KERNEL_TESTS=(-n 4); SIZES=(--lengths 1024,4096,16384 --head-dims 64,128 --kv-groups 1,4)
   PROFILE=(--calls 100)  # with 10 calls the profiler's one-off ~4 ms start lands in every per-call CPU figure
-  CASES+=(tests/models/test_static_decode.py)  # its CUDA-only test captures and replays the decode step
+  CASES+=(tests/models/test_static_decode.py tests/models/test_static_map_decode.py)  # their CUDA-only tests capture
+  # and replay the decode step, plain and under each map
 fi
 PART_KILL_AFTER=5  # the parts' limits (90 + 160 + 90 + 60 + 50) and 5 s to stop each: 475 s at the very most
 source "$(dirname "$0")/gpu_parts.sh"
@@ -31,6 +33,6 @@ part kernels 90 "${KERNELS[@]}" "$PY" -m pytest -q -p no:cacheprovider "${CASES[
 part attention 160 "$PY" -m benchmarks.gpu "${BENCH[@]}" --sections attention --schemes fire,shaw,transformer_xl,cope \
   --no-peers "${SIZES[@]}" --out "$OUT/attention"
 part maps 90 "$PY" -m benchmarks.gpu "${BENCH[@]}" --sections maps --out "$OUT/maps"
-part graphs 60 "$PY" -m benchmarks.gpu "${BENCH[@]}" --sections graphs --out "$OUT/graphs"
+part graphs 60 "$PY" -m benchmarks.gpu "${BENCH[@]}" --sections graphs --graph-models smollm2 --out "$OUT/graphs"
 part profile 50 "$PY" -m benchmarks.gpu_profile "${PROFILE[@]}"
 "$PY" -m benchmarks.gpu_targets "$OUT" | tee "$OUT/targets.md"

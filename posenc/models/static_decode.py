@@ -12,7 +12,12 @@ step is split in two:
       (warm-up on a side stream, as torch.cuda.graphs' docs ask) and replayed at every step; on the CPU it runs
       eagerly.
 
-Which schemes are served is decided by posenc.nn.dispatch (static_refusal): those whose terms positions alone decide.
+Which schemes are served is decided by posenc.nn.dispatch (static_refusal, static_map_refusal): those whose terms
+positions alone decide, a rotary scheme under a position map among them (its terms: posenc.models.static_map_terms;
+its (a) reads nothing back and allocates nothing by the cache's length, so it can run ahead of the device). On the
+CPU the static step is opt-in (generate(static_cache=True)) and pays only in host operators: under a map it issues
+~30% fewer operators than the ordinary step and no host reads, but scores every slot under every map where the
+ordinary map_decode scores only the keys each map attends (benchmarks/map_decode_ops.py --static).
 
     decoder = StaticDecoder(model, batch=1, max_len=4096)
     logits = decoder.prefill(input_ids)          # (B, V): the ordinary eager prefill, its cache copied in
@@ -28,6 +33,7 @@ from torch import Tensor, nn
 
 from posenc.errors import bad_value
 from posenc.models.inputs import check_positions, check_token_ids
+from posenc.models.static_map_terms import key_width
 from posenc.models.static_terms import StepTerms, layer_shape
 from posenc.nn import dispatch
 from posenc.nn.kv_cache import KVCache
@@ -57,7 +63,10 @@ def check_model(model: nn.Module) -> None:
     if model.training:
         raise bad_value("model.training", True, "False: call model.eval() first (the static step runs no dropout)")
     for i in range(len(model.blocks)):
-        reason = dispatch.static_refusal(type(model.layer_scheme(i)))
+        scheme = model.layer_scheme(i)
+        reason = dispatch.static_refusal(type(scheme))
+        if reason is None and dispatch.static_by_map(type(scheme)):
+            reason = dispatch.static_map_refusal(scheme)
         if reason is not None:
             extension = getattr(model.cfg, "attention_extension", None)
             name = model.schemes.name + (f" under attention_extension {extension.get('type')}" if extension else "")
@@ -78,9 +87,11 @@ class StaticDecoder:
         self.model, self.graphed = model, weight.device.type == "cuda" if cuda_graph is None else cuda_graph
         slots = -(-max_len // SLOT_MULTIPLE) * SLOT_MULTIPLE
         shapes = [layer_shape(block.attn) for block in model.blocks]
-        self.cache = StaticKVCache([(batch, s.n_kv_head, slots, s.head_dim) for s in shapes], weight.dtype,
-                                   weight.device)
         schemes = [model.layer_scheme(i) for i in range(len(shapes))]
+        key_dims = [key_width(scheme, s.head_dim) if dispatch.static_by_map(type(scheme)) else s.head_dim
+                    for scheme, s in zip(schemes, shapes, strict=True)]  # under a map: rotated per key table
+        self.cache = StaticKVCache([(batch, s.n_kv_head, slots, s.head_dim) for s in shapes], weight.dtype,
+                                   weight.device, key_dims)
         self.terms = StepTerms(schemes, shapes, model.schemes.layer(0), self.cache, model.cfg.d_model, weight.dtype)
         self._check_reach(max_len - 1)
         self.length = 0  # slots filled
@@ -120,9 +131,12 @@ class StaticDecoder:
         t = input_ids.shape[1]
         if cache.length != t or t >= self.max_len:
             raise bad_value("cache.length", cache.length, f"the {t} tokens given, fewer than max_len={self.max_len}")
+        if self.terms.maps:  # the maps' turn tables reach the last step's positions (one host read, not per step)
+            self._check_reach(int(position_ids[:, -1].max()) + self.max_len - t)
         self.cache.load(cache, t)
         self.terms.positions[:, :t].copy_(position_ids)
         self.terms.tokens[:, :t].copy_(input_ids)
+        self.terms.load(cache, t)
         self.length = t
 
     @torch.no_grad()

@@ -7,6 +7,8 @@ Per step, for the new token at slot n (positions as the model's stack frames the
   rotation   each rotating scheme's RotationTables at the new position (queries and the new key)   (B,1,1,R/2)
   rows       per (scheme, window) of the layers: the bias row a decode step adds (dispatch.step_bias_row), or 0,
              over slots 0..n; -inf on the slots not yet filled and on keys at distance >= the window   (B,H|1,1,L)
+  maps       per scheme under a position map (dispatch.static_by_map): its MapTerms (static_map_terms.py), in
+             place of the tables and the row; its layers attend through MapStepScheme
 Notation as in posenc.nn.attention; L the cache's slots.
 """
 
@@ -17,9 +19,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from posenc.models.static_map_terms import MapTerms
 from posenc.nn import dispatch
 from posenc.nn.call import Call
-from posenc.nn.static_attention import slot_attention
+from posenc.nn.kv_cache import KVCache
+from posenc.nn.static_attention import MapSlots, map_rotate, map_slot_attention, slot_attention
 from posenc.nn.static_cache import StaticKVCache
 from posenc.rotary import apply_rotary
 from posenc.scheme import Dims, RotationTables, Scheme
@@ -66,6 +70,23 @@ class StepScheme(Scheme):
         return slot_attention(q, k, v, self.row, self.softcap)  # (B,H,1,Dh)
 
 
+class MapStepScheme(Scheme):
+    """One layer's scheme under a position map during the captured step: rotate() gives every map's query (B,H,M,W)
+    and the new key rotated for every key table (B,Hkv,1,W), which the static cache keeps; attend() scores every slot
+    under the map that takes it (posenc.nn.static_attention)."""
+
+    def __init__(self, dims: Dims, terms: MapSlots) -> None:
+        super().__init__(dims)
+        self.terms = terms
+
+    def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+        return map_rotate(q, k, self.terms)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, k_pos: Tensor, causal: bool,
+               dropout: float = 0.0) -> Tensor:
+        return map_slot_attention(q, k, v, self.terms.mask)  # (B,H,1,Dh)
+
+
 def _buffer_like(t: Tensor, batch: int) -> Tensor:
     return torch.zeros((batch, *t.shape[1:]), dtype=t.dtype, device=t.device)
 
@@ -89,18 +110,25 @@ class StepTerms:
         self._q = {s: torch.zeros(batch, s.n_head, 1, s.head_dim, dtype=dtype, device=device) for s in set(shapes)}
         self.tables: dict[int, RotationTables | None] = {}  # per scheme instance, filled at the first write
         self.rows: dict[tuple[int, int | None], Tensor] = {}  # per (scheme instance, window)
+        self.maps = {id(scheme): MapTerms(scheme, shape.head_dim, batch, slots, dtype, device)
+                     for scheme, shape in zip(schemes, shapes, strict=True) if dispatch.static_by_map(type(scheme))}
 
     def kinds(self) -> dict[tuple[int, int | None], int]:
         """(scheme instance, window) -> the first layer of that kind."""
         kinds: dict[tuple[int, int | None], int] = {}
         for i, (scheme, shape) in enumerate(zip(self.schemes, self.shapes, strict=True)):
-            kinds.setdefault((id(scheme), shape.window), i)
+            if id(scheme) not in self.maps:  # a map's window lives in the map
+                kinds.setdefault((id(scheme), shape.window), i)
         return kinds
 
     def probe(self, position: int) -> None:
         """Compute (and drop) the embedding term and rotation tables of one position: a table that ends before it
-        (learned_absolute's) raises here, before any work."""
+        (learned_absolute's) raises here, before any work. The maps' turn tables are grown to cover it."""
         pos = torch.full((1, 1), position, dtype=torch.int64, device=self.token.device)
+        if self.maps:  # every framed position up to it: the maps' turn tables cover what they map them to
+            every = torch.arange(position + 1, device=self.token.device)[None]  # (1,P)
+            for terms in self.maps.values():
+                terms.reach(self.framing.frame(every, every)[1])
         q, _ = self.framing.frame(pos, pos)
         self.framing.embed(self._zeros[:1], q, input_ids=self.token[:1])
         for scheme in {id(s): s for s in self.schemes}.values():
@@ -110,14 +138,28 @@ class StepTerms:
         """The terms of a step whose token (self.token) and position (self.positions[:, n]) sit at slot n; the
         slots before it hold the earlier tokens."""
         self.tokens[:, n : n + 1].copy_(self.token)
-        q, k = self.framing.frame(self.positions[:, n : n + 1], self.positions[:, : n + 1])  # (B,1), (B,n+1)
+        # every slot framed (a fixed shape; frame() is per position, from the first key at most), the filled ones read
+        q, every = self.framing.frame(self.positions[:, n : n + 1], self.positions)  # (B,1), (B,L)
+        k = every[:, : n + 1]  # (B,n+1)
         if self.embedding is not None:
             self.embedding.copy_(self.framing.embed(self._zeros, q, input_ids=self.tokens[:, : n + 1]))
-        for scheme in {id(s): s for s in self.schemes}.values():
+        for scheme in {id(s): s for s in self.schemes if id(s) not in self.maps}.values():
             self._write_tables(scheme, q)
         for (key, window), layer in self.kinds().items():
             self._write_row(key, window, layer, q, k, n)
+        for terms in self.maps.values():
+            terms.write(q, every, n)
         self.cache.slot.fill_(n)
+
+    def load(self, cache: KVCache, t: int) -> None:
+        """The keys of the layers under a map, from an ordinary cache's first t raw keys (their positions in
+        self.positions) rotated per key table into the static cache (which copied the other layers' keys)."""
+        if not self.maps:
+            return
+        _, k = self.framing.frame(self.positions[:, :t], self.positions[:, :t])  # (B,t)
+        for layer, scheme in enumerate(self.schemes):
+            if id(scheme) in self.maps:
+                self.maps[id(scheme)].load(self.cache.keys[layer], cache.layers[layer][0].data[:, :, :t], k)
 
     def _write_tables(self, scheme: Scheme, q: Tensor) -> None:
         tables = scheme.rotation_tables(q, q)  # the new key sits at the new position
@@ -154,8 +196,9 @@ class StepTerms:
 
     def layer_schemes(self, dims: Dims) -> list[StepScheme]:
         """One StepScheme per layer over the buffers (after the first write, which allocates them)."""
-        return [StepScheme(dims, self.tables[id(scheme)], self.rows[(id(scheme), shape.window)], shape.softcap)
+        return [MapStepScheme(dims, self.maps[id(scheme)].step) if id(scheme) in self.maps else
+                StepScheme(dims, self.tables[id(scheme)], self.rows[(id(scheme), shape.window)], shape.softcap)
                 for scheme, shape in zip(self.schemes, self.shapes, strict=True)]
 
 
-__all__ = ["LayerShape", "StepScheme", "StepTerms", "layer_shape"]
+__all__ = ["LayerShape", "MapStepScheme", "StepScheme", "StepTerms", "layer_shape"]

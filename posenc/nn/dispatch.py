@@ -72,7 +72,16 @@ on keys outside a layer's window); a rotating scheme also gives its tables (Sche
     plain       0                                                    a class that rotates without rotation_tables
     distance    rows_decode's row (where it declines: bias()'s)
     piecewise   pieces_decode's row (where it declines: bias()'s)
-    the rest    refused (rows per query, content, the scheme's own attention or a map: q or k decides the terms)
+    mapped      map_rotate, map_slot_attention (static_attention):   a scheme under the map whose rotation does
+                per map the query's rotation, the new key rotated    not turn pairs of dims (no rot_dim and
+                per key table as the cache keeps it, the selector    interleaved: it cannot be read off as
+                as a mask over every slot (static_map_refusal)       multipliers); it stays on the eager path
+    the rest    refused (rows per query, content, the scheme's own attention: q or k decides the terms)
+
+Every map of posenc (Self-Extend, DCA, LM-Infinite, attention sinks, STRING, and a sliding window over any of them)
+is served: each maps a key's position from its own position alone (PositionMap.key_positions), so a key is rotated
+once per key table when it arrives, and its selector, query positions and score scale are functions of positions
+(and of the step's key count, DCA's scale) that the step computes over every slot with fixed shapes.
 
 RoPE's rotation (posenc.rotary.apply_rotary) asks ROTATION_RULES here too. Its kernels are functions of the rotary
 package (posenc.rotary._core.ROTATION_KERNELS: rotary/ imports nn/, never the reverse), so this table holds their
@@ -170,6 +179,7 @@ FORMS = ("mapped", "attends", "plain", "contextual", "distance", "piecewise", "v
 
 # The static decode step (docstring): form -> the decode kernels whose bias row it reads, then bias()'s.
 STATIC_ROWS: dict[str, tuple[str, ...]] = {"plain": (), "distance": ("rows_decode",), "piecewise": ("pieces_decode",)}
+STATIC_FORMS = (*STATIC_ROWS, "mapped")  # the mapped form: map_slot_attention, refused per instance
 STEP_ROWS: dict[str, Callable[[Call], Tensor | None]] = {
     "rows_decode": decode_paths.distance_step_row, "pieces_decode": decode_paths.pieces_step_row}
 
@@ -223,11 +233,26 @@ def form_of(cls: type[Scheme], attends: bool = True) -> str:
 def static_refusal(cls: type[Scheme]) -> str | None:
     """Why the static decode step cannot serve the scheme class (a phrase), or None where it can."""
     form = form_of(cls)
-    if form not in STATIC_ROWS:
-        return f"its attention form is {form!r} (served: {', '.join(STATIC_ROWS)})"
-    if _overrides(cls, "rotate") and not _overrides(cls, "rotation_tables"):
+    if form not in STATIC_FORMS:
+        return f"its attention form is {form!r} (served: {', '.join(STATIC_FORMS)})"
+    if form != "mapped" and _overrides(cls, "rotate") and not _overrides(cls, "rotation_tables"):
         return "it rotates q and k without giving its tables (Scheme.rotation_tables)"
     return None
+
+
+def static_map_refusal(scheme: MappedScheme) -> str | None:
+    """Why the static step cannot serve this scheme under its map (a phrase), or None: the wrapped scheme's rotation
+    must turn pairs of dims (rot_dim, interleaved) to be read off as multipliers (mapped_decode.rotation_turns)."""
+    inner = scheme.inner
+    if not (hasattr(inner, "rot_dim") and hasattr(inner, "interleaved")):
+        return (f"under a map, {type(inner).__name__} does not rotate pairs of dims as RoPE does (rot_dim, "
+                "interleaved), so its rotation is not read off as multipliers")
+    return None
+
+
+def static_by_map(cls: type[Scheme]) -> bool:
+    """The static step runs the scheme class's attention under a map (map_slot_attention), not by a row."""
+    return form_of(cls) == "mapped"
 
 
 def step_bias_row(call: Call) -> Tensor | None:
@@ -368,4 +393,5 @@ def render(rows: list[tuple]) -> str:
 
 
 __all__ = ["KERNELS", "Call", "attention", "fast_attention", "form_of", "map_plan", "needs_grad", "plan",
-           "rotation_plan", "rotation_table", "static_refusal", "step_bias_row", "table"]
+           "rotation_plan", "rotation_table", "static_by_map", "static_map_refusal", "static_refusal", "step_bias_row",
+           "table"]

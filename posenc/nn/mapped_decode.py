@@ -64,7 +64,7 @@ class Turns:
         out.addcmul_(x[..., self.perm], self.s)
 
 
-def _turns(inner: Scheme, pos: Tensor, dtype: torch.dtype, dh: int) -> tuple[Turns, Turns] | None:
+def rotation_turns(inner: Scheme, pos: Tensor, dtype: torch.dtype, dh: int) -> tuple[Turns, Turns] | None:
     """The rotation of queries and of keys at pos (B,T) as Turns with c, s (B,1,T,Dh) in dtype, from one rotate()
     of two unit vectors (1 in the first, or the second, dim of every pair); None for a scheme without RoPE's
     rot_dim and pairing."""
@@ -114,7 +114,7 @@ def decode_runs(scheme, q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype, dh: in
             spans.append([a, z])
     queries, keys = position_map.query_positions(q_pos, origin), position_map.key_positions(k_pos, origin)
     tables = list({id(p): p for p in keys}.values())  # the distinct key position tensors, in the maps' order
-    turns = _turns(scheme.inner, torch.cat([*queries, *(p[:, -1:] for p in tables)], dim=1), dtype, dh)
+    turns = rotation_turns(scheme.inner, torch.cat([*queries, *(p[:, -1:] for p in tables)], dim=1), dtype, dh)
     query_turns = key_turns = None
     if turns is not None:
         m = len(queries)
@@ -180,4 +180,4 @@ def _new_key_rotation(inner: Scheme, pos: Tensor, turns: Turns | None):
     return rotate_new
 
 
-__all__ = ["DecodeRuns", "Turns", "decode_runs", "map_decode"]
+__all__ = ["DecodeRuns", "Turns", "decode_runs", "map_decode", "rotation_turns"]

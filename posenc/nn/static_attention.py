@@ -1,11 +1,19 @@
 """Attention of one query per batch row over every slot of a fixed-size KV cache (posenc.nn.static_cache), with the
 step's row (B|1, H|1, 1, L) added to the scores: the scheme's bias where it has one, 0 elsewhere, -inf on empty slots
 and on keys outside a sliding window. Fixed shapes, no host reads: a CUDA graph captures it.
-Notation as in attention.py; L the cache's slots.
+
+Under a position map (map_rotate, map_slot_attention) the step's terms are per map: each map's query rotation, each
+key table's rotation of the step's new key (a key's mapped position depends on its own position alone, so every key
+is rotated once, when it arrives, and the cache keeps it so), and a mask saying which map scores each slot.
+Notation as in attention.py; L the cache's slots, M the map's maps, Mk its key tables (maps that share one key
+position tensor share its table: DCA's three maps one table, Self-Extend's two maps two), W = Mk * Dh, g = H // Hkv.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -25,4 +33,52 @@ def slot_attention(q: Tensor, k: Tensor, v: Tensor, row: Tensor, softcap: float 
     return out  # (B,H,1,Dh), in whatever memory order the device's kernel returns
 
 
-__all__ = ["slot_attention"]
+@dataclass
+class MapSlots:
+    """A map's terms of one step, shared by the layers under it, in buffers that never move (written before each
+    step by posenc.models.static_map_terms). The rotations are multipliers (posenc.nn.mapped_decode.Turns: x * c +
+    x[..., pair] * s, the scheme's own rotation read off a unit vector) over W = Mk * Dh dims, one block of Dh per key
+    table; c and s in float32 for half precision, where the step reads them as one matrix in the half type."""
+
+    c: Tensor  # (B,1,M+1,W): row m < M rotates the query for map m into its table's block (0 elsewhere) and
+    s: Tensor  # carries the score's factor (Dh^-1/2 and the map's score_scale); row M rotates the new key per table
+    dims: Tensor  # (W,) or (2W,) int64: w -> w mod Dh (the head's dims once per table; left out with one table, where
+    # it is every dim in order), then w -> the partner of w mod Dh in its rotated pair
+    mask: Tensor  # (B,1,1,M+1,L) in the model's dtype: 0 where map m scores slot j, else -inf (empty slots, row M)
+    matrix: Tensor | None = None  # (B,Dh,(M+1)*W) in half precision: c and s as one matrix, rotate(x) = x @ matrix
+
+
+def map_rotate(q: Tensor, k: Tensor, terms: MapSlots) -> tuple[Tensor, Tensor]:
+    """q (B,H,1,Dh), k (B,Hkv,1,Dh) the step's own -> every map's query (B,H,M+1,W), each in its key table's block of
+    dims and scaled (row M: a product with the key's rotation, scored and masked out), and the step's key rotated for
+    every table side by side (B,Hkv,1,W): what the static cache keeps for a layer under a map is its keys so rotated,
+    so a key is rotated once, when it arrives. Every rotation at once (each query rotated by the key's row too, so
+    both come out of one tensor without a copy): in float32 and float64 x * c + x[..., pair] * s as map_decode's
+    Turns (cat, index_select, mul, addcmul; bit for bit the scheme's rotate() for RoPE); in half precision one
+    product with the matrix (cat, bmm: each rotated dim a sum of two products accumulated in float32, the multipliers
+    rounded to the half type, 2^-9 relative in bf16), as many launches as RoPE's own rotation."""
+    h, w = q.shape[1], terms.c.shape[-1]
+    x = torch.cat((q, k), dim=1)  # (B,H+Hkv,1,Dh)
+    if terms.matrix is not None:
+        turned = (x[:, :, 0] @ terms.matrix).view(*x.shape[:2], -1, w)  # (B,H+Hkv,M+1,W)
+        return turned[:, :h], turned[:, h:, -1:]
+    both = x.index_select(-1, terms.dims)  # (B,H+Hkv,1,W or 2W): the dims per table, then their partners
+    tiled = x if both.shape[-1] == w else both[..., :w]
+    turned = torch.addcmul(tiled * terms.c, both[..., -w:], terms.s)  # (B,H+Hkv,M+1,W)
+    return turned[:, :h], turned[:, h:, -1:]  # (B,H,M+1,W), (B,Hkv,1,W)
+
+
+def map_slot_attention(queries: Tensor, keys: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+    """One query per row under a map over every slot: queries (B,H,M+1,W) from map_rotate, keys (B,Hkv,L,W) the
+    layer's rotated keys, v (B,Hkv,L,Dh), mask (B,1,1,M+1,L) -> (B,H,1,Dh). Each map's query meets only its table's
+    block (zeros elsewhere), so one product scores every slot under every map; each slot keeps its map's score (the
+    others' and the empty slots' at -inf), and one softmax over the merged row is the exact softmax of the map's
+    scores (half precision: its sums in float32 inside the kernel, the weights rounded once, as SDPA's)."""
+    b, h, m, w = queries.shape
+    hkv, slots, dh = keys.shape[1], keys.shape[2], v.shape[-1]
+    scores = queries.reshape(b, hkv, -1, w) @ keys.transpose(-1, -2)  # (B,Hkv,g*(M+1),L); a view where B is 1
+    picked = (scores.view(b, hkv, h // hkv, m, slots) + mask).amax(dim=3)  # (B,Hkv,g,L)
+    return (torch.softmax(picked, dim=-1) @ v).reshape(b, h, 1, dh)  # (B,Hkv,g,Dh) -> (B,H,1,Dh)
+
+
+__all__ = ["MapSlots", "map_rotate", "map_slot_attention", "slot_attention"]

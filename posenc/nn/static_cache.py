@@ -18,18 +18,24 @@ from posenc.nn.kv_cache import KVCache
 class StaticKVCache:
     """Per-layer keys and values (B, Hkv, L, Dh); the slot each step writes, a (1,) int64 device tensor."""
 
-    def __init__(self, shapes: list[tuple[int, int, int, int]], dtype: torch.dtype, device: torch.device) -> None:
-        """shapes: (B, Hkv, L, Dh) per layer."""
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for shape in shapes]
+    def __init__(self, shapes: list[tuple[int, int, int, int]], dtype: torch.dtype, device: torch.device,
+                 key_dims: list[int] | None = None) -> None:
+        """shapes: (B, Hkv, L, Dh) per layer; key_dims: the last dim of each layer's keys where it is not Dh (a layer
+        under a position map keeps its keys rotated per key table side by side, posenc.models.static_map_terms)."""
+        key_dims = key_dims or [shape[-1] for shape in shapes]
+        self.keys = [torch.zeros((*shape[:-1], w), dtype=dtype, device=device) for shape, w in zip(shapes, key_dims,
+                                                                                                   strict=True)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for shape in shapes]
         self.slot = torch.zeros(1, dtype=torch.int64, device=device)
         self._derived: dict = {}
 
     def load(self, cache: KVCache, length: int) -> None:
-        """Copy an ordinary cache's first `length` keys and values (a prefill's) into slots 0..length-1."""
+        """Copy an ordinary cache's first `length` keys and values (a prefill's) into slots 0..length-1; keys of
+        another width than the ordinary cache's (rotated under a map) are left to whoever derives them."""
         for layer, (keys, values) in enumerate(zip(self.keys, self.values, strict=True)):
             grown_keys, grown_values = cache.layers[layer]
-            keys[:, :, :length].copy_(grown_keys.data[:, :, :length])
+            if keys.shape[-1] == grown_keys.data.shape[-1]:
+                keys[:, :, :length].copy_(grown_keys.data[:, :, :length])
             values[:, :, :length].copy_(grown_values.data[:, :, :length])
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:

@@ -24,12 +24,14 @@ NO_LAUNCH = frozenset({"empty", "empty_strided", "empty_like", "new_empty", "new
 class OpCount(_HostSyncs):
     """Inside it, every aten operator: `columns` counts aten (all), launches (those that compute: not views, not
     bare allocations), allocs (those returning new storage), syncs (host reads, Tensor.tolist included), triton
-    (added by `launched`); `where` counts operator names."""
+    (added by `launched`); `where` counts operator names; `allocated` counts (operator, shape) of each allocation
+    (two steps whose allocations depend on nothing but fixed sizes allocate the same)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.columns: Counter[str] = Counter()
         self.where: Counter[str] = Counter()
+        self.allocated: Counter[tuple[str, tuple[int, ...]]] = Counter()
 
     def sync(self, what: str) -> None:
         self.columns["syncs"] += 1
@@ -51,6 +53,9 @@ class OpCount(_HostSyncs):
         alias = func._schema.returns[0].alias_info if func._schema.returns else None
         if alias is None and any(isinstance(t, torch.Tensor) for t in _pytree.tree_leaves(out)):
             self.columns["allocs"] += 1
+            for t in _pytree.tree_leaves(out):
+                if isinstance(t, torch.Tensor):
+                    self.allocated[(name, tuple(t.shape))] += 1
         if (alias is None or alias.is_write) and name.split(".")[0] not in NO_LAUNCH:
             self.columns["launches"] += 1
         return out

@@ -129,9 +129,9 @@ def test_refusals_come_from_the_dispatch_form_and_hooks():
     assert set(REFUSED) >= {"shaw", "transformer_xl", "cope"}
     assert dispatch.static_refusal(_RotatesWithoutTables) == (
         "it rotates q and k without giving its tables (Scheme.rotation_tables)")
-    mapped = gemma_like(attention_extension={"type": "self_extend", "group_size": 2, "window": 4})
-    with pytest.raises(ValueError, match=r"under attention_extension self_extend.*'mapped'"):
-        StaticDecoder(mapped, 1, 16)
+    # a rotary scheme under a position map is served (tests/models/test_static_map_decode.py), refused per instance
+    assert dispatch.static_refusal(type(gemma_like(attention_extension={"type": "self_extend", "group_size": 2,
+                                                                        "window": 4}).schemes[0])) is None
 
 
 def test_bad_input_is_one_line_before_any_work(monkeypatch):

@@ -108,3 +108,18 @@ def test_target_table_holds_fire_to_its_own_bounds():
     verdicts = {row["target"]: row["verdict"] for row in gpu_targets.targets(found)}
     assert verdicts == {"attention fire fwd": "met", "attention fire fwd+bwd": "**not met**",
                         "attention alibi fwd": "**not met**"}
+
+
+def test_target_table_reads_the_graphed_map_steps_against_graphed_rope():
+    """Issue 34's decode target for the captured step: each map's graphed ms over the plain decoder's, <= 1.3."""
+    from benchmarks import gpu_targets
+
+    found = {"graphs": [{"context": 4096, "model": "smollm2-shaped", "graphed ms": 2.0},
+                        {"context": 4096, "model": "smollm2-shaped self_extend", "graphed ms": 2.4,
+                         "x rope graphed": 1.2},
+                        {"context": 32768, "model": "smollm2-shaped dual_chunk", "graphed ms": 3.0,
+                         "x rope graphed": 1.5},
+                        {"context": 4096, "model": "gpt rope", "graphed ms": 0.8}]}
+    verdicts = {(row["target"], row["setting"]): row["verdict"] for row in gpu_targets.targets(found)}
+    assert verdicts == {("map self_extend graphed decode", "context 4096, SmolLM2-shaped"): "met",
+                        ("map dual_chunk graphed decode", "context 32768, SmolLM2-shaped"): "**not met**"}
