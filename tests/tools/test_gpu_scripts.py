@@ -3,8 +3,8 @@ CPU with QUICK=1 (the kernels under Triton's interpreter, the benchmarks and the
 exits 0 and the targets are read out; and PART_DEADLINE (a second script in the same device call) skips what its
 time does not cover, in one line each, instead of running past the call. scripts/gpu_check.sh shares the parts'
 plumbing (scripts/gpu_parts.sh) and its benchmark's quick mode is tests/tools/test_gpu_benchmark.py's; its QUICK=1
-run (19 s) is left to the hand, to keep `make test` under its 10 minutes, as is scripts/extend_tables_gpu.sh's (98 s: its
-four parts exit 0, checked 2026-11-26)."""
+run (19 s) is left to the hand, to keep `make test` under its 10 minutes, as is scripts/extend_tables_gpu.sh's (98 s:
+its four parts exit 0, checked 2026-11-26)."""
 
 from __future__ import annotations
 
