@@ -54,7 +54,7 @@ layer, with one softmax over the merged row; it declines batch rows under differ
 
     form        device      no grad, decode                      no grad                              grad
     ----------  ----------  -----------------------------------  -----------------------------------  ---------
-    mapped      cuda        map_triton > map_fused > map_eager   map_triton > map_fused > map_eager   map_eager
+    mapped      cuda        map_triton > map_decode > ...        map_triton > map_fused > map_eager   map_eager
     mapped      cpu         map_decode > map_fused > map_eager   map_fused > map_eager                map_eager
     mapped      other       map_eager                            map_eager                            map_eager
 
@@ -143,7 +143,7 @@ KERNELS: dict[str, Callable[[Call], Tensor | None]] = {
     "eager_weights": bias_paths.eager_weights,  # the weights materialised, then mix_values
     "scheme_attend": bias_paths.scheme_attend,  # Scheme.attend: the scheme's own attention
     "map_triton": mapped_gpu.map_triton,  # triton/mapped.py: every map in one launch, the map chosen per pair
-    "map_decode": mapped_decode.map_decode,  # one query per row: the maps' runs of keys, one softmax (CPU)
+    "map_decode": mapped_decode.map_decode,  # one query per row: the maps' runs of keys, one softmax
     "map_fused": mapped_attention.map_fused,  # per map: the CPU's flash or CUDA's efficient kernel
     "map_eager": mapped_attention.map_eager,  # per map: scores in memory (gradients, dropout)
 }
@@ -172,7 +172,8 @@ TAILS: dict[str, dict[bool, tuple[str, ...]]] = {
 # (device, grad, decode) -> the kernels for a mapped scheme
 MAP_RULES = {("cpu", False, True): ("map_decode", "map_fused", "map_eager"),
              ("cpu", False, False): ("map_fused", "map_eager"),
-             **{("cuda", False, decode): ("map_triton", "map_fused", "map_eager") for decode in (False, True)}}
+             ("cuda", False, True): ("map_triton", "map_decode", "map_fused", "map_eager"),  # map_decode: a map
+             ("cuda", False, False): ("map_triton", "map_fused", "map_eager")}  # without a pair rule, 3 reads a step
 MAP_DEFAULT = ("map_eager",)
 FORMS = ("mapped", "attends", "plain", "contextual", "distance", "piecewise", "values", "relative", "weights", "bias")
 

@@ -1,7 +1,8 @@
-"""The dispatch's kernel map_decode: one query per row under a position map on the CPU, without gradients or
-dropout (a cached decode step). mapped_attention's general form (a selector (B,C,Tk) per query chunk, key ranges
-found by nonzero, one fused kernel per map and range, the maps merged by log-sum-exp) costs a decode step ~300
-operators per layer for a few-microsecond product; here it costs ~20, and the maps stay exact.
+"""The dispatch's kernel map_decode: one query per row under a position map, without gradients or dropout (a cached
+decode step), on the CPU (on CUDA after map_triton: a map without a pair rule). mapped_attention's general form (a
+selector (B,C,Tk) per query chunk, key ranges found by nonzero, one fused kernel per map and range, the maps merged by
+log-sum-exp) costs a decode step 128-171 operators per layer more than RoPE's, 16-25 of them host reads; here 36-50,
+none reading the host (tests/position_maps/test_map_decode.py), and the maps stay exact.
 
 With one query, the keys each map scores are runs of consecutive keys (a window, the first keys, chunks) that depend
 on positions alone, the same for every layer of a step: DecodeRuns finds them once per step (one read of the
@@ -131,9 +132,11 @@ def decode_runs(scheme, q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype, dh: in
 
 def map_decode(call: Call) -> Tensor | None:
     """q (B,H,1,Dh), k/v (B,Hkv,Tk,Dh) raw from the KV cache -> (B,H,1,Dh); declines more queries, gradients,
-    dropout, a device other than the CPU, and batch rows attended under different runs."""
+    dropout, a device other than the CPU and CUDA (where map_triton serves first: this takes a map without a pair
+    rule, reading the device 3 times a step where map_fused reads it in every layer), and batch rows attended under
+    different runs."""
     q, k, v, scheme = call.q, call.k, call.v, call.scheme
-    if q.shape[-2] != 1 or call.grad or call.dropout > 0 or q.device.type != "cpu":
+    if q.shape[-2] != 1 or call.grad or call.dropout > 0 or q.device.type not in ("cpu", "cuda"):
         return None
     dtype = q.dtype
     step = decode_runs(scheme, call.q_pos, call.k_pos, torch.float32 if q.element_size() < 4 else dtype, q.shape[-1])

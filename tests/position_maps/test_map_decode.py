@@ -133,3 +133,15 @@ def test_a_layer_costs_a_bounded_number_of_operators_over_rope(spec):
     assert all(excess[c] <= bound for c, bound in EXCESS_PER_LAYER.items()), \
         f"per layer over RoPE's {excess}, allowed {EXCESS_PER_LAYER}; operators {dict(mapped[3].where)}"
     assert mapped[3].columns["syncs"] <= rope[3]["syncs"] + 3, dict(mapped[3].where)  # nonzero, two tolist
+
+
+@torch.no_grad()
+def test_on_cuda_it_decodes_what_the_one_pass_kernel_declines(counted, monkeypatch):
+    """On CUDA map_triton serves first; a map it declines (one without a pair rule: a user's own) is decoded here,
+    not by map_fused's per-layer reads. The key read as cuda, map_triton declining: every step served."""
+    monkeypatch.setattr(dispatch, "device_of", lambda *args: "cuda")
+    monkeypatch.setitem(dispatch.KERNELS, "map_triton", lambda call: None)
+    ids = token_ids(1, T)
+    model = MODELS["llama"](SMALL[0])
+    _decoded(model, ids, counted)
+    assert counted[0] == len(model.blocks) * (T - 5)
