@@ -31,7 +31,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from posenc.nn.triton.attention_kernels import _dkdv_tiles as _plain_dkdv_tiles
 from posenc.nn.triton.attention_kernels import (
     _dot,
     _forward_key_tile,
@@ -42,8 +41,7 @@ from posenc.nn.triton.attention_kernels import (
     _probabilities,
     _query_phases,
 )
-from posenc.nn.triton.attention_kernels import _dq_tiles as _plain_dq_tiles
-from posenc.nn.triton.attention_kernels import _fwd_tiles as _plain_fwd_tiles
+from posenc.nn.triton.relative_far_kernels import far_keys, far_queries
 
 
 @triton.jit
@@ -82,13 +80,6 @@ def _unskewed(x, BM: tl.constexpr, BN: tl.constexpr):
 
 
 @triton.jit
-def _far_end(c_base, interior, BN: tl.constexpr):
-    """Key tiles before this (a multiple of BN, at most interior) have every pair at c <= 0 for the query block
-    whose key 0 sits at c_base: they all read the table's row 0."""
-    return tl.minimum(tl.maximum(1 - c_base, 0) // BN * BN, interior)
-
-
-@triton.jit
 def _fwd_tiles(acc, best, total, prev, q, qr, k_ptrs, v_ptrs, R, VT, i, c_base, n_start, n_end, TQ, TK, S, srow,
                svrow, qk_scale, row_scale, skt, svt, d, d_ok, CAUSAL: tl.constexpr, MASKED: tl.constexpr,
                HAS_VALUES: tl.constexpr, BN: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
@@ -120,13 +111,15 @@ def _fwd_tiles(acc, best, total, prev, q, qr, k_ptrs, v_ptrs, R, VT, i, c_base, 
 
 
 @triton.jit
-def _forward(Q, QR, K, V, R, VT, OUT, LSE, E,
+def _forward(Q, QR, K, V, R, VT, OUT, LSE, O_FAR, LSE_FAR, E,
              sqb, sqh, sqt, srb, srh, srt, skb, skh, skt, svb, svh, svt, sob, soh, sot,
              s_table_h, srow, svrow,
              H, GROUP, TQ, TK, S, qk_scale, row_scale,
              D: tl.constexpr, CAUSAL: tl.constexpr, HAS_VALUES: tl.constexpr, FAR: tl.constexpr,
-             BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
+             BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, FBM: tl.constexpr, FBN: tl.constexpr,
              PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """One query block's output and log-sum-exp. FAR: the far tiles of the FBM x FBN block that holds this one
+    were run by relative_far_kernels._far_forward (O_FAR, LSE_FAR: no bias); this program starts from them."""
     m0 = tl.program_id(0) * BM
     h = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
@@ -147,10 +140,13 @@ def _forward(Q, QR, K, V, R, VT, OUT, LSE, E,
     acc = tl.zeros((BM, BD), tl.float32)
     interior = _interior_end(m0, TQ, TK, CAUSAL, BM, BN)
     far = 0
-    if FAR:  # tiles whose every pair reads row 0 (clipped): a plain flash loop, the row's bias added to the max
-        far = _far_end(c_base, interior, BN)
-        acc, best, total = _plain_fwd_tiles(acc, best, total, q, k_ptrs, v_ptrs, R, i, 0, far, TQ, TK, qk_scale,
-                                            skt, svt, d_ok, CAUSAL, False, False, BD == D, BN, PRECISION, UPCAST)
+    if FAR:  # tiles whose every pair reads row 0 (clipped): their softmax, normalised, plus the row's bias
+        m0_far = m0 // FBM * FBM
+        far = far_keys(c_base + m0 - m0_far, m0_far, TQ, TK, CAUSAL, FBM, FBN)
+        bh = b * H + h
+        best = tl.load(LSE_FAR + bh * TQ + i, mask=i < TQ, other=float("-inf"))  # base 2, -inf: no far tile
+        total = tl.where(best > float("-inf"), 1.0, 0.0)
+        acc = tl.load(O_FAR + (bh * TQ + i[:, None]) * D + d[None, :], mask=q_mask, other=0.0)
         row0 = tl.load(R + d, mask=d_ok, other=0.0).to(tl.float32)
         best += tl.sum(qr.to(tl.float32) * row0[None, :], 1) * row_scale
         if HAS_VALUES:  # their value term: the mass so far times VT[0]
@@ -211,16 +207,16 @@ def _dkdv_tiles(dk, dv, k, v, q_ptrs, qr_ptrs, do_ptrs, lse_ptrs, delta_ptrs, R,
 
 
 @triton.jit
-def _dkdv(Q, QR, K, V, DO, LSE, DELTA, LSE_FAR, DELTA_FAR, DK, DV, R, VT, E,
+def _dkdv(Q, QR, K, V, DO, LSE, DELTA, DK_FAR, DV_FAR, DK, DV, R, VT, E,
           sqb, sqh, sqt, srb, srh, srt, skb, skh, skt, svb, svh, svt, sdob, sdoh, sdot,
           s_table_h, srow, svrow,
           H, GROUP, TQ, TK, S, qk_scale, row_scale, scale,
           D: tl.constexpr, CAUSAL: tl.constexpr, HAS_VALUES: tl.constexpr, FAR: tl.constexpr,
-          BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
+          BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, FBM: tl.constexpr, FBN: tl.constexpr,
           PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """dK, dV of one key block for query head h, (BN,BD), into DK/DV contiguous (B,H,Tk,Dh). FAR: query tiles
-    whose every pair reads the table's row 0 run the row kernel's plain loop against LSE_FAR = lse - the row's
-    bias and DELTA_FAR = delta - dO . VT[0] (the host's, per query), which give the same p and dS."""
+    """dK, dV of one key block for query head h, (BN,BD), into DK/DV contiguous (B,H,Tk,Dh). FAR: the far query
+    tiles of the FBM x FBN block that holds this one gave their dK (before the scale) and dV
+    (relative_far_kernels._far_dkdv: DK_FAR, DV_FAR float32); this program adds the other tiles'."""
     n0 = tl.program_id(0) * BN
     h = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
@@ -243,19 +239,24 @@ def _dkdv(Q, QR, K, V, DO, LSE, DELTA, LSE_FAR, DELTA_FAR, DK, DV, R, VT, E,
     dk = tl.zeros((BN, BD), tl.float32)
     dv = tl.zeros((BN, BD), tl.float32)
     first, full, last = _query_phases(n0, TQ, TK, CAUSAL, BM, BN)
-    far = last
-    if FAR:  # c <= 0 for the whole tile from query m0 >= n0 + BN - 1 + e on
-        far = tl.minimum(tl.maximum(tl.cdiv(tl.maximum(c_base + BN - 1, 0), BM) * BM, full), last)
-        dk, dv = _plain_dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, LSE_FAR + bh * TQ + il, DELTA_FAR + bh * TQ + il,
-                                   R, j, far, last, TQ, TK, qk_scale, sqt, sdot, d_ok, CAUSAL, False, False,
-                                   BD == D, BM, PRECISION, UPCAST)
+    far_start = last  # [far_start, far_end): the far program's queries
+    far_end = last
+    if FAR:
+        n0_far = n0 // FBN * FBN
+        start, end = far_queries(c_base + n0_far - n0, n0_far, TQ, TK, CAUSAL, FBM, FBN)
+        far_start = tl.where(start < end, start, last)
+        far_end = tl.where(start < end, end, last)
+        out = (bh * TK + j[:, None]) * D + d[None, :]
+        dk = tl.load(DK_FAR + out, mask=kv_mask, other=0.0)
+        dv = tl.load(DV_FAR + out, mask=kv_mask, other=0.0)
     dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, qr_ptrs, do_ptrs, lse_ptrs, delta_ptrs, R, VT, j, c_base, first,
                          full, TQ, TK, S, srow, svrow, qk_scale, row_scale, sqt, srt, sdot, d, d_ok, CAUSAL, True,
                          HAS_VALUES, BM, PRECISION, UPCAST)
     dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, qr_ptrs, do_ptrs, lse_ptrs, delta_ptrs, R, VT, j, c_base, full,
-                         far, TQ, TK, S, srow, svrow, qk_scale, row_scale, sqt, srt, sdot, d, d_ok, CAUSAL, False,
-                         HAS_VALUES, BM, PRECISION, UPCAST)
-    dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, qr_ptrs, do_ptrs, lse_ptrs, delta_ptrs, R, VT, j, c_base, last,
+                         far_start, TQ, TK, S, srow, svrow, qk_scale, row_scale, sqt, srt, sdot, d, d_ok, CAUSAL,
+                         False, HAS_VALUES, BM, PRECISION, UPCAST)
+    # after the far queries: less than one far tile of whole tiles, then the ragged last (masked: right for both)
+    dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, qr_ptrs, do_ptrs, lse_ptrs, delta_ptrs, R, VT, j, c_base, far_end,
                          TQ, TQ, TK, S, srow, svrow, qk_scale, row_scale, sqt, srt, sdot, d, d_ok, CAUSAL, True,
                          HAS_VALUES, BM, PRECISION, UPCAST)
     out = (bh * TK + j[:, None]) * D + d[None, :]
@@ -319,18 +320,18 @@ def _dq_tiles(dq, dqr, prev, prev_v, ds_sum, p_sum, q, qr, do, lse, delta, k_ptr
 
 
 @triton.jit
-def _dq(Q, QR, K, V, DO, LSE, DELTA, LSE_FAR, DELTA_FAR, DQ, DQR, R, VT, DR, DVT, E,
+def _dq(Q, QR, K, V, DO, LSE, DELTA, DQ_FAR, DQ, DQR, R, VT, DR, DVT, E,
         sqb, sqh, sqt, srb, srh, srt, skb, skh, skt, svb, svh, svt, sdob, sdoh, sdot,
         s_table_h, srow, svrow,
         H, GROUP, TQ, TK, S, qk_scale, row_scale, scale,
         D: tl.constexpr, CAUSAL: tl.constexpr, HAS_VALUES: tl.constexpr, FAR: tl.constexpr,
-        BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
+        BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, FBM: tl.constexpr, FBN: tl.constexpr,
         PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """dQc and dQr (before the row scale) of one query block, contiguous (B,H,Tq,Dh); the tables' gradients
-    (before the row scale) added into DR and DVT, each (H,S,Dh) float32. FAR: the tiles whose every pair reads
-    row 0 run the row kernel's plain loop (LSE_FAR, DELTA_FAR as in _dkdv); their dS and p reach row 0 through
-    the rows' sums, which softmax fixes: sum_j dS_ij = 0 and sum_j p_ij = 1 over all keys, so the far tiles'
-    are minus, and one minus, the other tiles'."""
+    (before the row scale) added into DR and DVT, each (H,S,Dh) float32. FAR: the far tiles of the FBM x FBN
+    block that holds this one gave their dQ (relative_far_kernels._far_dq: DQ_FAR, float32, before the scale);
+    their dS and p reach row 0 through the rows' sums, which softmax fixes: sum_j dS_ij = 0 and sum_j p_ij = 1
+    over all keys, so the far tiles' are minus, and one minus, the other tiles'."""
     m0 = tl.program_id(0) * BM
     h = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
@@ -358,12 +359,9 @@ def _dq(Q, QR, K, V, DO, LSE, DELTA, LSE_FAR, DELTA_FAR, DQ, DQR, R, VT, DR, DVT
     interior = _interior_end(m0, TQ, TK, CAUSAL, BM, BN)
     far = 0
     if FAR:
-        far = _far_end(c_base, interior, BN)
-        dq, _ = _plain_dq_tiles(dq, tl.zeros((BN,), tl.float32), q, do,
-                                tl.load(LSE_FAR + bh * TQ + i, mask=i_ok, other=float("inf")),
-                                tl.load(DELTA_FAR + bh * TQ + i, mask=i_ok, other=0.0), k_ptrs, v_ptrs, R, DR, i, 0,
-                                far, TQ, TK, qk_scale, skt, svt, d_ok, CAUSAL, False, False, False, BD == D, BM, BN,
-                                PRECISION, UPCAST)
+        m0_far = m0 // FBM * FBM
+        far = far_keys(c_base + m0 - m0_far, m0_far, TQ, TK, CAUSAL, FBM, FBN)
+        dq = tl.load(DQ_FAR + (bh * TQ + i[:, None]) * D + d[None, :], mask=q_mask, other=0.0)
     prev = _dot(qr, _chunk_t(R, c_base + far - BN, S, srow, d, d_ok, BN), PRECISION, UPCAST) * row_scale
     prev_v = tl.zeros((BM, BN), tl.float32)
     if HAS_VALUES:
