@@ -176,3 +176,16 @@ def test_a_table_for_other_heads_is_refused_in_one_line():
     leaves, params, e, causal, _ = _case("xl_after_cache_gqa", torch.float32)
     with pytest.raises(ValueError, match="relative table"):
         relative.attend_relative(*leaves, RelativeTable(params[0][:, :, :8], 0, 1.0), e, causal)
+
+
+def test_far_passes_tiles_hold_whole_relative_tiles_wherever_served():
+    """Shaw's far passes run at the row kernel's tiles; a relative program recomputes the far block holding its
+    own, so each far tile must be a whole number of relative tiles at every head dim and dtype the GPU serves."""
+    from posenc.nn.triton import attention
+
+    served = [(dim, dtype) for (kernel, dim, dtype) in attention.TILES if kernel == "relative_forward"]
+    assert served
+    for dim, dtype in served:
+        for near, far in (("relative_forward", "forward"), ("relative_dkdv", "dkdv"), ("relative_dq", "dq")):
+            n, f = attention.TILES[near, dim, dtype], attention.TILES[far, dim, dtype]
+            assert f.bm % n.bm == 0 and f.bn % n.bn == 0, (near, dim, dtype, n, f)

@@ -49,6 +49,8 @@ class Tiles(NamedTuple):
 #   Dh 128: forward 32x32 8 warps 191/0 and 170/0 (4 warps: 255/40); dq 16x32 8 warps 252/0 and 246/0; dkdv
 #          32x32 8 warps 255/8 (Shaw); 16x32 8 warps 194/0 and 164/0
 #   Dh 256: the smallest tiles (16x16, 8 warps) spill 16-112 B in Shaw's dQ and dK/dV: not served (no entry).
+#   (the far loop of those sweeps left the programs since: Shaw's far tiles run at the row kernel's forward, dkdv and
+#   dq tiles below, relative_far_kernels.py, whose blocks must hold whole blocks of these.)
 #   float32 (TF32): Dh 64 forward 16x32 4 warps 197/0; dq and dkdv 16x32 8 warps 255/0 and 226/0; Dh 128: dq and
 #          dkdv spill 200-248 B: not served.
 RELATIVE_BY_HEAD_DIM = {
