@@ -7,11 +7,11 @@ clipped key and value tables, Transformer-XL's projected sinusoid), forward and 
 qc and qr are two queries of one head (Transformer-XL: q + u and q + v; Shaw: q twice). No (Tq, Tk) tensor and no
 (Tq, S) rows exist: a tile of BM queries and BN keys spans BM + BN - 1 distances, c0 - BM + 1 .. c0 + BN - 1 at
 c0 = n0 - m0 + e, so it multiplies qr by two chunks of BN table rows, [c0 - BN, c0) and [c0, c0 + BN) (BM <= BN),
-and reads each pair's product at its distance with a gather (_skewed). Along a query block's key loop the chunks
+and reads each pair's product at its distance with a gather (_rotated). Along a query block's key loop the chunks
 move by BN per tile, so the forward and dQ carry the upper chunk over as the next tile's lower one: one product
 qr . R per tile, as many as q . k. The table's rows are read clamped, which is Shaw's clipping (many distances
 of a tile collapse onto the first or last row) and costs nothing for Transformer-XL (its table covers every
-distance). The value term goes the other way: the probabilities regrouped by distance (_unskewed) times the
+distance). The value term goes the other way: the probabilities regrouped by distance (_unrotated) times the
 value table's two chunks.
 
 Far tiles (FAR, a clipped table: Shaw): where every pair of a tile lies at c <= 0 (causal attention away from the
@@ -61,24 +61,42 @@ def _chunk(T, c0, S, srow, d, d_ok, BN: tl.constexpr):
 
 
 @triton.jit
-def _skewed(low, high, BM: tl.constexpr, BN: tl.constexpr):
-    """Per-distance products (BM,BN) of the chunks [c0 - BN, c0) (low) and [c0, c0 + BN) (high) read at each
-    pair's distance: entry (il, jl) is high[il, jl - il] where jl >= il, else low[il, BN + jl - il]."""
-    t = tl.arange(0, BN)[None, :] - tl.arange(0, BM)[:, None]  # jl - il
-    upper = tl.gather(high, tl.maximum(t, 0), 1)
-    lower = tl.gather(low, tl.minimum(t + BN, BN - 1), 1)
-    return tl.where(t >= 0, upper, lower)
+def _dot_into(a, b, acc, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """acc + a @ b. The bias enters as the product's accumulator: Triton's layout pass then keeps the softmax in
+    the product's layout (added after the product, the gather's layout spread into the softmax, which it then
+    computed twice)."""
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc=acc, input_precision=PRECISION)
+    return tl.dot(a, b, acc=acc, input_precision=PRECISION)
 
 
 @triton.jit
-def _unskewed(x, BM: tl.constexpr, BN: tl.constexpr):
+def _rotated(low, high, BM: tl.constexpr, BN: tl.constexpr):
+    """Per-distance products (BM,BN) of the chunks [c0 - BN, c0) (low) and [c0, c0 + BN) (high) read at each
+    pair's distance: entry (il, jl) is high[il, jl - il] where jl >= il, else low[il, BN + jl - il]. Both columns
+    are (jl - il) mod BN, and row il reads column r of high where r + il < BN, of low elsewhere: one select in the
+    products' own layout, then one gather (a rotation of each row by il), not a gather per chunk."""
+    r_il = tl.arange(0, BN)[None, :] + tl.arange(0, BM)[:, None]  # r + il
+    t = tl.arange(0, BN)[None, :] - tl.arange(0, BM)[:, None]  # jl - il
+    return tl.gather(tl.where(r_il < BN, high, low), tl.where(t >= 0, t, t + BN), 1)
+
+
+@triton.jit
+def _rotate_back(x, BM: tl.constexpr, BN: tl.constexpr):
+    """x (BM,BN) by distance, one gather: entry (il, t) is x[il, (il + t) mod BN], the pair at distance c0 + t
+    where il + t < BN (the upper chunk), at c0 - BN + t elsewhere (the lower)."""
+    r_il = tl.arange(0, BM)[:, None] + tl.arange(0, BN)[None, :]  # il + t
+    return tl.gather(x, tl.where(r_il < BN, r_il, r_il - BN), 1)
+
+
+@triton.jit
+def _unrotated(x, BM: tl.constexpr, BN: tl.constexpr):
     """The inverse regrouping of a (BM,BN) tile by distance: low[il, t] = x[il, t - BN + il] (distance c0 - BN + t)
-    and high[il, t] = x[il, il + t] (distance c0 + t), 0 where no key of the tile lies at that distance."""
-    jh = tl.arange(0, BM)[:, None] + tl.arange(0, BN)[None, :]  # il + t
-    high = tl.where(jh < BN, tl.gather(x, tl.minimum(jh, BN - 1), 1), 0.0)
-    jl = jh - BN
-    low = tl.where(jl >= 0, tl.gather(x, tl.maximum(jl, 0), 1), 0.0)
-    return low, high
+    and high[il, t] = x[il, il + t] (distance c0 + t), 0 where no key of the tile lies at that distance: one gather
+    (_rotate_back) split by il + t < BN."""
+    r_il = tl.arange(0, BM)[:, None] + tl.arange(0, BN)[None, :]  # il + t
+    rotated = _rotate_back(x, BM, BN)
+    return tl.where(r_il >= BN, rotated, 0.0), tl.where(r_il < BN, rotated, 0.0)
 
 
 @triton.jit
@@ -97,13 +115,13 @@ def _fwd_tiles(acc, best, total, prev, q, qr, k_ptrs, v_ptrs, R, VT, i, c_base, 
         # mask folds away: the same SASS as EVEN_D True).
         k_t = _forward_key_tile(k_ptrs, j, TK, d_ok, MASKED, False)  # (BD,BN)
         c0 = c_base + n0
-        cur = _dot(qr, _chunk_t(R, c0, S, srow, d, d_ok, BN), PRECISION, UPCAST) * row_scale  # (BM,BN), base 2
-        s = tl.fma(_dot(q, k_t, PRECISION, UPCAST), qk_scale, _skewed(prev, cur, BM, BN))
+        cur = _dot(qr, _chunk_t(R, c0, S, srow, d, d_ok, BN), PRECISION, UPCAST) * (row_scale / qk_scale)
+        s = _dot_into(q, k_t, _rotated(prev, cur, BM, BN), PRECISION, UPCAST) * qk_scale  # (BM,BN), base 2
         prev = cur
         acc, best, total, p = _online_softmax(acc, best, total, s, v_ptrs, i, j, TQ, TK, d_ok, CAUSAL, MASKED, False,
                                               PRECISION, UPCAST)
         if HAS_VALUES:  # + sum_j p_ij VT[c]: the probabilities by distance times the value table's two chunks
-            low, high = _unskewed(p, BM, BN)
+            low, high = _unrotated(p, BM, BN)
             value_type = v_ptrs.dtype.element_ty
             acc += _dot(low.to(value_type), _chunk(VT, c0 - BN, S, svrow, d, d_ok, BN), PRECISION, UPCAST)
             acc += _dot(high.to(value_type), _chunk(VT, c0, S, svrow, d, d_ok, BN), PRECISION, UPCAST)
@@ -153,7 +171,7 @@ def _forward(Q, QR, K, V, R, VT, OUT, LSE, O_FAR, LSE_FAR, E,
         best += tl.sum(qr.to(tl.float32) * row0[None, :], 1) * row_scale
         if HAS_VALUES:  # their value term: the mass so far times VT[0]
             acc += total[:, None] * tl.load(VT + d, mask=d_ok, other=0.0).to(tl.float32)[None, :]
-    prev = _dot(qr, _chunk_t(R, c_base + far - BN, S, srow, d, d_ok, BN), PRECISION, UPCAST) * row_scale
+    prev = _dot(qr, _chunk_t(R, c_base + far - BN, S, srow, d, d_ok, BN), PRECISION, UPCAST) * (row_scale / qk_scale)
     acc, best, total, prev = _fwd_tiles(acc, best, total, prev, q, qr, k_ptrs, v_ptrs, R, VT, i, c_base, far,
                                         interior, TQ, TK, S, srow, svrow, qk_scale, row_scale, skt, svt, d, d_ok,
                                         CAUSAL, False, HAS_VALUES, BN, PRECISION, UPCAST)
@@ -168,7 +186,7 @@ def _forward(Q, QR, K, V, R, VT, OUT, LSE, O_FAR, LSE_FAR, E,
 
 @triton.jit
 def _dkdv_tiles(dk, dv, k, v, q_ptrs, qr_ptrs, do_ptrs, lse_ptrs, delta_ptrs, R, VT, j, c_base, m_start, m_end,
-                TQ, TK, S, srow, svrow, qk_scale, row_scale, sqt, srt, sdot, d, d_ok, CAUSAL: tl.constexpr,
+                TQ, TK, S, srow, svrow, qk_scale, bias_scale, sqt, srt, sdot, d, d_ok, CAUSAL: tl.constexpr,
                 MASKED: tl.constexpr, HAS_VALUES: tl.constexpr, BM: tl.constexpr, PRECISION: tl.constexpr,
                 UPCAST: tl.constexpr):
     """Query tiles [m_start, m_end) against one key block, in the transposed tile (keys x queries)."""
@@ -187,17 +205,19 @@ def _dkdv_tiles(dk, dv, k, v, q_ptrs, qr_ptrs, do_ptrs, lse_ptrs, delta_ptrs, R,
         lse = tl.load(lse_ptrs, mask=i_ok, other=float("inf"))  # padded queries: probability 0
         delta = tl.load(delta_ptrs, mask=i_ok, other=0.0)
         c0 = c_base - m0  # the distance index of key n0 at query m0
+        # qr changes with the query tile: both chunks' products per tile (the forward and dQ carry one over)
         low = _dot(qr, _chunk_t(R, c0 - BN, S, srow, d, d_ok, BN), PRECISION, UPCAST)
         high = _dot(qr, _chunk_t(R, c0, S, srow, d, d_ok, BN), PRECISION, UPCAST)
-        bias_t = tl.trans(_skewed(low, high, BM, BN) * row_scale)  # (BN,BM)
-        s_t = tl.fma(_dot(k, q_t, PRECISION, UPCAST), qk_scale, bias_t)
+        bias_t = tl.trans(_rotated(low, high, BM, BN)) * bias_scale  # (BN,BM), in units of qk_scale
+        s_t = _dot_into(k, q_t, bias_t, PRECISION, UPCAST) * qk_scale
         p_t = _probabilities(s_t, lse[None, :], i[None, :], j[:, None], TQ, TK, CAUSAL, MASKED)  # (BN,BM)
         dv += _dot(p_t.to(do.dtype), do, PRECISION, UPCAST)
-        dp_t = _dot(v, tl.trans(do), PRECISION, UPCAST)  # (BN,BM)
         if HAS_VALUES:  # d out_i / d p_ij also reads VT[c]: dO_i . VT[c]
             low = _dot(do, _chunk_t(VT, c0 - BN, S, svrow, d, d_ok, BN), PRECISION, UPCAST)
             high = _dot(do, _chunk_t(VT, c0, S, svrow, d, d_ok, BN), PRECISION, UPCAST)
-            dp_t += tl.trans(_skewed(low, high, BM, BN))
+            dp_t = _dot_into(v, tl.trans(do), tl.trans(_rotated(low, high, BM, BN)), PRECISION, UPCAST)  # (BN,BM)
+        else:
+            dp_t = _dot(v, tl.trans(do), PRECISION, UPCAST)  # (BN,BM)
         ds_t = p_t * (dp_t - delta[None, :])
         dk += _dot(ds_t.to(q_t.dtype), tl.trans(q_t), PRECISION, UPCAST)
         q_ptrs += BM * sqt
@@ -251,15 +271,16 @@ def _dkdv(Q, QR, K, V, DO, LSE, DELTA, DK_FAR, DV_FAR, DK, DV, R, VT, E,
         out = (bh * TK + j[:, None]) * D + d[None, :]
         dk = tl.load(DK_FAR + out, mask=kv_mask, other=0.0)
         dv = tl.load(DV_FAR + out, mask=kv_mask, other=0.0)
+    bias_scale = row_scale / qk_scale  # the bias enters k . q's product as its accumulator
     dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, qr_ptrs, do_ptrs, lse_ptrs, delta_ptrs, R, VT, j, c_base, first,
-                         full, TQ, TK, S, srow, svrow, qk_scale, row_scale, sqt, srt, sdot, d, d_ok, CAUSAL, True,
+                         full, TQ, TK, S, srow, svrow, qk_scale, bias_scale, sqt, srt, sdot, d, d_ok, CAUSAL, True,
                          HAS_VALUES, BM, PRECISION, UPCAST)
     dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, qr_ptrs, do_ptrs, lse_ptrs, delta_ptrs, R, VT, j, c_base, full,
-                         far_start, TQ, TK, S, srow, svrow, qk_scale, row_scale, sqt, srt, sdot, d, d_ok, CAUSAL,
+                         far_start, TQ, TK, S, srow, svrow, qk_scale, bias_scale, sqt, srt, sdot, d, d_ok, CAUSAL,
                          False, HAS_VALUES, BM, PRECISION, UPCAST)
     # after the far queries: less than one far tile of whole tiles, then the ragged last (masked: right for both)
     dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, qr_ptrs, do_ptrs, lse_ptrs, delta_ptrs, R, VT, j, c_base, far_end,
-                         TQ, TQ, TK, S, srow, svrow, qk_scale, row_scale, sqt, srt, sdot, d, d_ok, CAUSAL, True,
+                         TQ, TQ, TK, S, srow, svrow, qk_scale, bias_scale, sqt, srt, sdot, d, d_ok, CAUSAL, True,
                          HAS_VALUES, BM, PRECISION, UPCAST)
     out = (bh * TK + j[:, None]) * D + d[None, :]
     tl.store(DK + out, (dk * scale).to(DK.dtype.element_ty), mask=kv_mask)
@@ -280,45 +301,64 @@ def _add_rows(G, c0, x, S, d, d_ok, D: tl.constexpr, BN: tl.constexpr):
 
 
 @triton.jit
-def _dq_tiles(dq, dqr, prev, prev_v, ds_sum, p_sum, q, qr, do, lse, delta, k_ptrs, v_ptrs, R, VT, DR, DVT, i,
-              c_base, n_start, n_end, TQ, TK, S, srow, svrow, qk_scale, row_scale, skt, svt, d, d_ok,
+def _dq_tiles(dq, dqr, prev, prev_v, rot_ds, rot_p, ds_sum, p_sum, q, qr, do, lse, delta, k_ptrs, v_ptrs, R, VT, DR,
+              DVT, i, c_base, n_start, n_end, TQ, TK, S, srow, svrow, qk_scale, bias_scale, skt, svt, d, d_ok,
               CAUSAL: tl.constexpr, MASKED: tl.constexpr, HAS_VALUES: tl.constexpr, D: tl.constexpr, BN: tl.constexpr,
               PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """Key tiles [n_start, n_end) of one query block: dQc, dQr, and the tables' gradients (atomics into DR, DVT);
-    ds_sum, p_sum: the rows' sums of dS and p over these tiles."""
+    ds_sum, p_sum: the rows' sums of dS and p over these tiles. prev, prev_v: the last chunk products (qr . R in
+    units of qk_scale, dO . VT); rot_ds, rot_p: the last tile's dS and p rotated by distance (_unrotated's gather),
+    whose upper part reads the chunk this tile's lower part reads: the two meet in one product per tile."""
     BM: tl.constexpr = q.shape[0]
+    r_il = tl.arange(0, BM)[:, None] + tl.arange(0, BN)[None, :]  # il + t: >= BN is this tile's lower chunk
     k_ptrs += n_start * skt
     v_ptrs += n_start * svt
     for n0 in range(n_start, n_end, BN):
         j = n0 + tl.arange(0, BN)
         k_t, v_t = _key_tile(k_ptrs, v_ptrs, j, TK, d_ok, MASKED, False)  # (BD,BN) each
         c0 = c_base + n0
-        r_t = _chunk_t(R, c0, S, srow, d, d_ok, BN)  # (BD,BN)
-        cur = _dot(qr, r_t, PRECISION, UPCAST) * row_scale
-        s = tl.fma(_dot(q, k_t, PRECISION, UPCAST), qk_scale, _skewed(prev, cur, BM, BN))
+        cur = _dot(qr, _chunk_t(R, c0, S, srow, d, d_ok, BN), PRECISION, UPCAST) * bias_scale
+        s = _dot_into(q, k_t, _rotated(prev, cur, BM, BN), PRECISION, UPCAST) * qk_scale
         prev = cur
         p = _probabilities(s, lse[:, None], i[:, None], j[None, :], TQ, TK, CAUSAL, MASKED)  # (BM,BN)
-        dp = _dot(do, v_t, PRECISION, UPCAST)  # (BM,BN)
         if HAS_VALUES:
             cur_v = _dot(do, _chunk_t(VT, c0, S, svrow, d, d_ok, BN), PRECISION, UPCAST)
-            dp += _skewed(prev_v, cur_v, BM, BN)
+            dp = _dot_into(do, v_t, _rotated(prev_v, cur_v, BM, BN), PRECISION, UPCAST)  # (BM,BN)
             prev_v = cur_v
-            low, high = _unskewed(p, BM, BN)  # d VT[c] = sum of p_ij dO_i over the pairs at c
-            _add_rows(DVT, c0 - BN, _dot(tl.trans(low).to(do.dtype), do, PRECISION, UPCAST), S, d, d_ok, D, BN)
-            _add_rows(DVT, c0, _dot(tl.trans(high).to(do.dtype), do, PRECISION, UPCAST), S, d, d_ok, D, BN)
+            rotated = _rotate_back(p, BM, BN)  # d VT[c] = sum of p_ij dO_i over the pairs at c
+            lower = tl.where(r_il >= BN, rotated, rot_p)  # every pair at distances [c0 - BN, c0)
+            rot_p = rotated
+            _add_rows(DVT, c0 - BN, _dot(tl.trans(lower).to(do.dtype), do, PRECISION, UPCAST), S, d, d_ok, D, BN)
+        else:
+            dp = _dot(do, v_t, PRECISION, UPCAST)  # (BM,BN)
         ds = p * (dp - delta[:, None])  # (BM,BN): d loss / d logit
         ds_sum += tl.sum(ds, 1)
         p_sum += tl.sum(p, 1)
         dq += _dot(ds.to(k_t.dtype), tl.trans(k_t), PRECISION, UPCAST)
-        low, high = _unskewed(ds, BM, BN)  # the logit gradient by distance: d qr . R[c]
-        low, high = low.to(qr.dtype), high.to(qr.dtype)
-        dqr += _dot(low, tl.trans(_chunk_t(R, c0 - BN, S, srow, d, d_ok, BN)), PRECISION, UPCAST)
-        dqr += _dot(high, tl.trans(r_t), PRECISION, UPCAST)
-        _add_rows(DR, c0 - BN, _dot(tl.trans(low), qr, PRECISION, UPCAST), S, d, d_ok, D, BN)
-        _add_rows(DR, c0, _dot(tl.trans(high), qr, PRECISION, UPCAST), S, d, d_ok, D, BN)
+        rotated = _rotate_back(ds, BM, BN)  # the logit gradient by distance: d qr . R[c]
+        lower = tl.where(r_il >= BN, rotated, rot_ds).to(qr.dtype)  # every pair at distances [c0 - BN, c0)
+        rot_ds = rotated
+        dqr += _dot(lower, tl.trans(_chunk_t(R, c0 - BN, S, srow, d, d_ok, BN)), PRECISION, UPCAST)
+        _add_rows(DR, c0 - BN, _dot(tl.trans(lower), qr, PRECISION, UPCAST), S, d, d_ok, D, BN)
         k_ptrs += BN * skt
         v_ptrs += BN * svt
-    return dq, dqr, prev, prev_v, ds_sum, p_sum
+    return dq, dqr, prev, prev_v, rot_ds, rot_p, ds_sum, p_sum
+
+
+@triton.jit
+def _dq_last_chunk(dqr, rot_ds, rot_p, qr, do, R, VT, DR, DVT, c0, S, srow, svrow, d, d_ok, HAS_VALUES: tl.constexpr,
+                   D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """After the last tile: its upper part (distances [c0, c0 + BN)) into dQr and the tables' gradients."""
+    BM: tl.constexpr = rot_ds.shape[0]
+    BN: tl.constexpr = rot_ds.shape[1]
+    upper = (tl.arange(0, BM)[:, None] + tl.arange(0, BN)[None, :]) < BN
+    if HAS_VALUES:
+        last = tl.where(upper, rot_p, 0.0)
+        _add_rows(DVT, c0, _dot(tl.trans(last).to(do.dtype), do, PRECISION, UPCAST), S, d, d_ok, D, BN)
+    last = tl.where(upper, rot_ds, 0.0).to(qr.dtype)
+    dqr += _dot(last, tl.trans(_chunk_t(R, c0, S, srow, d, d_ok, BN)), PRECISION, UPCAST)
+    _add_rows(DR, c0, _dot(tl.trans(last), qr, PRECISION, UPCAST), S, d, d_ok, D, BN)
+    return dqr
 
 
 @triton.jit
@@ -364,21 +404,27 @@ def _dq(Q, QR, K, V, DO, LSE, DELTA, DQ_FAR, DQ, DQR, R, VT, DR, DVT, E,
         m0_far = m0 // FBM * FBM
         far = far_keys(c_base + m0 - m0_far, m0_far, TQ, TK, CAUSAL, FBM, FBN)
         dq = tl.load(DQ_FAR + (bh * TQ + i[:, None]) * D + d[None, :], mask=q_mask, other=0.0)
-    prev = _dot(qr, _chunk_t(R, c_base + far - BN, S, srow, d, d_ok, BN), PRECISION, UPCAST) * row_scale
+    bias_scale = row_scale / qk_scale  # the bias enters q . k's product as its accumulator
+    prev = _dot(qr, _chunk_t(R, c_base + far - BN, S, srow, d, d_ok, BN), PRECISION, UPCAST) * bias_scale
     prev_v = tl.zeros((BM, BN), tl.float32)
     if HAS_VALUES:
         prev_v = _dot(do, _chunk_t(VT, c_base + far - BN, S, svrow, d, d_ok, BN), PRECISION, UPCAST)
+    rot_ds = tl.zeros((BM, BN), tl.float32)
+    rot_p = tl.zeros((BM, BN), tl.float32)
     ds_sum = tl.zeros((BM,), tl.float32)
     p_sum = tl.zeros((BM,), tl.float32)
-    dq, dqr, prev, prev_v, ds_sum, p_sum = _dq_tiles(dq, dqr, prev, prev_v, ds_sum, p_sum, q, qr, do, lse, delta,
-                                                     k_ptrs, v_ptrs, R, VT, DR, DVT, i, c_base, far, interior, TQ,
-                                                     TK, S, srow, svrow, qk_scale, row_scale, skt, svt, d, d_ok,
-                                                     CAUSAL, False, HAS_VALUES, D, BN, PRECISION, UPCAST)
-    dq, dqr, prev, prev_v, ds_sum, p_sum = _dq_tiles(dq, dqr, prev, prev_v, ds_sum, p_sum, q, qr, do, lse, delta,
-                                                     k_ptrs, v_ptrs, R, VT, DR, DVT, i, c_base, interior,
-                                                     _key_end(m0, TQ, TK, CAUSAL, BM), TQ, TK, S, srow, svrow,
-                                                     qk_scale, row_scale, skt, svt, d, d_ok, CAUSAL, True, HAS_VALUES,
-                                                     D, BN, PRECISION, UPCAST)
+    dq, dqr, prev, prev_v, rot_ds, rot_p, ds_sum, p_sum = _dq_tiles(
+        dq, dqr, prev, prev_v, rot_ds, rot_p, ds_sum, p_sum, q, qr, do, lse, delta, k_ptrs, v_ptrs, R, VT, DR, DVT, i,
+        c_base, far, interior, TQ, TK, S, srow, svrow, qk_scale, bias_scale, skt, svt, d, d_ok, CAUSAL, False,
+        HAS_VALUES, D, BN, PRECISION, UPCAST)
+    key_end = _key_end(m0, TQ, TK, CAUSAL, BM)
+    dq, dqr, prev, prev_v, rot_ds, rot_p, ds_sum, p_sum = _dq_tiles(
+        dq, dqr, prev, prev_v, rot_ds, rot_p, ds_sum, p_sum, q, qr, do, lse, delta, k_ptrs, v_ptrs, R, VT, DR, DVT, i,
+        c_base, interior, key_end, TQ, TK, S, srow, svrow, qk_scale, bias_scale, skt, svt, d, d_ok, CAUSAL, True,
+        HAS_VALUES, D, BN, PRECISION, UPCAST)
+    end = interior + tl.cdiv(tl.maximum(key_end - interior, 0), BN) * BN  # one past the last tile
+    dqr = _dq_last_chunk(dqr, rot_ds, rot_p, qr, do, R, VT, DR, DVT, c_base + end - BN, S, srow, svrow, d, d_ok,
+                         HAS_VALUES, D, PRECISION, UPCAST)
     if FAR:
         far_ds = tl.where(i_ok & (far > 0), -ds_sum, 0.0)  # (BM,): the far tiles' dS, all at row 0
         dqr += far_ds[:, None] * tl.load(R + d, mask=d_ok, other=0.0).to(tl.float32)[None, :]
