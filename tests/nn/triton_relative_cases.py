@@ -59,9 +59,12 @@ CASES = {  # name: (B, H, Hkv, Tq, Tk, S, causal, shared table and values (Shaw)
     # several relative blocks each, the near blocks past their own far tiles start where the far block's end
     # (e differs per batch row), and T is no multiple of any tile
     "shaw_far_blocks": (1, 1, 1, 260, 260, 9, True, True),
+    # at the GPU's tiles (64 x 64 forward, 32 x 32 backward): products carried across key tiles and the dQ's table
+    # gradient flushed a chunk behind, ragged at both ends
+    "xl_gpu_tiles": (1, 2, 1, 150, 150, 299, True, False),
 }
-DTYPES = [(case, torch.float32) for case in CASES if case != "shaw_far_blocks"] + [("xl_after_cache_gqa",
-                                                                                       torch.bfloat16)]
+DTYPES = [(case, torch.float32) for case in CASES if case not in ("shaw_far_blocks", "xl_gpu_tiles")] + [
+    ("xl_after_cache_gqa", torch.bfloat16)]
 
 
 def _case(case, dtype, dim=DIM):
@@ -116,7 +119,7 @@ def test_relative_kernel_equals_the_float64_formula_with_gradients(case, dtype):
     _check(case, dtype, out, leaves, params, e, causal, shaw)
 
 
-@pytest.mark.parametrize("case", ["shaw_encoder", "xl_after_cache_gqa", "shaw_far_blocks"])
+@pytest.mark.parametrize("case", ["shaw_encoder", "xl_after_cache_gqa", "shaw_far_blocks", "xl_gpu_tiles"])
 def test_gpu_tiles_equal_the_float64_formula_with_gradients(case, monkeypatch):
     """The tiles a GPU launches (attention.TILES at bf16) instead of the interpreter's 16 x 16."""
     gpu_tiles(monkeypatch)
@@ -186,6 +189,7 @@ def test_far_passes_tiles_hold_whole_relative_tiles_wherever_served():
     served = [(dim, dtype) for (kernel, dim, dtype) in attention.TILES if kernel == "relative_forward"]
     assert served
     for dim, dtype in served:
-        for near, far in (("relative_forward", "forward"), ("relative_dkdv", "dkdv"), ("relative_dq", "dq")):
+        for near, far in (("relative_values_forward", "forward"), ("relative_values_dkdv", "dkdv"),
+                          ("relative_values_dq", "dq")):
             n, f = attention.TILES[near, dim, dtype], attention.TILES[far, dim, dtype]
             assert f.bm % n.bm == 0 and f.bn % n.bn == 0, (near, dim, dtype, n, f)

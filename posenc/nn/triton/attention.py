@@ -53,18 +53,37 @@ class Tiles(NamedTuple):
 #   dq tiles below, relative_far_kernels.py, whose blocks must hold whole blocks of these.)
 #   float32 (TF32): Dh 64 forward 16x32 4 warps 197/0; dq and dkdv 16x32 8 warps 255/0 and 226/0; Dh 128: dq and
 #          dkdv spill 200-248 B: not served.
+# Since the bias enters q . k's product as its accumulator and each skew is one gather (relative_kernels.py), at
+# bf16 Dh 64, registers / spilled bytes / loop instructions, and instructions per pair of keys and warp (row
+# kernel's forward 0.35): Transformer-XL forward 64x64 8 warps 251/0/561 (1.10; 32x32 8 warps 2.19, 64x64 4 warps
+# 224 B spilled), dkdv 32x32 4 warps 223/0/334 (1.31), dq 32x32 4 warps 255/0/625 (2.44; 16x32 4.00); Shaw (the
+# value table: more registers) forward 32x32 4 warps 255/0/496 (1.94; 64x64 spills 168-448 B), dkdv 32x32 4 warps
+# 255/0/466, dq 16x32 4 warps 255/0/879 (32x32: 248 B). Dh 128: Transformer-XL forward 32x32 8 warps 182/0/375
+# (64x64 8 warps: 176 B), dkdv 32x32 8 warps 186/0/398, dq 32x32 8 warps 255/0/657; Shaw forward 32x32 8 warps
+# 254/0/491 (4 warps: 64 B), dkdv 16x32 8 warps 219/0/417 (32x32: 24 B), dq 16x32 8 warps 254/0/874 (32x32: 248 B).
+# TF32 Dh 64, Transformer-XL: forward 32x32 4 warps 226/0/450 (1.76 against 16x32's 2.61), dq 32x32 8 warps
+# 234/0/630. Shaw's kernels are keyed relative_values_*.
 RELATIVE_BY_HEAD_DIM = {
-    "relative_forward": {16: Tiles(32, 32, 8, 2), 32: Tiles(32, 32, 8, 2), 64: Tiles(32, 32, 8, 2),
+    "relative_forward": {16: Tiles(64, 64, 8, 2), 32: Tiles(64, 64, 8, 2), 64: Tiles(64, 64, 8, 2),
                          128: Tiles(32, 32, 8, 2)},
     "relative_dkdv": {16: Tiles(32, 32, 4, 2), 32: Tiles(32, 32, 4, 2), 64: Tiles(32, 32, 4, 2),
-                      128: Tiles(16, 32, 8, 2)},
-    "relative_dq": {16: Tiles(16, 32, 4, 2), 32: Tiles(16, 32, 4, 2), 64: Tiles(16, 32, 4, 2),
-                    128: Tiles(16, 32, 8, 2)},
+                      128: Tiles(32, 32, 8, 2)},
+    "relative_dq": {16: Tiles(32, 32, 4, 2), 32: Tiles(32, 32, 4, 2), 64: Tiles(32, 32, 4, 2),
+                    128: Tiles(32, 32, 8, 2)},
+    "relative_values_forward": {16: Tiles(32, 32, 4, 2), 32: Tiles(32, 32, 4, 2), 64: Tiles(32, 32, 4, 2),
+                                128: Tiles(32, 32, 8, 2)},
+    "relative_values_dkdv": {16: Tiles(32, 32, 4, 2), 32: Tiles(32, 32, 4, 2), 64: Tiles(32, 32, 4, 2),
+                             128: Tiles(16, 32, 8, 2)},
+    "relative_values_dq": {16: Tiles(16, 32, 4, 2), 32: Tiles(16, 32, 4, 2), 64: Tiles(16, 32, 4, 2),
+                           128: Tiles(16, 32, 8, 2)},
 }
 RELATIVE_FP32_BY_HEAD_DIM = {
-    "relative_forward": dict.fromkeys((16, 32, 64), Tiles(16, 32, 4, 1)),
+    "relative_forward": dict.fromkeys((16, 32, 64), Tiles(32, 32, 4, 1)),
     "relative_dkdv": dict.fromkeys((16, 32, 64), Tiles(16, 32, 8, 1)),
-    "relative_dq": dict.fromkeys((16, 32, 64), Tiles(16, 32, 8, 1)),
+    "relative_dq": dict.fromkeys((16, 32, 64), Tiles(32, 32, 8, 1)),
+    "relative_values_forward": dict.fromkeys((16, 32, 64), Tiles(16, 32, 4, 1)),
+    "relative_values_dkdv": dict.fromkeys((16, 32, 64), Tiles(16, 32, 8, 1)),
+    "relative_values_dq": dict.fromkeys((16, 32, 64), Tiles(16, 32, 8, 1)),
 }
 # (kernel, padded head dim) -> Tiles on a GPU, chosen by the static table (benchmarks/gpu_static.py, BENCHMARKS-gpu.md):
 # the largest tiles that spill no register in bf16/fp16 and fit the H100's 227 KB of shared memory per block, the

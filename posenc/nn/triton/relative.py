@@ -26,7 +26,9 @@ from posenc.nn.triton.attention import Tiles, _bhd, _check_sizes, _dense_last, _
 from posenc.nn.triton.attention_kernels import LOG2E
 from posenc.scheme import RelativeTable
 
-KERNELS = ("relative_forward", "relative_dkdv", "relative_dq", "forward", "dkdv", "dq")  # the far passes: the last 3
+# Transformer-XL's kernels, Shaw's (the value table: its own tiles), and the far passes (the row kernel's tiles)
+KERNELS = ("relative_forward", "relative_dkdv", "relative_dq", "relative_values_forward", "relative_values_dkdv",
+           "relative_values_dq", "forward", "dkdv", "dq")
 
 
 def serves(q: Tensor) -> bool:
@@ -39,6 +41,11 @@ def _tiles(kernel: str, q: Tensor) -> Tiles:
     return attention.tiles(kernel, q.shape[-1], q.device, q.dtype)
 
 
+def _relative_tiles(kernel: str, q: Tensor, has_values: bool) -> Tiles:
+    """relative_<kernel>, or relative_values_<kernel> for a value table (Shaw: more registers, smaller tiles)."""
+    return _tiles(f"relative_{'values_' if has_values else ''}{kernel}", q)
+
+
 class _RelativeAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, qc: Tensor, qr: Tensor, k: Tensor, v: Tensor, table: Tensor, values: Tensor | None, e: Tensor,
@@ -47,13 +54,13 @@ class _RelativeAttention(torch.autograd.Function):
         table = table.contiguous()
         _check_sizes(qc, k, v)
         b, h, tq, d = qc.shape
-        t = _tiles("relative_forward", qc)
         has_values = values is not None
+        t = _relative_tiles("forward", qc, has_values)
         far = table.shape[1] < tq + k.shape[2] - 1  # a clipped table: whole tiles read its row 0
         vt = values.contiguous() if has_values else table[0]
         out = torch.empty_like(qc, memory_format=torch.contiguous_format)  # (B,H,Tq,Dh)
         lse = torch.empty(b, h, tq, device=qc.device, dtype=torch.float32)  # base 2
-        f = _far_tiles("forward", t, qc)
+        f = _far_tiles("forward", t, qc) if far else t
         o_far, lse_far = out, lse  # unread without far tiles
         if far:  # the far tiles first, at the row kernel's tiles: O (float32) and LSE without the row's bias
             o_far = torch.empty(b, h, tq, d, device=qc.device, dtype=torch.float32)
@@ -87,8 +94,8 @@ class _RelativeAttention(torch.autograd.Function):
         kv_dtype = k.dtype if group == 1 else torch.float32
         dk_heads = torch.empty(b, h, tk, d, device=qc.device, dtype=kv_dtype)
         dv_heads = torch.empty(b, h, tk, d, device=qc.device, dtype=kv_dtype)
-        t = _tiles("relative_dkdv", qc)
-        f = _far_tiles("dkdv", t, qc)
+        t = _relative_tiles("dkdv", qc, ctx.has_values)
+        f = _far_tiles("dkdv", t, qc) if ctx.far else t
         dk_far, dv_far = dk_heads, dv_heads  # unread without far tiles
         if ctx.far:  # the far query tiles at the row kernel's tiles: dK (before the scale), dV in float32
             dk_far, dv_far = (torch.empty(b, h, tk, d, device=qc.device, dtype=torch.float32) for _ in "kv")
@@ -103,12 +110,12 @@ class _RelativeAttention(torch.autograd.Function):
         if group > 1:
             dk = dk_heads.view(b, hkv, group, tk, d).sum(2).to(k.dtype)
             dv = dv_heads.view(b, hkv, group, tk, d).sum(2).to(v.dtype)
-        t = _tiles("relative_dq", qc)
+        t = _relative_tiles("dq", qc, ctx.has_values)
         dtable = torch.zeros(h, length, d, device=qc.device, dtype=torch.float32)  # per query head, then summed
         dvalues = torch.zeros(h if ctx.has_values else 1, length, d, device=qc.device, dtype=torch.float32)
         dqc = torch.empty(b, h, tq, d, device=qc.device, dtype=qc.dtype)
         dqr = torch.empty(b, h, tq, d, device=qc.device, dtype=torch.float32)
-        f = _far_tiles("dq", t, qc)
+        f = _far_tiles("dq", t, qc) if ctx.far else t
         dq_far = dqr  # unread without far tiles
         if ctx.far:  # the far key tiles at the row kernel's tiles: dQ before the scale, float32
             dq_far = torch.empty(b, h, tq, d, device=qc.device, dtype=torch.float32)
