@@ -62,28 +62,31 @@ class Tiles(NamedTuple):
 # (64x64 8 warps: 176 B), dkdv 32x32 8 warps 186/0/398, dq 32x32 8 warps 255/0/657; Shaw forward 32x32 8 warps
 # 254/0/491 (4 warps: 64 B), dkdv 16x32 8 warps 219/0/417 (32x32: 24 B), dq 16x32 8 warps 254/0/874 (32x32: 248 B).
 # TF32 Dh 64, Transformer-XL: forward 32x32 4 warps 226/0/450 (1.76 against 16x32's 2.61), dq 32x32 8 warps
-# 234/0/630. Shaw's kernels are keyed relative_values_*.
+# 234/0/630; Shaw forward 32x32 4 warps 255/0/724 (16x32 4 warps: 8 B spilled). Shaw's kernels are keyed
+# relative_values_*. Dh 32 (and TF32 Dh 16), where dQ spilled before these changes too (Shaw 128 B at bf16, 216 B at
+# TF32 Dh 32): Shaw dK/dV 32x32 8 warps 255/0, Shaw dQ 16x32 8 warps 40 B (TF32: 176 B at Dh 32, 24 B at 16),
+# Transformer-XL dQ 16x32 4 warps 255/0 (TF32: 8 B, as before).
 RELATIVE_BY_HEAD_DIM = {
     "relative_forward": {16: Tiles(64, 64, 8, 2), 32: Tiles(64, 64, 8, 2), 64: Tiles(64, 64, 8, 2),
                          128: Tiles(32, 32, 8, 2)},
     "relative_dkdv": {16: Tiles(32, 32, 4, 2), 32: Tiles(32, 32, 4, 2), 64: Tiles(32, 32, 4, 2),
                       128: Tiles(32, 32, 8, 2)},
-    "relative_dq": {16: Tiles(32, 32, 4, 2), 32: Tiles(32, 32, 4, 2), 64: Tiles(32, 32, 4, 2),
+    "relative_dq": {16: Tiles(32, 32, 4, 2), 32: Tiles(16, 32, 4, 2), 64: Tiles(32, 32, 4, 2),
                     128: Tiles(32, 32, 8, 2)},
     "relative_values_forward": {16: Tiles(32, 32, 4, 2), 32: Tiles(32, 32, 4, 2), 64: Tiles(32, 32, 4, 2),
                                 128: Tiles(32, 32, 8, 2)},
-    "relative_values_dkdv": {16: Tiles(32, 32, 4, 2), 32: Tiles(32, 32, 4, 2), 64: Tiles(32, 32, 4, 2),
+    "relative_values_dkdv": {16: Tiles(32, 32, 4, 2), 32: Tiles(32, 32, 8, 2), 64: Tiles(32, 32, 4, 2),
                              128: Tiles(16, 32, 8, 2)},
-    "relative_values_dq": {16: Tiles(16, 32, 4, 2), 32: Tiles(16, 32, 4, 2), 64: Tiles(16, 32, 4, 2),
+    "relative_values_dq": {16: Tiles(16, 32, 4, 2), 32: Tiles(16, 32, 8, 2), 64: Tiles(16, 32, 4, 2),
                            128: Tiles(16, 32, 8, 2)},
 }
 RELATIVE_FP32_BY_HEAD_DIM = {
     "relative_forward": dict.fromkeys((16, 32, 64), Tiles(32, 32, 4, 1)),
     "relative_dkdv": dict.fromkeys((16, 32, 64), Tiles(16, 32, 8, 1)),
-    "relative_dq": dict.fromkeys((16, 32, 64), Tiles(32, 32, 8, 1)),
-    "relative_values_forward": dict.fromkeys((16, 32, 64), Tiles(16, 32, 4, 1)),
+    "relative_dq": {16: Tiles(32, 32, 8, 1), 32: Tiles(16, 32, 8, 1), 64: Tiles(32, 32, 8, 1)},
+    "relative_values_forward": dict.fromkeys((16, 32, 64), Tiles(32, 32, 4, 1)),
     "relative_values_dkdv": dict.fromkeys((16, 32, 64), Tiles(16, 32, 8, 1)),
-    "relative_values_dq": dict.fromkeys((16, 32, 64), Tiles(16, 32, 8, 1)),
+    "relative_values_dq": {16: Tiles(16, 32, 8, 1), 32: Tiles(16, 32, 8, 2), 64: Tiles(16, 32, 8, 1)},
 }
 # (kernel, padded head dim) -> Tiles on a GPU, chosen by the static table (benchmarks/gpu_static.py, BENCHMARKS-gpu.md):
 # the largest tiles that spill no register in bf16/fp16 and fit the H100's 227 KB of shared memory per block, the
