@@ -57,7 +57,8 @@ class Tiles(NamedTuple):
 # bf16 Dh 64, registers / spilled bytes / loop instructions, and instructions per pair of keys and warp (row
 # kernel's forward 0.35): Transformer-XL forward 64x64 4 warps 1 stage 255/0/736 (0.72; its gather index kept in
 # the loop, relative_kernels._opaque_zero; 8 warps 1.10: the products' M = 64 idles half of them; 32x32 2.19; Dh 16
-# and 32: 0.59, 0.63), dkdv 32x32 4 warps 223/0/334 (1.31), dq 32x32 4 warps 255/0/625 (2.44; 16x32 4.00); Shaw (the
+# and 32: 0.59, 0.63), dkdv 32x32 4 warps 223/0/334 (1.31), dq 32x32 4 warps 1 stage 253/0/603 (2.36; 2 stages 2.44;
+# 16x32 4.00; _opaque_zero does not help the backward); Shaw (the
 # value table: more registers) forward 32x32 4 warps 255/0/496 (1.94; 64x64 spills 168-448 B), dkdv 32x32 4 warps
 # 255/0/466, dq 16x32 4 warps 255/0/879 (32x32: 248 B). Dh 128: Transformer-XL forward 32x32 8 warps 182/0/375
 # (64x64 8 warps: 176 B), dkdv 32x32 8 warps 186/0/398, dq 32x32 8 warps 255/0/657; Shaw forward 32x32 8 warps
@@ -73,7 +74,7 @@ RELATIVE_BY_HEAD_DIM = {
                          128: Tiles(32, 32, 8, 2)},
     "relative_dkdv": {16: Tiles(32, 32, 4, 2), 32: Tiles(32, 32, 4, 2), 64: Tiles(32, 32, 4, 2),
                       128: Tiles(32, 32, 8, 2)},
-    "relative_dq": {16: Tiles(32, 32, 4, 2), 32: Tiles(16, 32, 4, 2), 64: Tiles(32, 32, 4, 2),
+    "relative_dq": {16: Tiles(32, 32, 4, 2), 32: Tiles(16, 32, 4, 2), 64: Tiles(32, 32, 4, 1),
                     128: Tiles(32, 32, 8, 2)},
     "relative_values_forward": {16: Tiles(32, 32, 4, 2), 32: Tiles(32, 32, 4, 2), 64: Tiles(32, 32, 4, 2),
                                 128: Tiles(32, 32, 8, 2)},
