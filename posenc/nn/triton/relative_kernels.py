@@ -302,27 +302,34 @@ def _dkdv(Q, QR, K, V, DO, LSE, DELTA, DK_FAR, DV_FAR, DK, DV, R, VT, E,
 
 
 @triton.jit
-def _add_rows(G, c0, x, S, d, d_ok, D: tl.constexpr, BN: tl.constexpr):
-    """G[clamp(c0 + t, 0, S - 1)] += x[t] (x (BN,BD) float32, G rows of D floats): rows inside the table with one
-    atomic add of distinct addresses, the rows past either end summed first (they all read the end row)."""
+def _add_rows(G, c0, x, S, d, d_ok, D: tl.constexpr, BN: tl.constexpr, CLIPPED: tl.constexpr):
+    """G[clamp(c0 + t, 0, S - 1)] += x[t] (x (BN,BD) float32, G rows of D floats). CLIPPED (a table shorter than
+    the distances, whose end rows many pairs read): rows inside the table with one atomic add of distinct
+    addresses, the rows past either end summed across the tile first. Otherwise (the end rows read by few pairs or
+    none: Transformer-XL's table spans every distance, the pairs past its ends lie outside the mask and add 0) each
+    row adds at its clamped address: no reductions across the tile, the same sums."""
     c = c0 + tl.arange(0, BN)
-    tl.atomic_add(G + c[:, None] * D + d[None, :], x, mask=((c >= 0) & (c < S))[:, None] & d_ok[None, :],
-                  sem="relaxed")
-    below = tl.sum(tl.where((c < 0)[:, None], x, 0.0), 0)  # (BD,)
-    above = tl.sum(tl.where((c >= S)[:, None], x, 0.0), 0)
-    tl.atomic_add(G + d, below, mask=d_ok & (c0 < 0), sem="relaxed")
-    tl.atomic_add(G + (S - 1) * D + d, above, mask=d_ok & (c0 + BN > S), sem="relaxed")
+    if CLIPPED:
+        tl.atomic_add(G + c[:, None] * D + d[None, :], x, mask=((c >= 0) & (c < S))[:, None] & d_ok[None, :],
+                      sem="relaxed")
+        below = tl.sum(tl.where((c < 0)[:, None], x, 0.0), 0)  # (BD,)
+        above = tl.sum(tl.where((c >= S)[:, None], x, 0.0), 0)
+        tl.atomic_add(G + d, below, mask=d_ok & (c0 < 0), sem="relaxed")
+        tl.atomic_add(G + (S - 1) * D + d, above, mask=d_ok & (c0 + BN > S), sem="relaxed")
+    else:
+        c = tl.minimum(tl.maximum(c, 0), S - 1)
+        tl.atomic_add(G + c[:, None] * D + d[None, :], x, mask=d_ok[None, :], sem="relaxed")
 
 
 @triton.jit
 def _dq_tiles(dq, dqr, prev, prev_v, rot_ds, rot_p, ds_sum, p_sum, q, qr, do, lse, delta, k_ptrs, v_ptrs, R, VT, DR,
               DVT, i, c_base, n_start, n_end, TQ, TK, S, srow, svrow, qk_scale, bias_scale, skt, svt, d, d_ok,
-              CAUSAL: tl.constexpr, MASKED: tl.constexpr, HAS_VALUES: tl.constexpr, D: tl.constexpr, BN: tl.constexpr,
-              PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+              CAUSAL: tl.constexpr, MASKED: tl.constexpr, HAS_VALUES: tl.constexpr, FAR: tl.constexpr,
+              D: tl.constexpr, BN: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """Key tiles [n_start, n_end) of one query block: dQc, dQr, and the tables' gradients (atomics into DR, DVT);
-    ds_sum, p_sum: the rows' sums of dS and p over these tiles. prev, prev_v: the last chunk products (qr . R in
-    units of qk_scale, dO . VT); rot_ds, rot_p: the last tile's dS and p rotated by distance (_unrotated's gather),
-    whose upper part reads the chunk this tile's lower part reads: the two meet in one product per tile."""
+    ds_sum, p_sum (FAR: a clipped table): the rows' sums of dS and p over these tiles. prev, prev_v: the last chunk
+    products (qr . R in units of qk_scale, dO . VT); rot_ds, rot_p: the last tile's dS and p rotated by distance
+    (_rotate_back), whose upper part reads the chunk this tile's lower part reads: one product per tile for both."""
     BM: tl.constexpr = q.shape[0]
     r_il = tl.arange(0, BM)[:, None] + tl.arange(0, BN)[None, :]  # il + t: >= BN is this tile's lower chunk
     k_ptrs += n_start * skt
@@ -342,18 +349,19 @@ def _dq_tiles(dq, dqr, prev, prev_v, rot_ds, rot_p, ds_sum, p_sum, q, qr, do, ls
             rotated = _rotate_back(p, BM, BN)  # d VT[c] = sum of p_ij dO_i over the pairs at c
             lower = tl.where(r_il >= BN, rotated, rot_p)  # every pair at distances [c0 - BN, c0)
             rot_p = rotated
-            _add_rows(DVT, c0 - BN, _dot(tl.trans(lower).to(do.dtype), do, PRECISION, UPCAST), S, d, d_ok, D, BN)
+            _add_rows(DVT, c0 - BN, _dot(tl.trans(lower).to(do.dtype), do, PRECISION, UPCAST), S, d, d_ok, D, BN, FAR)
         else:
             dp = _dot(do, v_t, PRECISION, UPCAST)  # (BM,BN)
         ds = p * (dp - delta[:, None])  # (BM,BN): d loss / d logit
-        ds_sum += tl.sum(ds, 1)
-        p_sum += tl.sum(p, 1)
+        if FAR:
+            ds_sum += tl.sum(ds, 1)
+            p_sum += tl.sum(p, 1)
         dq += _dot(ds.to(k_t.dtype), tl.trans(k_t), PRECISION, UPCAST)
         rotated = _rotate_back(ds, BM, BN)  # the logit gradient by distance: d qr . R[c]
         lower = tl.where(r_il >= BN, rotated, rot_ds).to(qr.dtype)  # every pair at distances [c0 - BN, c0)
         rot_ds = rotated
         dqr += _dot(lower, tl.trans(_chunk_t(R, c0 - BN, S, srow, d, d_ok, BN)), PRECISION, UPCAST)
-        _add_rows(DR, c0 - BN, _dot(tl.trans(lower), qr, PRECISION, UPCAST), S, d, d_ok, D, BN)
+        _add_rows(DR, c0 - BN, _dot(tl.trans(lower), qr, PRECISION, UPCAST), S, d, d_ok, D, BN, FAR)
         k_ptrs += BN * skt
         v_ptrs += BN * svt
     return dq, dqr, prev, prev_v, rot_ds, rot_p, ds_sum, p_sum
@@ -361,17 +369,17 @@ def _dq_tiles(dq, dqr, prev, prev_v, rot_ds, rot_p, ds_sum, p_sum, q, qr, do, ls
 
 @triton.jit
 def _dq_last_chunk(dqr, rot_ds, rot_p, qr, do, R, VT, DR, DVT, c0, S, srow, svrow, d, d_ok, HAS_VALUES: tl.constexpr,
-                   D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+                   FAR: tl.constexpr, D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """After the last tile: its upper part (distances [c0, c0 + BN)) into dQr and the tables' gradients."""
     BM: tl.constexpr = rot_ds.shape[0]
     BN: tl.constexpr = rot_ds.shape[1]
     upper = (tl.arange(0, BM)[:, None] + tl.arange(0, BN)[None, :]) < BN
     if HAS_VALUES:
         last = tl.where(upper, rot_p, 0.0)
-        _add_rows(DVT, c0, _dot(tl.trans(last).to(do.dtype), do, PRECISION, UPCAST), S, d, d_ok, D, BN)
+        _add_rows(DVT, c0, _dot(tl.trans(last).to(do.dtype), do, PRECISION, UPCAST), S, d, d_ok, D, BN, FAR)
     last = tl.where(upper, rot_ds, 0.0).to(qr.dtype)
     dqr += _dot(last, tl.trans(_chunk_t(R, c0, S, srow, d, d_ok, BN)), PRECISION, UPCAST)
-    _add_rows(DR, c0, _dot(tl.trans(last), qr, PRECISION, UPCAST), S, d, d_ok, D, BN)
+    _add_rows(DR, c0, _dot(tl.trans(last), qr, PRECISION, UPCAST), S, d, d_ok, D, BN, FAR)
     return dqr
 
 
@@ -430,15 +438,15 @@ def _dq(Q, QR, K, V, DO, LSE, DELTA, DQ_FAR, DQ, DQR, R, VT, DR, DVT, E,
     dq, dqr, prev, prev_v, rot_ds, rot_p, ds_sum, p_sum = _dq_tiles(
         dq, dqr, prev, prev_v, rot_ds, rot_p, ds_sum, p_sum, q, qr, do, lse, delta, k_ptrs, v_ptrs, R, VT, DR, DVT, i,
         c_base, far, interior, TQ, TK, S, srow, svrow, qk_scale, bias_scale, skt, svt, d, d_ok, CAUSAL, False,
-        HAS_VALUES, D, BN, PRECISION, UPCAST)
+        HAS_VALUES, FAR, D, BN, PRECISION, UPCAST)
     key_end = _key_end(m0, TQ, TK, CAUSAL, BM)
     dq, dqr, prev, prev_v, rot_ds, rot_p, ds_sum, p_sum = _dq_tiles(
         dq, dqr, prev, prev_v, rot_ds, rot_p, ds_sum, p_sum, q, qr, do, lse, delta, k_ptrs, v_ptrs, R, VT, DR, DVT, i,
         c_base, interior, key_end, TQ, TK, S, srow, svrow, qk_scale, bias_scale, skt, svt, d, d_ok, CAUSAL, True,
-        HAS_VALUES, D, BN, PRECISION, UPCAST)
+        HAS_VALUES, FAR, D, BN, PRECISION, UPCAST)
     end = interior + tl.cdiv(tl.maximum(key_end - interior, 0), BN) * BN  # one past the last tile
     dqr = _dq_last_chunk(dqr, rot_ds, rot_p, qr, do, R, VT, DR, DVT, c_base + end - BN, S, srow, svrow, d, d_ok,
-                         HAS_VALUES, D, PRECISION, UPCAST)
+                         HAS_VALUES, FAR, D, PRECISION, UPCAST)
     if FAR:
         far_ds = tl.where(i_ok & (far > 0), -ds_sum, 0.0)  # (BM,): the far tiles' dS, all at row 0
         dqr += far_ds[:, None] * tl.load(R + d, mask=d_ok, other=0.0).to(tl.float32)[None, :]
