@@ -55,8 +55,16 @@ CASES = {  # name: (B, H, Hkv, Tq, Tk, S, causal, shared table and values (Shaw)
     "shaw_causal_rows_apart": (2, 1, 1, 32, 32, 9, True, True),  # whole tiles at row 0 (FAR) at 16 x 16
     "shaw_encoder": (1, 1, 1, 20, 20, 5, False, True),
     "xl_after_cache_gqa": (1, 2, 1, 9, 33, 42, True, False),
+    # at the GPU's tiles: far passes at the row kernel's tiles (128 x 64 forward, 64 x 128 dK/dV, 128 x 32 dQ) hold
+    # several relative blocks each, the near blocks past their own far tiles start where the far block's end
+    # (e differs per batch row), and T is no multiple of any tile
+    "shaw_far_blocks": (1, 1, 1, 260, 260, 9, True, True),
+    # at the GPU's tiles (64 x 64 forward, 32 x 32 backward): products carried across key tiles and the dQ's table
+    # gradient flushed a chunk behind, ragged at both ends
+    "xl_gpu_tiles": (1, 2, 1, 150, 150, 299, True, False),
 }
-DTYPES = [(case, torch.float32) for case in CASES] + [("xl_after_cache_gqa", torch.bfloat16)]
+DTYPES = [(case, torch.float32) for case in CASES if case not in ("shaw_far_blocks", "xl_gpu_tiles")] + [
+    ("xl_after_cache_gqa", torch.bfloat16)]
 
 
 def _case(case, dtype, dim=DIM):
@@ -111,9 +119,9 @@ def test_relative_kernel_equals_the_float64_formula_with_gradients(case, dtype):
     _check(case, dtype, out, leaves, params, e, causal, shaw)
 
 
-@pytest.mark.parametrize("case", ["shaw_encoder", "xl_after_cache_gqa"])
+@pytest.mark.parametrize("case", ["shaw_encoder", "xl_after_cache_gqa", "shaw_far_blocks", "xl_gpu_tiles"])
 def test_gpu_tiles_equal_the_float64_formula_with_gradients(case, monkeypatch):
-    """The tiles a GPU launches (64 x 64 forward; 32 x 64 backward) instead of the interpreter's 16 x 16."""
+    """The tiles a GPU launches (attention.TILES at bf16) instead of the interpreter's 16 x 16."""
     gpu_tiles(monkeypatch)
     leaves, params, e, causal, shaw = _case(case, torch.float32, dim=32)
     out = relative.attend_relative(*leaves, _relative(params, shaw), e, causal)
@@ -171,3 +179,17 @@ def test_a_table_for_other_heads_is_refused_in_one_line():
     leaves, params, e, causal, _ = _case("xl_after_cache_gqa", torch.float32)
     with pytest.raises(ValueError, match="relative table"):
         relative.attend_relative(*leaves, RelativeTable(params[0][:, :, :8], 0, 1.0), e, causal)
+
+
+def test_far_passes_tiles_hold_whole_relative_tiles_wherever_served():
+    """Shaw's far passes run at the row kernel's tiles; a relative program recomputes the far block holding its
+    own, so each far tile must be a whole number of relative tiles at every head dim and dtype the GPU serves."""
+    from posenc.nn.triton import attention
+
+    served = [(dim, dtype) for (kernel, dim, dtype) in attention.TILES if kernel == "relative_forward"]
+    assert served
+    for dim, dtype in served:
+        for near, far in (("relative_values_forward", "forward"), ("relative_values_dkdv", "dkdv"),
+                          ("relative_values_dq", "dq")):
+            n, f = attention.TILES[near, dim, dtype], attention.TILES[far, dim, dtype]
+            assert f.bm % n.bm == 0 and f.bn % n.bn == 0, (near, dim, dtype, n, f)

@@ -49,20 +49,46 @@ class Tiles(NamedTuple):
 #   Dh 128: forward 32x32 8 warps 191/0 and 170/0 (4 warps: 255/40); dq 16x32 8 warps 252/0 and 246/0; dkdv
 #          32x32 8 warps 255/8 (Shaw); 16x32 8 warps 194/0 and 164/0
 #   Dh 256: the smallest tiles (16x16, 8 warps) spill 16-112 B in Shaw's dQ and dK/dV: not served (no entry).
+#   (the far loop of those sweeps left the programs since: Shaw's far tiles run at the row kernel's forward, dkdv and
+#   dq tiles below, relative_far_kernels.py, whose blocks must hold whole blocks of these.)
 #   float32 (TF32): Dh 64 forward 16x32 4 warps 197/0; dq and dkdv 16x32 8 warps 255/0 and 226/0; Dh 128: dq and
 #          dkdv spill 200-248 B: not served.
+# Since the bias enters q . k's product as its accumulator and each skew is one gather (relative_kernels.py), at bf16
+# Dh 64, registers / spilled bytes / loop instructions, and instructions per pair of keys and warp (row kernel's
+# forward 0.35): Transformer-XL forward 64x64 4 warps 1 stage 255/0/736 (0.72; its gather index kept in the loop,
+# relative_kernels._opaque_zero; 8 warps 1.10: the products' M = 64 idles half of them; 32x32 2.19; Dh 16 and 32:
+# 0.59, 0.63), dkdv 32x32 4 warps 223/0/334 (1.31), dq 32x32 4 warps 1 stage 246/0/450 (1.76: a table over every
+# distance flushed without reductions, _add_rows; 16x32 4.00 before that; _opaque_zero does not help here); Shaw (the
+# value table: more registers) forward 32x32 4 warps 255/0/496 (1.94; 64x64 spills 168-448 B), dkdv 32x32 4 warps
+# 255/0/466, dq 16x32 4 warps 255/0/879 (32x32: 248 B). Dh 128: Transformer-XL forward 32x32 8 warps 182/0/375 (64x64
+# 8 warps: 176 B; 4 warps: 296 B), dkdv 32x32 8 warps 186/0/398, dq 32x32 8 warps 1 stage 246/0/473; Shaw forward
+# 32x32 8 warps 254/0/491 (4 warps: 64 B), dkdv 16x32 8 warps 219/0/417 (32x32: 24 B), dq 16x32 8 warps 254/0/874
+# (32x32: 248 B). TF32 Dh 64, Transformer-XL: forward 32x32 4 warps 226/0/450 (1.76 against 16x32's 2.61), dq 32x32 8
+# warps 234/0/630; Shaw forward 32x32 4 warps 255/0/724 (16x32 4 warps: 8 B spilled). Shaw's kernels are keyed
+# relative_values_*. Dh 32 (and TF32 Dh 16), where dQ spilled before these changes too (Shaw 128 B at bf16, 216 B at
+# TF32 Dh 32): Shaw dK/dV 32x32 8 warps 255/0, Shaw dQ 16x32 8 warps 40 B (TF32: 176 B at Dh 32, 24 B at 16),
+# Transformer-XL dQ 16x32 4 warps 255/0 (TF32: 8 B, as before).
 RELATIVE_BY_HEAD_DIM = {
-    "relative_forward": {16: Tiles(32, 32, 8, 2), 32: Tiles(32, 32, 8, 2), 64: Tiles(32, 32, 8, 2),
+    "relative_forward": {16: Tiles(64, 64, 4, 1), 32: Tiles(64, 64, 4, 1), 64: Tiles(64, 64, 4, 1),
                          128: Tiles(32, 32, 8, 2)},
     "relative_dkdv": {16: Tiles(32, 32, 4, 2), 32: Tiles(32, 32, 4, 2), 64: Tiles(32, 32, 4, 2),
-                      128: Tiles(16, 32, 8, 2)},
-    "relative_dq": {16: Tiles(16, 32, 4, 2), 32: Tiles(16, 32, 4, 2), 64: Tiles(16, 32, 4, 2),
-                    128: Tiles(16, 32, 8, 2)},
+                      128: Tiles(32, 32, 8, 2)},
+    "relative_dq": {16: Tiles(32, 32, 4, 2), 32: Tiles(16, 32, 4, 2), 64: Tiles(32, 32, 4, 1),
+                    128: Tiles(32, 32, 8, 1)},
+    "relative_values_forward": {16: Tiles(32, 32, 4, 2), 32: Tiles(32, 32, 4, 2), 64: Tiles(32, 32, 4, 2),
+                                128: Tiles(32, 32, 8, 2)},
+    "relative_values_dkdv": {16: Tiles(32, 32, 4, 2), 32: Tiles(32, 32, 8, 2), 64: Tiles(32, 32, 4, 2),
+                             128: Tiles(16, 32, 8, 2)},
+    "relative_values_dq": {16: Tiles(16, 32, 4, 2), 32: Tiles(16, 32, 8, 2), 64: Tiles(16, 32, 4, 2),
+                           128: Tiles(16, 32, 8, 2)},
 }
 RELATIVE_FP32_BY_HEAD_DIM = {
-    "relative_forward": dict.fromkeys((16, 32, 64), Tiles(16, 32, 4, 1)),
+    "relative_forward": dict.fromkeys((16, 32, 64), Tiles(32, 32, 4, 1)),
     "relative_dkdv": dict.fromkeys((16, 32, 64), Tiles(16, 32, 8, 1)),
-    "relative_dq": dict.fromkeys((16, 32, 64), Tiles(16, 32, 8, 1)),
+    "relative_dq": {16: Tiles(32, 32, 8, 1), 32: Tiles(16, 32, 8, 1), 64: Tiles(32, 32, 8, 1)},
+    "relative_values_forward": dict.fromkeys((16, 32, 64), Tiles(32, 32, 4, 1)),
+    "relative_values_dkdv": dict.fromkeys((16, 32, 64), Tiles(16, 32, 8, 1)),
+    "relative_values_dq": {16: Tiles(16, 32, 8, 1), 32: Tiles(16, 32, 8, 2), 64: Tiles(16, 32, 8, 1)},
 }
 # (kernel, padded head dim) -> Tiles on a GPU, chosen by the static table (benchmarks/gpu_static.py, BENCHMARKS-gpu.md):
 # the largest tiles that spill no register in bf16/fp16 and fit the H100's 227 KB of shared memory per block, the

@@ -20,12 +20,15 @@ from torch import Tensor
 
 from posenc.nn.fused_attention import per_batch_row
 from posenc.nn.triton import attention, cdiv
+from posenc.nn.triton import relative_far_kernels as far_kernels
 from posenc.nn.triton import relative_kernels as kernels
 from posenc.nn.triton.attention import Tiles, _bhd, _check_sizes, _dense_last, _options, padded_head_dim
 from posenc.nn.triton.attention_kernels import LOG2E
 from posenc.scheme import RelativeTable
 
-KERNELS = ("relative_forward", "relative_dkdv", "relative_dq")
+# Transformer-XL's kernels, Shaw's (the value table: its own tiles), and the far passes (the row kernel's tiles)
+KERNELS = ("relative_forward", "relative_dkdv", "relative_dq", "relative_values_forward", "relative_values_dkdv",
+           "relative_values_dq", "forward", "dkdv", "dq")
 
 
 def serves(q: Tensor) -> bool:
@@ -38,6 +41,11 @@ def _tiles(kernel: str, q: Tensor) -> Tiles:
     return attention.tiles(kernel, q.shape[-1], q.device, q.dtype)
 
 
+def _relative_tiles(kernel: str, q: Tensor, has_values: bool) -> Tiles:
+    """relative_<kernel>, or relative_values_<kernel> for a value table (Shaw: more registers, smaller tiles)."""
+    return _tiles(f"relative_{'values_' if has_values else ''}{kernel}", q)
+
+
 class _RelativeAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, qc: Tensor, qr: Tensor, k: Tensor, v: Tensor, table: Tensor, values: Tensor | None, e: Tensor,
@@ -46,17 +54,27 @@ class _RelativeAttention(torch.autograd.Function):
         table = table.contiguous()
         _check_sizes(qc, k, v)
         b, h, tq, d = qc.shape
-        t = _tiles("relative_forward", qc)
         has_values = values is not None
+        t = _relative_tiles("forward", qc, has_values)
         far = table.shape[1] < tq + k.shape[2] - 1  # a clipped table: whole tiles read its row 0
         vt = values.contiguous() if has_values else table[0]
         out = torch.empty_like(qc, memory_format=torch.contiguous_format)  # (B,H,Tq,Dh)
         lse = torch.empty(b, h, tq, device=qc.device, dtype=torch.float32)  # base 2
+        f = _far_tiles("forward", t, qc) if far else t
+        o_far, lse_far = out, lse  # unread without far tiles
+        if far:  # the far tiles first, at the row kernel's tiles: O (float32) and LSE without the row's bias
+            o_far = torch.empty(b, h, tq, d, device=qc.device, dtype=torch.float32)
+            lse_far = torch.empty(b, h, tq, device=qc.device, dtype=torch.float32)
+            attention.launch(far_kernels._far_forward, (cdiv(tq, f.bm), h, b), qc, k, v, o_far, lse_far, e,
+                             *_bhd(qc), *_bhd(k), *_bhd(v), h, h // k.shape[1], tq, k.shape[2], d**-0.5 * LOG2E,
+                             D=d, CAUSAL=causal, BM=f.bm, BN=f.bn, BD=padded_head_dim(d),
+                             **_options(f, qc.dtype, qc.device))
         attention.launch(kernels._forward, (cdiv(tq, t.bm), h, b),
-                         qc, qr, k, v, table, vt, out, lse, e, *_bhd(qc), *_bhd(qr), *_bhd(k), *_bhd(v),
-                         *_bhd(out), *_table_strides(table, vt), h, h // k.shape[1], tq, k.shape[2],
+                         qc, qr, k, v, table, vt, out, lse, o_far, lse_far, e, *_bhd(qc), *_bhd(qr), *_bhd(k),
+                         *_bhd(v), *_bhd(out), *_table_strides(table, vt), h, h // k.shape[1], tq, k.shape[2],
                          table.shape[1], d**-0.5 * LOG2E, scale * LOG2E, D=d, CAUSAL=causal, HAS_VALUES=has_values,
-                         FAR=far, BM=t.bm, BN=t.bn, BD=padded_head_dim(d), **_options(t, qc.dtype, qc.device))
+                         FAR=far, BM=t.bm, BN=t.bn, BD=padded_head_dim(d), FBM=f.bm, FBN=f.bn,
+                         **_options(t, qc.dtype, qc.device))
         ctx.save_for_backward(qc, qr, k, v, table, vt, out, lse, e)
         ctx.causal, ctx.scale, ctx.has_values, ctx.far = causal, scale, has_values, far
         return out
@@ -76,22 +94,38 @@ class _RelativeAttention(torch.autograd.Function):
         kv_dtype = k.dtype if group == 1 else torch.float32
         dk_heads = torch.empty(b, h, tk, d, device=qc.device, dtype=kv_dtype)
         dv_heads = torch.empty(b, h, tk, d, device=qc.device, dtype=kv_dtype)
-        t = _tiles("relative_dkdv", qc)
-        attention.launch(kernels._dkdv, (cdiv(tk, t.bn), h, b), qc, qr, k, v, dout, lse, delta, lse_far,
-                         delta_far, dk_heads, dv_heads, table, vt, e, *strides, h, group, tq, tk, length, *scales,
-                         BM=t.bm, BN=t.bn, **shape, **_options(t, qc.dtype, qc.device))
+        t = _relative_tiles("dkdv", qc, ctx.has_values)
+        f = _far_tiles("dkdv", t, qc) if ctx.far else t
+        dk_far, dv_far = dk_heads, dv_heads  # unread without far tiles
+        if ctx.far:  # the far query tiles at the row kernel's tiles: dK (before the scale), dV in float32
+            dk_far, dv_far = (torch.empty(b, h, tk, d, device=qc.device, dtype=torch.float32) for _ in "kv")
+            attention.launch(far_kernels._far_dkdv, (cdiv(tk, f.bn), h, b), qc, k, v, dout, lse_far, delta_far,
+                             dk_far, dv_far, e, *_bhd(qc), *_bhd(k), *_bhd(v), *_bhd(dout), h, group, tq, tk,
+                             scales[0], D=d, CAUSAL=ctx.causal, BM=f.bm, BN=f.bn, BD=padded_head_dim(d),
+                             **_options(f, qc.dtype, qc.device))
+        attention.launch(kernels._dkdv, (cdiv(tk, t.bn), h, b), qc, qr, k, v, dout, lse, delta, dk_far, dv_far,
+                         dk_heads, dv_heads, table, vt, e, *strides, h, group, tq, tk, length, *scales,
+                         BM=t.bm, BN=t.bn, FBM=f.bm, FBN=f.bn, **shape, **_options(t, qc.dtype, qc.device))
         dk, dv = dk_heads, dv_heads
         if group > 1:
             dk = dk_heads.view(b, hkv, group, tk, d).sum(2).to(k.dtype)
             dv = dv_heads.view(b, hkv, group, tk, d).sum(2).to(v.dtype)
-        t = _tiles("relative_dq", qc)
+        t = _relative_tiles("dq", qc, ctx.has_values)
         dtable = torch.zeros(h, length, d, device=qc.device, dtype=torch.float32)  # per query head, then summed
         dvalues = torch.zeros(h if ctx.has_values else 1, length, d, device=qc.device, dtype=torch.float32)
         dqc = torch.empty(b, h, tq, d, device=qc.device, dtype=qc.dtype)
         dqr = torch.empty(b, h, tq, d, device=qc.device, dtype=torch.float32)
-        attention.launch(kernels._dq, (cdiv(tq, t.bm), h, b), qc, qr, k, v, dout, lse, delta, lse_far,
-                         delta_far, dqc, dqr, table, vt, dtable, dvalues, e, *strides, h, group, tq, tk, length,
-                         *scales, BM=t.bm, BN=t.bn, **shape, **_options(t, qc.dtype, qc.device))
+        f = _far_tiles("dq", t, qc) if ctx.far else t
+        dq_far = dqr  # unread without far tiles
+        if ctx.far:  # the far key tiles at the row kernel's tiles: dQ before the scale, float32
+            dq_far = torch.empty(b, h, tq, d, device=qc.device, dtype=torch.float32)
+            attention.launch(far_kernels._far_dq, (cdiv(tq, f.bm), h, b), qc, k, v, dout, lse_far, delta_far,
+                             dq_far, e, *_bhd(qc), *_bhd(k), *_bhd(v), *_bhd(dout), h, group, tq, tk, scales[0],
+                             D=d, CAUSAL=ctx.causal, BM=f.bm, BN=f.bn, BD=padded_head_dim(d),
+                             **_options(f, qc.dtype, qc.device))
+        attention.launch(kernels._dq, (cdiv(tq, t.bm), h, b), qc, qr, k, v, dout, lse, delta, dq_far, dqc, dqr,
+                         table, vt, dtable, dvalues, e, *strides, h, group, tq, tk, length, *scales, BM=t.bm,
+                         BN=t.bn, FBM=f.bm, FBN=f.bn, **shape, **_options(t, qc.dtype, qc.device))
         dtable = dtable * ctx.scale  # (H,S,Dh)
         if table.shape[0] == 1:  # one table for every head (Shaw)
             dtable = dtable.sum(0, keepdim=True)
@@ -99,6 +133,15 @@ class _RelativeAttention(torch.autograd.Function):
         dqr = (dqr * ctx.scale).to(qr.dtype)
         return (dqc, dqr, dk, dv, dtable.to(table.dtype), None if dvalues is None else dvalues.to(vt.dtype), None,
                 None, None)
+
+
+def _far_tiles(kernel: str, near: Tiles, q: Tensor) -> Tiles:
+    """The row kernel's tiles for a far pass (relative_far_kernels), whose blocks must hold whole blocks of the
+    relative kernel's (near) tiles: its programs recompute the far block that holds theirs."""
+    far = _tiles(kernel, q)
+    if far.bm % near.bm or far.bn % near.bn:
+        raise ValueError(f"far tiles {far.bm}x{far.bn} ({kernel}) must be multiples of {near.bm}x{near.bn}")
+    return far
 
 
 def _far_softmax(qr: Tensor, table: Tensor, vt: Tensor, dout: Tensor, lse: Tensor, delta: Tensor, ctx

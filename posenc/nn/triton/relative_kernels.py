@@ -7,18 +7,20 @@ clipped key and value tables, Transformer-XL's projected sinusoid), forward and 
 qc and qr are two queries of one head (Transformer-XL: q + u and q + v; Shaw: q twice). No (Tq, Tk) tensor and no
 (Tq, S) rows exist: a tile of BM queries and BN keys spans BM + BN - 1 distances, c0 - BM + 1 .. c0 + BN - 1 at
 c0 = n0 - m0 + e, so it multiplies qr by two chunks of BN table rows, [c0 - BN, c0) and [c0, c0 + BN) (BM <= BN),
-and reads each pair's product at its distance with a gather (_skewed). Along a query block's key loop the chunks
+and reads each pair's product at its distance with a gather (_rotated). Along a query block's key loop the chunks
 move by BN per tile, so the forward and dQ carry the upper chunk over as the next tile's lower one: one product
 qr . R per tile, as many as q . k. The table's rows are read clamped, which is Shaw's clipping (many distances
 of a tile collapse onto the first or last row) and costs nothing for Transformer-XL (its table covers every
-distance). The value term goes the other way: the probabilities regrouped by distance (_unskewed) times the
+distance). The value term goes the other way: the probabilities regrouped by distance (_unrotated) times the
 value table's two chunks.
 
 Far tiles (FAR, a clipped table: Shaw): where every pair of a tile lies at c <= 0 (causal attention away from the
 diagonal: most tiles at long T), every pair reads row 0, so the bias is one number per query and the value term
-is the tile's mass times VT[0]. Those tiles run the row kernel's plain loops (attention_kernels._fwd_tiles,
-_dq_tiles, _dkdv_tiles without a bias): the forward adds the row's bias to the running max after them; the
-backward passes them the log-sum-exp less that bias and delta less dO . VT[0].
+is the tile's mass times VT[0]. Those tiles run first, in passes of their own at the row kernel's tiles
+(relative_far_kernels.py: 128 x 64 where these programs take 32 x 32, ~5x fewer instructions per pair), and these
+programs start from their float32 partials: the forward from their O and log-sum-exp plus the row's bias and
+VT[0]; dQ and dK/dV from their gradients, which the backward's far passes compute from the log-sum-exp less that
+bias and delta less dO . VT[0]. Each program here skips exactly the far tiles of the far block that holds it.
 
 Gradients: dK, dV in _dkdv (one program per key block, like attention_kernels._dkdv); dQc, dQr, and the tables'
 gradients in _dq (one program per query block). A table row gathers from every query block, so those add up with
@@ -31,7 +33,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from posenc.nn.triton.attention_kernels import _dkdv_tiles as _plain_dkdv_tiles
 from posenc.nn.triton.attention_kernels import (
     _dot,
     _forward_key_tile,
@@ -42,8 +43,7 @@ from posenc.nn.triton.attention_kernels import (
     _probabilities,
     _query_phases,
 )
-from posenc.nn.triton.attention_kernels import _dq_tiles as _plain_dq_tiles
-from posenc.nn.triton.attention_kernels import _fwd_tiles as _plain_fwd_tiles
+from posenc.nn.triton.relative_far_kernels import far_keys, far_queries
 
 
 @triton.jit
@@ -61,31 +61,55 @@ def _chunk(T, c0, S, srow, d, d_ok, BN: tl.constexpr):
 
 
 @triton.jit
-def _skewed(low, high, BM: tl.constexpr, BN: tl.constexpr):
+def _dot_into(a, b, acc, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """acc + a @ b. The bias enters as the product's accumulator: Triton's layout pass then keeps the softmax in
+    the product's layout (added after the product, the gather's layout spread into the softmax, which it then
+    computed twice)."""
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc=acc, input_precision=PRECISION)
+    return tl.dot(a, b, acc=acc, input_precision=PRECISION)
+
+
+@triton.jit
+def _rotated(low, high, BM: tl.constexpr, BN: tl.constexpr, zero=0):
     """Per-distance products (BM,BN) of the chunks [c0 - BN, c0) (low) and [c0, c0 + BN) (high) read at each
-    pair's distance: entry (il, jl) is high[il, jl - il] where jl >= il, else low[il, BN + jl - il]."""
-    t = tl.arange(0, BN)[None, :] - tl.arange(0, BM)[:, None]  # jl - il
-    upper = tl.gather(high, tl.maximum(t, 0), 1)
-    lower = tl.gather(low, tl.minimum(t + BN, BN - 1), 1)
-    return tl.where(t >= 0, upper, lower)
+    pair's distance: entry (il, jl) is high[il, jl - il] where jl >= il, else low[il, BN + jl - il]. Both columns
+    are (jl - il) mod BN, and row il reads column r of high where r + il < BN, of low elsewhere: one select in the
+    products' own layout, then one gather (a rotation of each row by il), not a gather per chunk."""
+    r_il = tl.arange(0, BN)[None, :] + tl.arange(0, BM)[:, None]  # r + il
+    t = tl.arange(0, BN)[None, :] - tl.arange(0, BM)[:, None] + zero  # jl - il
+    return tl.gather(tl.where(r_il < BN, high, low), tl.where(t >= 0, t, t + BN), 1)
 
 
 @triton.jit
-def _unskewed(x, BM: tl.constexpr, BN: tl.constexpr):
+def _opaque_zero(x, BM: tl.constexpr, BN: tl.constexpr, UPCAST: tl.constexpr):
+    """A (BM,BN) int32 zero the compiler cannot see through, made from x (a loop's variable): added to a gather's
+    index, it keeps the index (and the gather's per-element lane arithmetic) inside the loop. Hoisted, they held
+    a register per element: Transformer-XL's 64x64 forward at 4 warps spilled 224 B (sm_90, bf16 Dh 64); recomputed,
+    none, at 0.72 instructions per pair and warp against 8 warps' 1.10 (whose products M = 64 left half the warps
+    idle). The interpreter runs no assembly: a plain zero there."""
+    if UPCAST:
+        return tl.zeros((BM, BN), tl.int32)
+    return tl.inline_asm_elementwise("mov.b32 $0, 0;", "=r,r", [x + tl.zeros((BM, BN), tl.int32)], dtype=tl.int32,
+                                     is_pure=True, pack=1)
+
+
+@triton.jit
+def _rotate_back(x, BM: tl.constexpr, BN: tl.constexpr):
+    """x (BM,BN) by distance, one gather: entry (il, t) is x[il, (il + t) mod BN], the pair at distance c0 + t
+    where il + t < BN (the upper chunk), at c0 - BN + t elsewhere (the lower)."""
+    r_il = tl.arange(0, BM)[:, None] + tl.arange(0, BN)[None, :]  # il + t
+    return tl.gather(x, tl.where(r_il < BN, r_il, r_il - BN), 1)
+
+
+@triton.jit
+def _unrotated(x, BM: tl.constexpr, BN: tl.constexpr):
     """The inverse regrouping of a (BM,BN) tile by distance: low[il, t] = x[il, t - BN + il] (distance c0 - BN + t)
-    and high[il, t] = x[il, il + t] (distance c0 + t), 0 where no key of the tile lies at that distance."""
-    jh = tl.arange(0, BM)[:, None] + tl.arange(0, BN)[None, :]  # il + t
-    high = tl.where(jh < BN, tl.gather(x, tl.minimum(jh, BN - 1), 1), 0.0)
-    jl = jh - BN
-    low = tl.where(jl >= 0, tl.gather(x, tl.maximum(jl, 0), 1), 0.0)
-    return low, high
-
-
-@triton.jit
-def _far_end(c_base, interior, BN: tl.constexpr):
-    """Key tiles before this (a multiple of BN, at most interior) have every pair at c <= 0 for the query block
-    whose key 0 sits at c_base: they all read the table's row 0."""
-    return tl.minimum(tl.maximum(1 - c_base, 0) // BN * BN, interior)
+    and high[il, t] = x[il, il + t] (distance c0 + t), 0 where no key of the tile lies at that distance: one gather
+    (_rotate_back) split by il + t < BN."""
+    r_il = tl.arange(0, BM)[:, None] + tl.arange(0, BN)[None, :]  # il + t
+    rotated = _rotate_back(x, BM, BN)
+    return tl.where(r_il >= BN, rotated, 0.0), tl.where(r_il < BN, rotated, 0.0)
 
 
 @triton.jit
@@ -104,13 +128,14 @@ def _fwd_tiles(acc, best, total, prev, q, qr, k_ptrs, v_ptrs, R, VT, i, c_base, 
         # mask folds away: the same SASS as EVEN_D True).
         k_t = _forward_key_tile(k_ptrs, j, TK, d_ok, MASKED, False)  # (BD,BN)
         c0 = c_base + n0
-        cur = _dot(qr, _chunk_t(R, c0, S, srow, d, d_ok, BN), PRECISION, UPCAST) * row_scale  # (BM,BN), base 2
-        s = tl.fma(_dot(q, k_t, PRECISION, UPCAST), qk_scale, _skewed(prev, cur, BM, BN))
+        cur = _dot(qr, _chunk_t(R, c0, S, srow, d, d_ok, BN), PRECISION, UPCAST) * (row_scale / qk_scale)
+        zero = _opaque_zero(c0, BM, BN, UPCAST)
+        s = _dot_into(q, k_t, _rotated(prev, cur, BM, BN, zero), PRECISION, UPCAST) * qk_scale  # (BM,BN), base 2
         prev = cur
         acc, best, total, p = _online_softmax(acc, best, total, s, v_ptrs, i, j, TQ, TK, d_ok, CAUSAL, MASKED, False,
                                               PRECISION, UPCAST)
         if HAS_VALUES:  # + sum_j p_ij VT[c]: the probabilities by distance times the value table's two chunks
-            low, high = _unskewed(p, BM, BN)
+            low, high = _unrotated(p, BM, BN)
             value_type = v_ptrs.dtype.element_ty
             acc += _dot(low.to(value_type), _chunk(VT, c0 - BN, S, svrow, d, d_ok, BN), PRECISION, UPCAST)
             acc += _dot(high.to(value_type), _chunk(VT, c0, S, svrow, d, d_ok, BN), PRECISION, UPCAST)
@@ -120,13 +145,15 @@ def _fwd_tiles(acc, best, total, prev, q, qr, k_ptrs, v_ptrs, R, VT, i, c_base, 
 
 
 @triton.jit
-def _forward(Q, QR, K, V, R, VT, OUT, LSE, E,
+def _forward(Q, QR, K, V, R, VT, OUT, LSE, O_FAR, LSE_FAR, E,
              sqb, sqh, sqt, srb, srh, srt, skb, skh, skt, svb, svh, svt, sob, soh, sot,
              s_table_h, srow, svrow,
              H, GROUP, TQ, TK, S, qk_scale, row_scale,
              D: tl.constexpr, CAUSAL: tl.constexpr, HAS_VALUES: tl.constexpr, FAR: tl.constexpr,
-             BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
+             BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, FBM: tl.constexpr, FBN: tl.constexpr,
              PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """One query block's output and log-sum-exp. FAR: the far tiles of the FBM x FBN block that holds this one
+    were run by relative_far_kernels._far_forward (O_FAR, LSE_FAR: no bias); this program starts from them."""
     m0 = tl.program_id(0) * BM
     h = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
@@ -147,15 +174,18 @@ def _forward(Q, QR, K, V, R, VT, OUT, LSE, E,
     acc = tl.zeros((BM, BD), tl.float32)
     interior = _interior_end(m0, TQ, TK, CAUSAL, BM, BN)
     far = 0
-    if FAR:  # tiles whose every pair reads row 0 (clipped): a plain flash loop, the row's bias added to the max
-        far = _far_end(c_base, interior, BN)
-        acc, best, total = _plain_fwd_tiles(acc, best, total, q, k_ptrs, v_ptrs, R, i, 0, far, TQ, TK, qk_scale,
-                                            skt, svt, d_ok, CAUSAL, False, False, BD == D, BN, PRECISION, UPCAST)
+    if FAR:  # tiles whose every pair reads row 0 (clipped): their softmax, normalised, plus the row's bias
+        m0_far = m0 // FBM * FBM
+        far = far_keys(c_base + m0 - m0_far, m0_far, TQ, TK, CAUSAL, FBM, FBN)
+        bh = b * H + h
+        best = tl.load(LSE_FAR + bh * TQ + i, mask=i < TQ, other=float("-inf"))  # base 2, -inf: no far tile
+        total = tl.where(best > float("-inf"), 1.0, 0.0)
+        acc = tl.load(O_FAR + (bh * TQ + i[:, None]) * D + d[None, :], mask=q_mask, other=0.0)
         row0 = tl.load(R + d, mask=d_ok, other=0.0).to(tl.float32)
         best += tl.sum(qr.to(tl.float32) * row0[None, :], 1) * row_scale
         if HAS_VALUES:  # their value term: the mass so far times VT[0]
             acc += total[:, None] * tl.load(VT + d, mask=d_ok, other=0.0).to(tl.float32)[None, :]
-    prev = _dot(qr, _chunk_t(R, c_base + far - BN, S, srow, d, d_ok, BN), PRECISION, UPCAST) * row_scale
+    prev = _dot(qr, _chunk_t(R, c_base + far - BN, S, srow, d, d_ok, BN), PRECISION, UPCAST) * (row_scale / qk_scale)
     acc, best, total, prev = _fwd_tiles(acc, best, total, prev, q, qr, k_ptrs, v_ptrs, R, VT, i, c_base, far,
                                         interior, TQ, TK, S, srow, svrow, qk_scale, row_scale, skt, svt, d, d_ok,
                                         CAUSAL, False, HAS_VALUES, BN, PRECISION, UPCAST)
@@ -170,7 +200,7 @@ def _forward(Q, QR, K, V, R, VT, OUT, LSE, E,
 
 @triton.jit
 def _dkdv_tiles(dk, dv, k, v, q_ptrs, qr_ptrs, do_ptrs, lse_ptrs, delta_ptrs, R, VT, j, c_base, m_start, m_end,
-                TQ, TK, S, srow, svrow, qk_scale, row_scale, sqt, srt, sdot, d, d_ok, CAUSAL: tl.constexpr,
+                TQ, TK, S, srow, svrow, qk_scale, bias_scale, sqt, srt, sdot, d, d_ok, CAUSAL: tl.constexpr,
                 MASKED: tl.constexpr, HAS_VALUES: tl.constexpr, BM: tl.constexpr, PRECISION: tl.constexpr,
                 UPCAST: tl.constexpr):
     """Query tiles [m_start, m_end) against one key block, in the transposed tile (keys x queries)."""
@@ -189,17 +219,19 @@ def _dkdv_tiles(dk, dv, k, v, q_ptrs, qr_ptrs, do_ptrs, lse_ptrs, delta_ptrs, R,
         lse = tl.load(lse_ptrs, mask=i_ok, other=float("inf"))  # padded queries: probability 0
         delta = tl.load(delta_ptrs, mask=i_ok, other=0.0)
         c0 = c_base - m0  # the distance index of key n0 at query m0
+        # qr changes with the query tile: both chunks' products per tile (the forward and dQ carry one over)
         low = _dot(qr, _chunk_t(R, c0 - BN, S, srow, d, d_ok, BN), PRECISION, UPCAST)
         high = _dot(qr, _chunk_t(R, c0, S, srow, d, d_ok, BN), PRECISION, UPCAST)
-        bias_t = tl.trans(_skewed(low, high, BM, BN) * row_scale)  # (BN,BM)
-        s_t = tl.fma(_dot(k, q_t, PRECISION, UPCAST), qk_scale, bias_t)
+        bias_t = tl.trans(_rotated(low, high, BM, BN)) * bias_scale  # (BN,BM), in units of qk_scale
+        s_t = _dot_into(k, q_t, bias_t, PRECISION, UPCAST) * qk_scale
         p_t = _probabilities(s_t, lse[None, :], i[None, :], j[:, None], TQ, TK, CAUSAL, MASKED)  # (BN,BM)
         dv += _dot(p_t.to(do.dtype), do, PRECISION, UPCAST)
-        dp_t = _dot(v, tl.trans(do), PRECISION, UPCAST)  # (BN,BM)
         if HAS_VALUES:  # d out_i / d p_ij also reads VT[c]: dO_i . VT[c]
             low = _dot(do, _chunk_t(VT, c0 - BN, S, svrow, d, d_ok, BN), PRECISION, UPCAST)
             high = _dot(do, _chunk_t(VT, c0, S, svrow, d, d_ok, BN), PRECISION, UPCAST)
-            dp_t += tl.trans(_skewed(low, high, BM, BN))
+            dp_t = _dot_into(v, tl.trans(do), tl.trans(_rotated(low, high, BM, BN)), PRECISION, UPCAST)  # (BN,BM)
+        else:
+            dp_t = _dot(v, tl.trans(do), PRECISION, UPCAST)  # (BN,BM)
         ds_t = p_t * (dp_t - delta[None, :])
         dk += _dot(ds_t.to(q_t.dtype), tl.trans(q_t), PRECISION, UPCAST)
         q_ptrs += BM * sqt
@@ -211,16 +243,16 @@ def _dkdv_tiles(dk, dv, k, v, q_ptrs, qr_ptrs, do_ptrs, lse_ptrs, delta_ptrs, R,
 
 
 @triton.jit
-def _dkdv(Q, QR, K, V, DO, LSE, DELTA, LSE_FAR, DELTA_FAR, DK, DV, R, VT, E,
+def _dkdv(Q, QR, K, V, DO, LSE, DELTA, DK_FAR, DV_FAR, DK, DV, R, VT, E,
           sqb, sqh, sqt, srb, srh, srt, skb, skh, skt, svb, svh, svt, sdob, sdoh, sdot,
           s_table_h, srow, svrow,
           H, GROUP, TQ, TK, S, qk_scale, row_scale, scale,
           D: tl.constexpr, CAUSAL: tl.constexpr, HAS_VALUES: tl.constexpr, FAR: tl.constexpr,
-          BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
+          BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, FBM: tl.constexpr, FBN: tl.constexpr,
           PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """dK, dV of one key block for query head h, (BN,BD), into DK/DV contiguous (B,H,Tk,Dh). FAR: query tiles
-    whose every pair reads the table's row 0 run the row kernel's plain loop against LSE_FAR = lse - the row's
-    bias and DELTA_FAR = delta - dO . VT[0] (the host's, per query), which give the same p and dS."""
+    """dK, dV of one key block for query head h, (BN,BD), into DK/DV contiguous (B,H,Tk,Dh). FAR: the far query
+    tiles of the FBM x FBN block that holds this one gave their dK (before the scale) and dV
+    (relative_far_kernels._far_dkdv: DK_FAR, DV_FAR float32); this program adds the other tiles'."""
     n0 = tl.program_id(0) * BN
     h = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
@@ -243,20 +275,26 @@ def _dkdv(Q, QR, K, V, DO, LSE, DELTA, LSE_FAR, DELTA_FAR, DK, DV, R, VT, E,
     dk = tl.zeros((BN, BD), tl.float32)
     dv = tl.zeros((BN, BD), tl.float32)
     first, full, last = _query_phases(n0, TQ, TK, CAUSAL, BM, BN)
-    far = last
-    if FAR:  # c <= 0 for the whole tile from query m0 >= n0 + BN - 1 + e on
-        far = tl.minimum(tl.maximum(tl.cdiv(tl.maximum(c_base + BN - 1, 0), BM) * BM, full), last)
-        dk, dv = _plain_dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, LSE_FAR + bh * TQ + il, DELTA_FAR + bh * TQ + il,
-                                   R, j, far, last, TQ, TK, qk_scale, sqt, sdot, d_ok, CAUSAL, False, False,
-                                   BD == D, BM, PRECISION, UPCAST)
+    far_start = last  # [far_start, far_end): the far program's queries
+    far_end = last
+    if FAR:
+        n0_far = n0 // FBN * FBN
+        start, end = far_queries(c_base + n0_far - n0, n0_far, TQ, TK, CAUSAL, FBM, FBN)
+        far_start = tl.where(start < end, start, last)
+        far_end = tl.where(start < end, end, last)
+        out = (bh * TK + j[:, None]) * D + d[None, :]
+        dk = tl.load(DK_FAR + out, mask=kv_mask, other=0.0)
+        dv = tl.load(DV_FAR + out, mask=kv_mask, other=0.0)
+    bias_scale = row_scale / qk_scale  # the bias enters k . q's product as its accumulator
     dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, qr_ptrs, do_ptrs, lse_ptrs, delta_ptrs, R, VT, j, c_base, first,
-                         full, TQ, TK, S, srow, svrow, qk_scale, row_scale, sqt, srt, sdot, d, d_ok, CAUSAL, True,
+                         full, TQ, TK, S, srow, svrow, qk_scale, bias_scale, sqt, srt, sdot, d, d_ok, CAUSAL, True,
                          HAS_VALUES, BM, PRECISION, UPCAST)
     dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, qr_ptrs, do_ptrs, lse_ptrs, delta_ptrs, R, VT, j, c_base, full,
-                         far, TQ, TK, S, srow, svrow, qk_scale, row_scale, sqt, srt, sdot, d, d_ok, CAUSAL, False,
-                         HAS_VALUES, BM, PRECISION, UPCAST)
-    dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, qr_ptrs, do_ptrs, lse_ptrs, delta_ptrs, R, VT, j, c_base, last,
-                         TQ, TQ, TK, S, srow, svrow, qk_scale, row_scale, sqt, srt, sdot, d, d_ok, CAUSAL, True,
+                         far_start, TQ, TK, S, srow, svrow, qk_scale, bias_scale, sqt, srt, sdot, d, d_ok, CAUSAL,
+                         False, HAS_VALUES, BM, PRECISION, UPCAST)
+    # after the far queries: less than one far tile of whole tiles, then the ragged last (masked: right for both)
+    dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, qr_ptrs, do_ptrs, lse_ptrs, delta_ptrs, R, VT, j, c_base, far_end,
+                         TQ, TQ, TK, S, srow, svrow, qk_scale, bias_scale, sqt, srt, sdot, d, d_ok, CAUSAL, True,
                          HAS_VALUES, BM, PRECISION, UPCAST)
     out = (bh * TK + j[:, None]) * D + d[None, :]
     tl.store(DK + out, (dk * scale).to(DK.dtype.element_ty), mask=kv_mask)
@@ -264,73 +302,100 @@ def _dkdv(Q, QR, K, V, DO, LSE, DELTA, LSE_FAR, DELTA_FAR, DK, DV, R, VT, E,
 
 
 @triton.jit
-def _add_rows(G, c0, x, S, d, d_ok, D: tl.constexpr, BN: tl.constexpr):
-    """G[clamp(c0 + t, 0, S - 1)] += x[t] (x (BN,BD) float32, G rows of D floats): rows inside the table with one
-    atomic add of distinct addresses, the rows past either end summed first (they all read the end row)."""
+def _add_rows(G, c0, x, S, d, d_ok, D: tl.constexpr, BN: tl.constexpr, CLIPPED: tl.constexpr):
+    """G[clamp(c0 + t, 0, S - 1)] += x[t] (x (BN,BD) float32, G rows of D floats). CLIPPED (a table shorter than
+    the distances, whose end rows many pairs read): rows inside the table with one atomic add of distinct
+    addresses, the rows past either end summed across the tile first. Otherwise (the end rows read by few pairs or
+    none: Transformer-XL's table spans every distance, the pairs past its ends lie outside the mask and add 0) each
+    row adds at its clamped address: no reductions across the tile, the same sums."""
     c = c0 + tl.arange(0, BN)
-    tl.atomic_add(G + c[:, None] * D + d[None, :], x, mask=((c >= 0) & (c < S))[:, None] & d_ok[None, :],
-                  sem="relaxed")
-    below = tl.sum(tl.where((c < 0)[:, None], x, 0.0), 0)  # (BD,)
-    above = tl.sum(tl.where((c >= S)[:, None], x, 0.0), 0)
-    tl.atomic_add(G + d, below, mask=d_ok & (c0 < 0), sem="relaxed")
-    tl.atomic_add(G + (S - 1) * D + d, above, mask=d_ok & (c0 + BN > S), sem="relaxed")
+    if CLIPPED:
+        tl.atomic_add(G + c[:, None] * D + d[None, :], x, mask=((c >= 0) & (c < S))[:, None] & d_ok[None, :],
+                      sem="relaxed")
+        below = tl.sum(tl.where((c < 0)[:, None], x, 0.0), 0)  # (BD,)
+        above = tl.sum(tl.where((c >= S)[:, None], x, 0.0), 0)
+        tl.atomic_add(G + d, below, mask=d_ok & (c0 < 0), sem="relaxed")
+        tl.atomic_add(G + (S - 1) * D + d, above, mask=d_ok & (c0 + BN > S), sem="relaxed")
+    else:
+        c = tl.minimum(tl.maximum(c, 0), S - 1)
+        tl.atomic_add(G + c[:, None] * D + d[None, :], x, mask=d_ok[None, :], sem="relaxed")
 
 
 @triton.jit
-def _dq_tiles(dq, dqr, prev, prev_v, ds_sum, p_sum, q, qr, do, lse, delta, k_ptrs, v_ptrs, R, VT, DR, DVT, i,
-              c_base, n_start, n_end, TQ, TK, S, srow, svrow, qk_scale, row_scale, skt, svt, d, d_ok,
-              CAUSAL: tl.constexpr, MASKED: tl.constexpr, HAS_VALUES: tl.constexpr, D: tl.constexpr, BN: tl.constexpr,
-              PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+def _dq_tiles(dq, dqr, prev, prev_v, rot_ds, rot_p, ds_sum, p_sum, q, qr, do, lse, delta, k_ptrs, v_ptrs, R, VT, DR,
+              DVT, i, c_base, n_start, n_end, TQ, TK, S, srow, svrow, qk_scale, bias_scale, skt, svt, d, d_ok,
+              CAUSAL: tl.constexpr, MASKED: tl.constexpr, HAS_VALUES: tl.constexpr, FAR: tl.constexpr,
+              D: tl.constexpr, BN: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """Key tiles [n_start, n_end) of one query block: dQc, dQr, and the tables' gradients (atomics into DR, DVT);
-    ds_sum, p_sum: the rows' sums of dS and p over these tiles."""
+    ds_sum, p_sum (FAR: a clipped table): the rows' sums of dS and p over these tiles. prev, prev_v: the last chunk
+    products (qr . R in units of qk_scale, dO . VT); rot_ds, rot_p: the last tile's dS and p rotated by distance
+    (_rotate_back), whose upper part reads the chunk this tile's lower part reads: one product per tile for both."""
     BM: tl.constexpr = q.shape[0]
+    r_il = tl.arange(0, BM)[:, None] + tl.arange(0, BN)[None, :]  # il + t: >= BN is this tile's lower chunk
     k_ptrs += n_start * skt
     v_ptrs += n_start * svt
     for n0 in range(n_start, n_end, BN):
         j = n0 + tl.arange(0, BN)
         k_t, v_t = _key_tile(k_ptrs, v_ptrs, j, TK, d_ok, MASKED, False)  # (BD,BN) each
         c0 = c_base + n0
-        r_t = _chunk_t(R, c0, S, srow, d, d_ok, BN)  # (BD,BN)
-        cur = _dot(qr, r_t, PRECISION, UPCAST) * row_scale
-        s = tl.fma(_dot(q, k_t, PRECISION, UPCAST), qk_scale, _skewed(prev, cur, BM, BN))
+        cur = _dot(qr, _chunk_t(R, c0, S, srow, d, d_ok, BN), PRECISION, UPCAST) * bias_scale
+        s = _dot_into(q, k_t, _rotated(prev, cur, BM, BN), PRECISION, UPCAST) * qk_scale
         prev = cur
         p = _probabilities(s, lse[:, None], i[:, None], j[None, :], TQ, TK, CAUSAL, MASKED)  # (BM,BN)
-        dp = _dot(do, v_t, PRECISION, UPCAST)  # (BM,BN)
         if HAS_VALUES:
             cur_v = _dot(do, _chunk_t(VT, c0, S, svrow, d, d_ok, BN), PRECISION, UPCAST)
-            dp += _skewed(prev_v, cur_v, BM, BN)
+            dp = _dot_into(do, v_t, _rotated(prev_v, cur_v, BM, BN), PRECISION, UPCAST)  # (BM,BN)
             prev_v = cur_v
-            low, high = _unskewed(p, BM, BN)  # d VT[c] = sum of p_ij dO_i over the pairs at c
-            _add_rows(DVT, c0 - BN, _dot(tl.trans(low).to(do.dtype), do, PRECISION, UPCAST), S, d, d_ok, D, BN)
-            _add_rows(DVT, c0, _dot(tl.trans(high).to(do.dtype), do, PRECISION, UPCAST), S, d, d_ok, D, BN)
+            rotated = _rotate_back(p, BM, BN)  # d VT[c] = sum of p_ij dO_i over the pairs at c
+            lower = tl.where(r_il >= BN, rotated, rot_p)  # every pair at distances [c0 - BN, c0)
+            rot_p = rotated
+            _add_rows(DVT, c0 - BN, _dot(tl.trans(lower).to(do.dtype), do, PRECISION, UPCAST), S, d, d_ok, D, BN, FAR)
+        else:
+            dp = _dot(do, v_t, PRECISION, UPCAST)  # (BM,BN)
         ds = p * (dp - delta[:, None])  # (BM,BN): d loss / d logit
-        ds_sum += tl.sum(ds, 1)
-        p_sum += tl.sum(p, 1)
+        if FAR:
+            ds_sum += tl.sum(ds, 1)
+            p_sum += tl.sum(p, 1)
         dq += _dot(ds.to(k_t.dtype), tl.trans(k_t), PRECISION, UPCAST)
-        low, high = _unskewed(ds, BM, BN)  # the logit gradient by distance: d qr . R[c]
-        low, high = low.to(qr.dtype), high.to(qr.dtype)
-        dqr += _dot(low, tl.trans(_chunk_t(R, c0 - BN, S, srow, d, d_ok, BN)), PRECISION, UPCAST)
-        dqr += _dot(high, tl.trans(r_t), PRECISION, UPCAST)
-        _add_rows(DR, c0 - BN, _dot(tl.trans(low), qr, PRECISION, UPCAST), S, d, d_ok, D, BN)
-        _add_rows(DR, c0, _dot(tl.trans(high), qr, PRECISION, UPCAST), S, d, d_ok, D, BN)
+        rotated = _rotate_back(ds, BM, BN)  # the logit gradient by distance: d qr . R[c]
+        lower = tl.where(r_il >= BN, rotated, rot_ds).to(qr.dtype)  # every pair at distances [c0 - BN, c0)
+        rot_ds = rotated
+        dqr += _dot(lower, tl.trans(_chunk_t(R, c0 - BN, S, srow, d, d_ok, BN)), PRECISION, UPCAST)
+        _add_rows(DR, c0 - BN, _dot(tl.trans(lower), qr, PRECISION, UPCAST), S, d, d_ok, D, BN, FAR)
         k_ptrs += BN * skt
         v_ptrs += BN * svt
-    return dq, dqr, prev, prev_v, ds_sum, p_sum
+    return dq, dqr, prev, prev_v, rot_ds, rot_p, ds_sum, p_sum
 
 
 @triton.jit
-def _dq(Q, QR, K, V, DO, LSE, DELTA, LSE_FAR, DELTA_FAR, DQ, DQR, R, VT, DR, DVT, E,
+def _dq_last_chunk(dqr, rot_ds, rot_p, qr, do, R, VT, DR, DVT, c0, S, srow, svrow, d, d_ok, HAS_VALUES: tl.constexpr,
+                   FAR: tl.constexpr, D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """After the last tile: its upper part (distances [c0, c0 + BN)) into dQr and the tables' gradients."""
+    BM: tl.constexpr = rot_ds.shape[0]
+    BN: tl.constexpr = rot_ds.shape[1]
+    upper = (tl.arange(0, BM)[:, None] + tl.arange(0, BN)[None, :]) < BN
+    if HAS_VALUES:
+        last = tl.where(upper, rot_p, 0.0)
+        _add_rows(DVT, c0, _dot(tl.trans(last).to(do.dtype), do, PRECISION, UPCAST), S, d, d_ok, D, BN, FAR)
+    last = tl.where(upper, rot_ds, 0.0).to(qr.dtype)
+    dqr += _dot(last, tl.trans(_chunk_t(R, c0, S, srow, d, d_ok, BN)), PRECISION, UPCAST)
+    _add_rows(DR, c0, _dot(tl.trans(last), qr, PRECISION, UPCAST), S, d, d_ok, D, BN, FAR)
+    return dqr
+
+
+@triton.jit
+def _dq(Q, QR, K, V, DO, LSE, DELTA, DQ_FAR, DQ, DQR, R, VT, DR, DVT, E,
         sqb, sqh, sqt, srb, srh, srt, skb, skh, skt, svb, svh, svt, sdob, sdoh, sdot,
         s_table_h, srow, svrow,
         H, GROUP, TQ, TK, S, qk_scale, row_scale, scale,
         D: tl.constexpr, CAUSAL: tl.constexpr, HAS_VALUES: tl.constexpr, FAR: tl.constexpr,
-        BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
+        BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, FBM: tl.constexpr, FBN: tl.constexpr,
         PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """dQc and dQr (before the row scale) of one query block, contiguous (B,H,Tq,Dh); the tables' gradients
-    (before the row scale) added into DR and DVT, each (H,S,Dh) float32. FAR: the tiles whose every pair reads
-    row 0 run the row kernel's plain loop (LSE_FAR, DELTA_FAR as in _dkdv); their dS and p reach row 0 through
-    the rows' sums, which softmax fixes: sum_j dS_ij = 0 and sum_j p_ij = 1 over all keys, so the far tiles'
-    are minus, and one minus, the other tiles'."""
+    (before the row scale) added into DR and DVT, each (H,S,Dh) float32. FAR: the far tiles of the FBM x FBN
+    block that holds this one gave their dQ (relative_far_kernels._far_dq: DQ_FAR, float32, before the scale);
+    their dS and p reach row 0 through the rows' sums, which softmax fixes: sum_j dS_ij = 0 and sum_j p_ij = 1
+    over all keys, so the far tiles' are minus, and one minus, the other tiles'."""
     m0 = tl.program_id(0) * BM
     h = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
@@ -358,27 +423,30 @@ def _dq(Q, QR, K, V, DO, LSE, DELTA, LSE_FAR, DELTA_FAR, DQ, DQR, R, VT, DR, DVT
     interior = _interior_end(m0, TQ, TK, CAUSAL, BM, BN)
     far = 0
     if FAR:
-        far = _far_end(c_base, interior, BN)
-        dq, _ = _plain_dq_tiles(dq, tl.zeros((BN,), tl.float32), q, do,
-                                tl.load(LSE_FAR + bh * TQ + i, mask=i_ok, other=float("inf")),
-                                tl.load(DELTA_FAR + bh * TQ + i, mask=i_ok, other=0.0), k_ptrs, v_ptrs, R, DR, i, 0,
-                                far, TQ, TK, qk_scale, skt, svt, d_ok, CAUSAL, False, False, False, BD == D, BM, BN,
-                                PRECISION, UPCAST)
-    prev = _dot(qr, _chunk_t(R, c_base + far - BN, S, srow, d, d_ok, BN), PRECISION, UPCAST) * row_scale
+        m0_far = m0 // FBM * FBM
+        far = far_keys(c_base + m0 - m0_far, m0_far, TQ, TK, CAUSAL, FBM, FBN)
+        dq = tl.load(DQ_FAR + (bh * TQ + i[:, None]) * D + d[None, :], mask=q_mask, other=0.0)
+    bias_scale = row_scale / qk_scale  # the bias enters q . k's product as its accumulator
+    prev = _dot(qr, _chunk_t(R, c_base + far - BN, S, srow, d, d_ok, BN), PRECISION, UPCAST) * bias_scale
     prev_v = tl.zeros((BM, BN), tl.float32)
     if HAS_VALUES:
         prev_v = _dot(do, _chunk_t(VT, c_base + far - BN, S, svrow, d, d_ok, BN), PRECISION, UPCAST)
+    rot_ds = tl.zeros((BM, BN), tl.float32)
+    rot_p = tl.zeros((BM, BN), tl.float32)
     ds_sum = tl.zeros((BM,), tl.float32)
     p_sum = tl.zeros((BM,), tl.float32)
-    dq, dqr, prev, prev_v, ds_sum, p_sum = _dq_tiles(dq, dqr, prev, prev_v, ds_sum, p_sum, q, qr, do, lse, delta,
-                                                     k_ptrs, v_ptrs, R, VT, DR, DVT, i, c_base, far, interior, TQ,
-                                                     TK, S, srow, svrow, qk_scale, row_scale, skt, svt, d, d_ok,
-                                                     CAUSAL, False, HAS_VALUES, D, BN, PRECISION, UPCAST)
-    dq, dqr, prev, prev_v, ds_sum, p_sum = _dq_tiles(dq, dqr, prev, prev_v, ds_sum, p_sum, q, qr, do, lse, delta,
-                                                     k_ptrs, v_ptrs, R, VT, DR, DVT, i, c_base, interior,
-                                                     _key_end(m0, TQ, TK, CAUSAL, BM), TQ, TK, S, srow, svrow,
-                                                     qk_scale, row_scale, skt, svt, d, d_ok, CAUSAL, True, HAS_VALUES,
-                                                     D, BN, PRECISION, UPCAST)
+    dq, dqr, prev, prev_v, rot_ds, rot_p, ds_sum, p_sum = _dq_tiles(
+        dq, dqr, prev, prev_v, rot_ds, rot_p, ds_sum, p_sum, q, qr, do, lse, delta, k_ptrs, v_ptrs, R, VT, DR, DVT, i,
+        c_base, far, interior, TQ, TK, S, srow, svrow, qk_scale, bias_scale, skt, svt, d, d_ok, CAUSAL, False,
+        HAS_VALUES, FAR, D, BN, PRECISION, UPCAST)
+    key_end = _key_end(m0, TQ, TK, CAUSAL, BM)
+    dq, dqr, prev, prev_v, rot_ds, rot_p, ds_sum, p_sum = _dq_tiles(
+        dq, dqr, prev, prev_v, rot_ds, rot_p, ds_sum, p_sum, q, qr, do, lse, delta, k_ptrs, v_ptrs, R, VT, DR, DVT, i,
+        c_base, interior, key_end, TQ, TK, S, srow, svrow, qk_scale, bias_scale, skt, svt, d, d_ok, CAUSAL, True,
+        HAS_VALUES, FAR, D, BN, PRECISION, UPCAST)
+    end = interior + tl.cdiv(tl.maximum(key_end - interior, 0), BN) * BN  # one past the last tile
+    dqr = _dq_last_chunk(dqr, rot_ds, rot_p, qr, do, R, VT, DR, DVT, c_base + end - BN, S, srow, svrow, d, d_ok,
+                         HAS_VALUES, FAR, D, PRECISION, UPCAST)
     if FAR:
         far_ds = tl.where(i_ok & (far > 0), -ds_sum, 0.0)  # (BM,): the far tiles' dS, all at row 0
         dqr += far_ds[:, None] * tl.load(R + d, mask=d_ok, other=0.0).to(tl.float32)[None, :]
