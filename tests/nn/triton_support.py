@@ -97,6 +97,11 @@ def patch_interpreter_for_tf32() -> None:
 
     patched.posenc_patched = True
     interpreter.InterpreterBuilder.create_dot = patched
+    # and the kernels told that their products are TF32, as compiled: they round what a GPU would truncate
+    # (attention_kernels._nearest_tf32, attention.output_gradient_and_delta)
+    from posenc.nn.triton import attention
+
+    attention.precision = lambda dtype, interpreted: "tf32"
 
 
 _PRODUCTS = frozenset({"mm", "bmm", "addmm", "baddbmm", "mv", "addmv", "dot"})  # aten's matrix products
