@@ -185,6 +185,22 @@ def precision(dtype: torch.dtype, interpreted: bool) -> str:
     return "ieee" if interpreted else "tf32"
 
 
+def nearest_tf32(t: Tensor) -> Tensor:
+    """float32 t as the nearest TF32 value, ties away from zero: attention_kernels._nearest_tf32 on the host."""
+    return ((t.view(torch.int32) + 0x1000) & -8192).view(torch.float32)
+
+
+def output_gradient_and_delta(dout: Tensor, out: Tensor) -> tuple[Tensor, Tensor]:
+    """The backward's dO (B,H,Tq,Dh) as its products read it and FlashAttention-2's D = rowsum(dO * O) (B,H,Tq),
+    float32. D stands for rowsum(P * dP), dP = dO V^T, so the rows of dS = P (dP - D) sum to 0; with dP on TF32
+    operands it must take the dO that dP reads. Left to the tensor cores, dO would be truncated in dP only (biased
+    towards 0: every query's dS summed to about -1e-3, a sum of dS over many queries drifted); rounded here to
+    the nearest TF32 value, both read the same dO."""
+    if dout.dtype == torch.float32 and precision(dout.dtype, dout.device.type == "cpu") == "tf32":
+        dout = nearest_tf32(dout)
+    return dout, (dout.float() * out.float()).sum(-1)
+
+
 def launch(kernel, grid: tuple[int, ...], *args, **options) -> None:
     """Every kernel launch of this module (the static check compiles what passes through here instead)."""
     kernel[grid](*args, **options)
@@ -256,11 +272,10 @@ class _RowBiasAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout: Tensor):
         q, k, v, out, lse, biased, e = ctx.saved_tensors
-        dout = _dense_last(dout)
+        dout, delta = output_gradient_and_delta(_dense_last(dout), out)  # delta (B,H,Tq)
         b, h, tq, d = q.shape
         hkv, tk = k.shape[1], k.shape[2]
         group = h // hkv
-        delta = (dout.float() * out.float()).sum(-1)  # (B,H,Tq): rowsum(dO * O), FlashAttention-2's D
         strides = (*_bhd(q), *_bhd(k), *_bhd(v), *_bhd(dout))
         scales = (d**-0.5 * kernels.LOG2E, d**-0.5)
         shape = dict(D=d, CAUSAL=ctx.causal, HAS_BIAS=True, BD=padded_head_dim(d))

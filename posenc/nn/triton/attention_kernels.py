@@ -45,6 +45,21 @@ def _dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def _nearest_tf32(x, PRECISION: tl.constexpr):
+    """x as the nearest TF32 value (ties away from zero, as cvt.rna), where tl.dot multiplies float32 as TF32;
+    other types and exact products unchanged. Triton hands float32 registers to the tensor cores as they are, which
+    then drop the 13 low mantissa bits: a truncation, biased towards 0. For the probabilities that bias does not
+    cancel in the backward's D = rowsum(dO * O) (O summed truncated p, dP = dO V^T weighs the exact p): every
+    query's dS summed to ~1e-3 instead of 0, and a parameter whose gradient sums dS over many queries (KERPLE's,
+    a row's) drifted by that much times Tq. Rounded to nearest, the errors are unbiased and average out.
+    Two integer operations on the bits (cvt.rna.tf32.f32 in inline assembly took 46-50 loop instructions per
+    forward tile against these 30-32, and spilled 8 B in Shaw's fp32 forward: the static table)."""
+    if PRECISION == "tf32" and x.dtype == tl.float32:
+        x = ((x.to(tl.int32, bitcast=True) + 0x1000) & -8192).to(tl.float32, bitcast=True)
+    return x
+
+
+@triton.jit
 def _bias(ptrs, UPCAST: tl.constexpr):
     """The bias tile at ptrs, float32. On a GPU an opaque load: Triton's pipeliner would otherwise stage it through
     shared memory with K and V (it feeds p, hence the second product): BM x BN x 4 bytes per stage, 32 KB at
@@ -117,7 +132,7 @@ def _softmax_step(best, total, s, EMPTY_ROWS: tl.constexpr):
 @triton.jit
 def _fold_values(acc, correction, p, v, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """The running output (BM,BD) rescaled by _softmax_step's correction plus the tile's p (BM,BN) times v (BN,BD)."""
-    return acc * correction[:, None] + _dot(p.to(v.dtype), v, PRECISION, UPCAST)
+    return acc * correction[:, None] + _dot(_nearest_tf32(p.to(v.dtype), PRECISION), v, PRECISION, UPCAST)
 
 
 @triton.jit

@@ -84,11 +84,10 @@ class _ContextualAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout: Tensor):
         q, k, v, out, lse, rows = ctx.saved_tensors
-        dout = _dense_last(dout)
+        dout, delta = attention.output_gradient_and_delta(_dense_last(dout), out)  # delta (B,H,Tq)
         b, h, tq, d = q.shape
         hkv, tk = k.shape[1], k.shape[2]
         group = h // hkv
-        delta = (dout.float() * out.float()).sum(-1)  # (B,H,Tq): rowsum(dO * O)
         t_dq, t_kv = tiles("dq", d, q.device, q.dtype), tiles("dkdv", d, q.device, q.dtype)
         key_tiles = cdiv(tk, t_dq.bn)  # the carries' tiles: _dkdv must walk the same ones
         carry_g = torch.zeros(b, h, tq, key_tiles, device=q.device, dtype=torch.float32)

@@ -107,11 +107,10 @@ class _PiecewiseAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout: Tensor):
         q, k, v, out, lse, padded, inv, slopes, intercepts, knots, extended, e = ctx.saved_tensors
-        dout = attention._dense_last(dout)
+        dout, delta = attention.output_gradient_and_delta(attention._dense_last(dout), out)  # delta (B,H,Tq)
         b, h, tq, d = q.shape
         hkv, tk = k.shape[1], k.shape[2]
         group, n_knots, pad = h // hkv, knots.shape[0], ctx.pad
-        delta = (dout.float() * out.float()).sum(-1)  # (B,H,Tq): rowsum(dO * O), FlashAttention-2's D
         strides = (*attention._bhd(q), *attention._bhd(k), *attention._bhd(v), *attention._bhd(dout))
         scales = (d**-0.5 * row_kernels.LOG2E, d**-0.5)
         shape = dict(D=d, CAUSAL=ctx.causal, BD=attention.padded_head_dim(d))

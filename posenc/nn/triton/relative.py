@@ -82,11 +82,10 @@ class _RelativeAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout: Tensor):
         qc, qr, k, v, table, vt, out, lse, e = ctx.saved_tensors
-        dout = _dense_last(dout)
+        dout, delta = attention.output_gradient_and_delta(_dense_last(dout), out)  # delta (B,H,Tq)
         b, h, tq, d = qc.shape
         hkv, tk, length = k.shape[1], k.shape[2], table.shape[1]
         group = h // hkv
-        delta = (dout.float() * out.float()).sum(-1)  # (B,H,Tq): rowsum(dO * O)
         scales = (d**-0.5 * LOG2E, ctx.scale * LOG2E, d**-0.5)
         shape = dict(D=d, CAUSAL=ctx.causal, HAS_VALUES=ctx.has_values, FAR=ctx.far, BD=padded_head_dim(d))
         lse_far, delta_far = _far_softmax(qr, table, vt, dout, lse, delta, ctx) if ctx.far else (lse, delta)
