@@ -96,8 +96,10 @@ class FIRE(Scheme):
 
     def piecewise_bias(self, q_pos: Tensor, low: int, high: int) -> PiecewiseBias:
         """The bias as the MLP's exact pieces of x = psi(i - j) / psi(max(L, i)): feature psi(m - n) for
-        r = n - m in [low, high] (future keys clamped to 0, as fire_inputs does), divisor per query."""
-        i = shared_rows(q_pos, q_pos)[0].to(torch.float32)  # (B|1,Tq)
+        r = n - m in [low, high] (future keys clamped to 0, as fire_inputs does), divisor per query: for every
+        batch row unless the rows are one row expanded (asking whether rows are equal reads the device, which
+        costs a GPU more than a divisor per row)."""
+        i = (q_pos[:1] if q_pos.stride(0) == 0 else q_pos).to(torch.float32)  # (B|1,Tq)
         if wanted_gradient(self):
             c, threshold, (knots, slopes, intercepts) = self.c, self.threshold, self._pieces()
             feature = _feature(c, low, high, q_pos.device)
