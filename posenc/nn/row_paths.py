@@ -189,13 +189,23 @@ def native_pieces(call: Call) -> Tensor | None:
 
 def triton_pieces(call: Call) -> Tensor | None:
     """FIRE's pieces evaluated per tile inside the Triton kernel (triton/piecewise_attention.py), forward and
-    backward."""
-    if not on_gpu(call) or (span := span_of(call)) is None or (pieces := _pieces(call, span)) is None:
+    backward. The pieces as the kernels read them (float32, base-2 lines, the padded feature, each kernel's segment
+    table) are built once per forward for every layer, as the pieces themselves are: per layer, only the launches."""
+    if not on_gpu(call) or (span := span_of(call)) is None:
         return None
-    from posenc.nn.triton.piecewise_attention import attend_pieces  # imports triton: only for a GPU tensor
+    from posenc.nn.triton import piecewise_attention as kernel  # imports triton: only for a GPU tensor
 
-    return attend_pieces(call.q, call.k, call.v, pieces.feature, pieces.divisor, pieces.knots, pieces.slopes,
-                         pieces.intercepts, -span.offsets.delta - pieces.low, call.causal)
+    scheme, q_pos, q = call.scheme, call.q_pos, call.q
+    shape, device, dtype, delta = tuple(q.shape), q.device, q.dtype, span.offsets.delta
+
+    def build() -> object:
+        pieces = scheme.piecewise_bias(q_pos, span.low, span.high)
+        return None if pieces is None else kernel.kernel_pieces(
+            pieces.feature, pieces.divisor, pieces.knots, pieces.slopes, pieces.intercepts, -delta - pieces.low,
+            shape, device, dtype)
+
+    pieces = per_forward(scheme, ("kernel pieces", shape, dtype), q_pos, call.k_pos, (span.low, span.high), build)
+    return None if pieces is None else kernel.attend_kernel_pieces(call.q, call.k, call.v, pieces, call.causal)
 
 
 def native_contextual(call: Call) -> Tensor | None:
