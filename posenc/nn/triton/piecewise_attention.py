@@ -76,15 +76,15 @@ def _batch_stride(t: Tensor) -> int:
 
 @dataclasses.dataclass
 class KernelPieces:
-    """A PiecewiseBias as the kernels read it, for one batch, head dim and dtype: every layer of a forward shares
-    it (FIRE is one module for all layers), so posenc.nn.row_paths builds it once per forward, and each kernel's
-    segment table is made once, on its first use, not in every layer's forward and backward."""
+    """A PiecewiseBias as the kernels read it, for one batch, head dim and dtype, without autograd (the kernels'
+    backward turns their gradients into the pieces' own): every layer of a forward shares it (FIRE is one module
+    for all layers), so posenc.nn.row_paths builds it once per forward, and each kernel's segment table is made
+    once, on its first use, not in every layer's forward and backward."""
 
-    feature: Tensor  # (S,) float32, contiguous
-    inv: Tensor  # (B|1,Tq) float32, 1 / divisor: autograd carries the divisor's gradient
+    inv: Tensor  # (B|1,Tq) float32, 1 / divisor
     slopes: Tensor  # (H,K+1) float32 in base-2 units (times log2 e)
     intercepts: Tensor  # (H,K+1)
-    padded: Tensor  # (S + 2 pad,) the feature padded with its end values
+    padded: Tensor  # (S + 2 pad,) the feature in float32, padded with its end values
     knots: Tensor  # (K,) float32, ascending
     extended: Tensor  # (K+1,) the knots, then +inf: "no knot"
     e: Tensor  # (B,) int64: r at query 0, key 0 of each batch row
@@ -96,13 +96,12 @@ class KernelPieces:
         """_segment_table at the kernel's tiles (made once: it depends on nothing a layer changes)."""
         made = self.tables.get((name, tq, tk))
         if made is None:
-            with torch.no_grad():
-                made = self.tables[name, tq, tk] = _segment_table(self.padded, self.pad, self.e, self.inv,
-                                                                  self.knots, self.tile_sets[name], tq, tk,
-                                                                  keys_outer)
+            made = self.tables[name, tq, tk] = _segment_table(self.padded, self.pad, self.e, self.inv, self.knots,
+                                                              self.tile_sets[name], tq, tk, keys_outer)
         return made
 
 
+@torch.no_grad()
 def kernel_pieces(feature: Tensor, divisor: Tensor, knots: Tensor, slopes: Tensor, intercepts: Tensor, e: Tensor,
                   shape: tuple[int, int, int, int], device: torch.device, dtype: torch.dtype) -> KernelPieces:
     """The pieces (attend_pieces' arguments) for q of shape (B,H,Tq,Dh) on device in dtype: checked, in float32,
@@ -119,24 +118,25 @@ def kernel_pieces(feature: Tensor, divisor: Tensor, knots: Tensor, slopes: Tenso
         raise ValueError(f"row offsets e {tuple(e.shape)}: expected (1,) or ({b},), one per batch row")
     tile_sets = {name: attention.tiles(name, d, device, dtype) for name in KERNELS}
     pad = attention._pad(*tile_sets.values())
-    feature = feature.float().contiguous()
-    knots = knots.detach().float().contiguous()
+    knots = knots.float().contiguous()
     extended = torch.cat((knots, knots.new_full((1,), float("inf"))))
     slopes, intercepts = (t.float().contiguous() * row_kernels.LOG2E for t in (slopes, intercepts))
-    return KernelPieces(feature, (1.0 / divisor.float()).contiguous(), slopes, intercepts,
-                        _padded_feature(feature.detach(), pad), knots, extended,
+    return KernelPieces((1.0 / divisor.float()).contiguous(), slopes, intercepts,
+                        _padded_feature(feature.float(), pad), knots, extended,
                         e.to(device=device, dtype=torch.int64).expand(b).contiguous(), pad, tile_sets, {})
 
 
 class _PiecewiseAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, feature: Tensor, inv: Tensor, slopes: Tensor,
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, feature: Tensor, divisor: Tensor, slopes: Tensor,
                 intercepts: Tensor, pieces: KernelPieces, causal: bool) -> Tensor:
-        """feature, inv, slopes, intercepts: pieces' own (given apart so that autograd sees them)."""
+        """feature (S,), divisor (B|1,Tq), slopes, intercepts (H,K+1): the pieces whose gradients the backward
+        gives (autograd sees them); the kernels read pieces, their float32, base-2 form."""
         q, k, v = attention._dense_last(q), attention._dense_last(k), attention._dense_last(v)
         attention._check_sizes(q, k, v)
         b, h, tq, d = q.shape
         padded, pad, e, extended = pieces.padded, pieces.pad, pieces.e, pieces.extended
+        inv, slopes, intercepts = pieces.inv, pieces.slopes, pieces.intercepts
         t = pieces.tile_sets["pieces_forward"]
         segs, split = pieces.table("pieces_forward", tq, k.shape[2], keys_outer=False)
         # Trained pieces in 16 bits: the output stays in float32 for the backward's rowsum(dO * O). Rounded, it
@@ -151,15 +151,16 @@ class _PiecewiseAttention(torch.autograd.Function):
                          h, h // k.shape[1], tq, k.shape[2], _batch_stride(inv), segs.shape[1], segs.shape[2],
                          pieces.knots.shape[0], d**-0.5 * row_kernels.LOG2E, D=d, CAUSAL=causal, BM=t.bm, BN=t.bn,
                          BD=attention.padded_head_dim(d), **attention._options(t, q.dtype, q.device))
-        ctx.save_for_backward(q, k, v, out, lse, inv, slopes, intercepts)
+        ctx.save_for_backward(q, k, v, out, lse)
         ctx.causal, ctx.pieces, ctx.feature_len = causal, pieces, feature.shape[0]
         return out if out.dtype == q.dtype else out.to(q.dtype)
 
     @staticmethod
     def backward(ctx, dout: Tensor):
-        q, k, v, out, lse, inv, slopes, intercepts = ctx.saved_tensors
+        q, k, v, out, lse = ctx.saved_tensors
         pieces = ctx.pieces
         padded, pad, e, extended = pieces.padded, pieces.pad, pieces.e, pieces.extended
+        inv, slopes, intercepts = pieces.inv, pieces.slopes, pieces.intercepts
         dout = attention._dense_last(dout)
         b, h, tq, d = q.shape
         hkv, tk = k.shape[1], k.shape[2]
@@ -198,26 +199,30 @@ class _PiecewiseAttention(torch.autograd.Function):
                          **attention._options(t, q.dtype, q.device))
         if not param_grad:
             return dq, dk, dv, None, None, None, None, None, None
-        ln2 = 1.0 / row_kernels.LOG2E  # the bias is in base-2 units: d loss / d (base-2 bias) = ln 2 dS
+        # The kernels' sums are of dS, the gradient of the bias in base-2 units (times log2 e): the feature's and the
+        # divisor's take ln 2; the slopes' and intercepts' none, as the kernels read them times log2 e.
+        ln2 = 1.0 / row_kernels.LOG2E
         d_feature = torch.empty(h, ctx.feature_len, device=q.device, dtype=torch.float32)
         attention.launch(row_kernels._row_reduce, (h, cdiv(ctx.feature_len, attention.REDUCE_BLOCK)), diag,
                          e, d_feature, b, h, q_blocks, diag_len, ctx.feature_len, BM=t.bm, BR=attention.REDUCE_BLOCK)
         d_inv = d_inv.sum(1) if inv.shape[0] > 1 else d_inv.sum((0, 1))[None]  # (B|1,Tq)
+        d_divisor = d_inv.mul_(inv.square()).mul_(-ln2)  # inv = 1 / divisor: d inv / d divisor = -inv^2
         sums = sums.view(b, h, q_blocks, 2, segments).sum((0, 2))[..., : n_knots + 1]  # (H,2,K+1)
-        return dq, dk, dv, d_feature.sum(0) * ln2, d_inv * ln2, sums[:, 1] * ln2, sums[:, 0] * ln2, None, None
+        return dq, dk, dv, d_feature.sum(0).mul_(ln2), d_divisor, sums[:, 1], sums[:, 0], None, None
 
 
-def attend_kernel_pieces(q: Tensor, k: Tensor, v: Tensor, pieces: KernelPieces, causal: bool) -> Tensor:
-    """q (B,H,Tq,Dh), k/v (B,Hkv,Tk,Dh) in bf16, fp16 or fp32 (one dtype), pieces made by kernel_pieces for q's
-    shape, device and dtype -> (B,H,Tq,Dh) in q's dtype, accumulated in float32. Causal needs Tq <= Tk."""
+def attend_kernel_pieces(q: Tensor, k: Tensor, v: Tensor, feature: Tensor, divisor: Tensor, slopes: Tensor,
+                         intercepts: Tensor, pieces: KernelPieces, causal: bool) -> Tensor:
+    """q (B,H,Tq,Dh), k/v (B,Hkv,Tk,Dh) in bf16, fp16 or fp32 (one dtype); feature, divisor, slopes, intercepts as
+    attend_pieces takes them, pieces = kernel_pieces of them for q's shape, device and dtype -> (B,H,Tq,Dh) in q's
+    dtype, accumulated in float32. Causal needs Tq <= Tk."""
     if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"q, k, v dtypes: {q.dtype}, {k.dtype}, {v.dtype}; expected one dtype")
     if q.shape[1] % k.shape[1] != 0:
         raise ValueError(f"query heads H={q.shape[1]}: expected a multiple of the key heads Hkv={k.shape[1]}")
     if causal and q.shape[2] > k.shape[2]:
         raise ValueError(f"causal attention with Tq={q.shape[2]} queries: expected Tq <= Tk={k.shape[2]}")
-    return _PiecewiseAttention.apply(q, k, v, pieces.feature, pieces.inv, pieces.slopes, pieces.intercepts, pieces,
-                                     causal)
+    return _PiecewiseAttention.apply(q, k, v, feature, divisor, slopes, intercepts, pieces, causal)
 
 
 def attend_pieces(q: Tensor, k: Tensor, v: Tensor, feature: Tensor, divisor: Tensor, knots: Tensor, slopes: Tensor,
@@ -226,7 +231,7 @@ def attend_pieces(q: Tensor, k: Tensor, v: Tensor, feature: Tensor, divisor: Ten
     index, divisor (B|1,Tq) positive, knots (K,) ascending, slopes/intercepts (H,K+1), e (B|1,) -> (B,H,Tq,Dh) in
     q's dtype, accumulated in float32. Causal needs Tq <= Tk (queries are the last keys)."""
     pieces = kernel_pieces(feature, divisor, knots, slopes, intercepts, e, tuple(q.shape), q.device, q.dtype)
-    return attend_kernel_pieces(q, k, v, pieces, causal)
+    return attend_kernel_pieces(q, k, v, feature, divisor, slopes, intercepts, pieces, causal)
 
 
 __all__ = ["KERNELS", "KernelPieces", "attend_kernel_pieces", "attend_pieces", "kernel_pieces"]
