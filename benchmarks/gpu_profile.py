@@ -80,6 +80,11 @@ CASES: dict[str, Callable] = {
     "kerple_backward": lambda device, dtype, quick: _attention("kerple", True, 4, 4096, device, dtype, quick),
     "alibi_backward": lambda device, dtype, quick: _attention("alibi", True, 4, 4096, device, dtype, quick),
     "alibi_1k": lambda device, dtype, quick: _attention("alibi", False, 16, 1024, device, dtype, quick),
+    # FIRE and CoPE at the shape where a fixed ~0.8 ms per call showed (H200, 2026-11-26): host or the kernels'
+    # work per token (FIRE's knot loops near the diagonal, CoPE's gated tiles)?
+    **{f"{name}{suffix}_1k": lambda device, dtype, quick, name=name, backward=backward: _attention(
+        name, backward, 16, 1024, device, dtype, quick)
+       for name in ("fire", "cope") for suffix, backward in (("", False), ("_backward", True))},
     "decode_none": decode_none,
     "self_extend_prompt": self_extend_prompt,
 }

@@ -116,6 +116,8 @@ def _rope(backward: bool) -> tuple[Callable[[], object], list]:
 
 
 def _attention(name: str, backward: bool) -> tuple[Callable[[], object], list]:
+    """The GPU benchmark's call (benchmarks.gpu_sections.attention_cells): the same positions and parameters every
+    call, as every layer of a forward after the first sees them."""
     from benchmarks.gpu_sections import attention_cells
     from posenc.nn.triton import attention
 
@@ -129,6 +131,10 @@ CASES: dict[str, Callable[[], tuple[Callable[[], object], list]]] = {
     "alibi_1k": lambda: _attention("alibi", False),
     "alibi_backward": lambda: _attention("alibi", True),
     "kerple_backward": lambda: _attention("kerple", True),
+    # At SHAPE's T = 64: at T = 1k the CPU's own tensor work (CoPE's rows, the backward's rowsum(dO O) and zeroed
+    # buffers: a GPU's kernels) swamps the host's share (fire_backward ~4.6 ms, cope_backward ~5.3 ms per call).
+    **{f"{name}_{label}": lambda name=name, backward=backward: _attention(name, backward)
+       for name in ("fire", "cope") for label, backward in (("forward", False), ("backward", True))},
 }
 
 

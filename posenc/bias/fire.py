@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from posenc.bias._distance import shared_rows
-from posenc.bias._piecewise import relu_mlp_pieces
+from posenc.bias._piecewise import relu_mlp_pieces, relu_mlp_segments
 from posenc.nn.kept_tables import kept, wanted_gradient
 from posenc.scheme import Dims, PiecewiseBias, Scheme, from_first_key
 from posenc.validators import number_in, positive_int
@@ -96,8 +96,10 @@ class FIRE(Scheme):
 
     def piecewise_bias(self, q_pos: Tensor, low: int, high: int) -> PiecewiseBias:
         """The bias as the MLP's exact pieces of x = psi(i - j) / psi(max(L, i)): feature psi(m - n) for
-        r = n - m in [low, high] (future keys clamped to 0, as fire_inputs does), divisor per query."""
-        i = shared_rows(q_pos, q_pos)[0].to(torch.float32)  # (B|1,Tq)
+        r = n - m in [low, high] (future keys clamped to 0, as fire_inputs does), divisor per query: for every
+        batch row unless the rows are one row expanded (asking whether rows are equal reads the device, which
+        costs a GPU more than a divisor per row)."""
+        i = (q_pos[:1] if q_pos.stride(0) == 0 else q_pos).to(torch.float32)  # (B|1,Tq)
         if wanted_gradient(self):
             c, threshold, (knots, slopes, intercepts) = self.c, self.threshold, self._pieces()
             feature = _feature(c, low, high, q_pos.device)
@@ -107,7 +109,11 @@ class FIRE(Scheme):
         return PiecewiseBias(feature, low, divisor, knots, slopes, intercepts)
 
     def _pieces(self) -> tuple[Tensor, Tensor, Tensor]:
-        return relu_mlp_pieces(self.mlp[0], self.mlp[2])
+        """The MLP's pieces; which units are on in each segment is kept while the first layer is unchanged (a
+        training step asks twice: in the forward and in the backward's rebuild of the pieces, row_paths)."""
+        first = self.mlp[0]
+        segments = kept(first, "segments", lambda value: True, lambda: relu_mlp_segments(first))
+        return relu_mlp_pieces(first, self.mlp[2], segments)
 
     def _kept_terms(self, low: int, high: int, device: torch.device) -> tuple:
         """c, L, the MLP's pieces and the feature for r = low..high: functions of the parameters alone, kept while

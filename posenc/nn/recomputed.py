@@ -43,7 +43,10 @@ class _Recomputed(torch.autograd.Function):
         # Kept as attributes, not saved tensors: saved tensors are freed by a backward, and this node must serve
         # every backward that reaches it. The parameters are leaves and build holds no output: no cycle.
         ctx.build, ctx.params, ctx.versions = build, params, [tensor_version(p) for p in params]
-        outputs = _tensors(value)
+        # Aliases: autograd makes this node the grad_fn of the tensors returned, and build() may return a tensor that
+        # a cache keeps (kept_tables) and a later build returns again: given this node, the rebuild's backward would
+        # call itself.
+        outputs = tuple(t.detach() for t in _tensors(value))
         ctx.differentiable = [t.is_floating_point() for t in outputs]
         ctx.mark_non_differentiable(*(t for t, d in zip(outputs, ctx.differentiable, strict=True) if not d))
         return outputs

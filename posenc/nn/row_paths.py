@@ -18,6 +18,7 @@ falls back to the chunked or reference path, which every fast path here is teste
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from typing import NamedTuple
 
@@ -83,12 +84,14 @@ class _Entry(NamedTuple):
     value: object
 
 
-def per_forward(scheme: Scheme, kind: object, q_pos: Tensor, k_pos: Tensor, key: tuple, build):
+def per_forward(scheme: Scheme, kind: object, q_pos: Tensor, k_pos: Tensor, key: tuple, build,
+                graph: bool = True):
     """build(), once per forward: all layers share the scheme, the positions and the parameters' versions.
     The memo keeps values, never an autograd graph (posenc.nn.recomputed): a backward frees a graph, and the
     next forward over the same positions and parameters would read the freed one. A hit compares the versions of
     the parameters the entry was built with (walking the scheme's modules for every layer cost more than a decode
-    step's rows)."""
+    step's rows). graph=False: a value that no gradient passes through (a kernel's form of another entry's),
+    built without autograd."""
     key = (key, position_version(q_pos), position_version(k_pos), torch.is_grad_enabled())
     kept = _memo.get(scheme)
     if kept is None:
@@ -99,7 +102,11 @@ def per_forward(scheme: Scheme, kind: object, q_pos: Tensor, k_pos: Tensor, key:
         return hit.value
     params = kept_tables.parameters(scheme)
     versions = tuple(tensor_version(p) for p in params)
-    value = recomputed.shared(build, params)
+    if graph:
+        value = recomputed.shared(build, params)
+    else:
+        with torch.no_grad():
+            value = build()
     kept[kind] = _Entry(q_pos, k_pos, key, params, versions, value)
     return value
 
@@ -148,6 +155,20 @@ def _pieces(call: Call, span: Span) -> PiecewiseBias | None:
                        lambda: scheme.piecewise_bias(q_pos, span.low, span.high))
 
 
+def _float32_pieces(call: Call, span: Span) -> PiecewiseBias | None:
+    """_pieces in float32, once per forward: the kernels' gradients of them are float32, and are added up over the
+    layers in float32 before they reach 16-bit parameters (once, in the rebuild's backward)."""
+    scheme, q_pos = call.scheme, call.q_pos
+
+    def build() -> PiecewiseBias | None:
+        p = scheme.piecewise_bias(q_pos, span.low, span.high)
+        return None if p is None else dataclasses.replace(
+            p, feature=p.feature.float(), divisor=p.divisor.float(), knots=p.knots.float(), slopes=p.slopes.float(),
+            intercepts=p.intercepts.float())
+
+    return per_forward(scheme, "float32 pieces", q_pos, call.k_pos, (span.low, span.high), build)
+
+
 def native_rows(call: Call) -> Tensor | None:
     """Rows per head in the native CPU kernel (csrc/attention_*.cpp), forward and backward."""
     if not runs_native(call) or (span := span_of(call)) is None or (rows := _rows(call, span)) is None:
@@ -189,13 +210,21 @@ def native_pieces(call: Call) -> Tensor | None:
 
 def triton_pieces(call: Call) -> Tensor | None:
     """FIRE's pieces evaluated per tile inside the Triton kernel (triton/piecewise_attention.py), forward and
-    backward."""
-    if not on_gpu(call) or (span := span_of(call)) is None or (pieces := _pieces(call, span)) is None:
+    backward. The pieces as the kernels read them (float32, base-2 lines, the padded feature, each kernel's segment
+    table: no gradient passes through them) are built once per forward for every layer, as the pieces themselves
+    are: per layer, only the launches."""
+    if not on_gpu(call) or (span := span_of(call)) is None or (pieces := _float32_pieces(call, span)) is None:
         return None
-    from posenc.nn.triton.piecewise_attention import attend_pieces  # imports triton: only for a GPU tensor
+    from posenc.nn.triton import piecewise_attention as kernel  # imports triton: only for a GPU tensor
 
-    return attend_pieces(call.q, call.k, call.v, pieces.feature, pieces.divisor, pieces.knots, pieces.slopes,
-                         pieces.intercepts, -span.offsets.delta - pieces.low, call.causal)
+    q, delta = call.q, span.offsets.delta
+    shape = tuple(q.shape)
+    form = per_forward(call.scheme, ("kernel pieces", shape, q.dtype), call.q_pos, call.k_pos, (span.low, span.high),
+                       lambda: kernel.kernel_pieces(pieces.feature, pieces.divisor, pieces.knots, pieces.slopes,
+                                                    pieces.intercepts, -delta - pieces.low, shape, q.device, q.dtype),
+                       graph=False)
+    return kernel.attend_kernel_pieces(q, call.k, call.v, pieces.feature, pieces.divisor, pieces.slopes,
+                                       pieces.intercepts, form, call.causal)
 
 
 def native_contextual(call: Call) -> Tensor | None:

@@ -284,7 +284,7 @@ def test_rotary_schemes_take_the_kernel_with_gradients(name, monkeypatch):
         close(a, b, c, torch.float32, f"{name} {what}")
 
 
-@pytest.mark.parametrize("name", ["kerple", "rope"])
+@pytest.mark.parametrize("name", ["kerple", "rope", "fire"])  # fire: its pieces shared by the layers, once per forward
 def test_model_with_triton_kernels_equals_model_without(name, monkeypatch):
     """End to end: logits and every gradient of a tiny GPT with the Triton kernels on, against the model without
     them in float64 (exact) and in float32 (low)."""
@@ -356,7 +356,7 @@ def test_gpu_tiles_without_the_row_gradient(monkeypatch):
     check_rows(out, [q, k, v, rows], e, True, torch.float32, "without drow", grad)
 
 
-@pytest.mark.parametrize("name", ["kerple", "relative"])
+@pytest.mark.parametrize("name", ["kerple", "relative", "fire"])
 def test_repeated_forward_backward_with_one_positions_tensor(name, monkeypatch):
     """The crash of the GPU benchmark's warm-up: fwd+bwd twice with one positions tensor and unchanged learnable
     parameters ('backward through the graph a second time'); each time the reference's gradients."""

@@ -81,8 +81,8 @@ def test_fire_kernel_equals_the_float64_dense_bias_with_every_gradient(case, mon
     if INTERPRETED:
         monkeypatch.setattr(attention, "tiles", lambda kernel, head_dim, device, dtype_: SMALL[kernel])
     calls = []
-    kernel = piecewise_attention.attend_pieces
-    monkeypatch.setattr(piecewise_attention, "attend_pieces", lambda *a: calls.append(1) or kernel(*a))
+    kernel = piecewise_attention.attend_kernel_pieces
+    monkeypatch.setattr(piecewise_attention, "attend_kernel_pieces", lambda *a: calls.append(1) or kernel(*a))
     scheme = fire(h, dh, threshold=tk - tq / 2, spread=spread)  # half the queries below L
     g = torch.Generator().manual_seed(1)
     q = torch.randn(b, h, tq, dh, generator=g)

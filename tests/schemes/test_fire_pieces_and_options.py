@@ -51,21 +51,23 @@ MLPS = {
 def test_pieces_equal_the_mlp_everywhere(name):
     first, second = mlp(*MLPS[name])
     knots, slopes, intercepts = relu_mlp_pieces(first, second)
-    turning = [w for w in MLPS[name][0] if w != 0]
-    assert knots.shape == (len(turning),) and bool((knots[1:] >= knots[:-1]).all())
-    assert slopes.shape == intercepts.shape == (3, len(turning) + 1)
+    width, turning = len(MLPS[name][0]), sum(w != 0 for w in MLPS[name][0])
+    assert knots.shape == (width,) and bool((knots[1:] >= knots[:-1]).all())  # one knot per unit, whatever w1
+    assert int(knots.isfinite().sum()) == turning and bool((knots[turning:] == math.inf).all())  # never turns: +inf
+    assert slopes.shape == intercepts.shape == (3, width + 1)
+    knots = knots[:turning]
     x = torch.cat((torch.linspace(-6, 6, 1201), knots, knots - 1e-3, knots + 1e-3))
     with torch.no_grad():
         direct = second(torch.relu(first(x[:, None]))).T  # (H,N)
         torch.testing.assert_close(evaluate_pieces(knots, slopes, intercepts, x), direct, rtol=1e-5, atol=1e-5)
 
 
-def test_all_zero_mlp_is_one_zero_piece():
+def test_all_zero_mlp_is_zero_on_every_piece():
     first, second = nn.Linear(1, 4), nn.Linear(4, 2)
     for p in (*first.parameters(), *second.parameters()):
         nn.init.zeros_(p)
     knots, slopes, intercepts = relu_mlp_pieces(first, second)
-    assert knots.numel() == 0 and slopes.shape == intercepts.shape == (2, 1)
+    assert bool((knots == math.inf).all()) and slopes.shape == intercepts.shape == (2, 5)  # no unit turns
     assert not slopes.any() and not intercepts.any()
 
 

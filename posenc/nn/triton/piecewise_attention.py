@@ -18,10 +18,11 @@ Tiles, warps and stages: attention.TILES (the "pieces_*" kernels), chosen by the
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import Tensor
 
-from posenc.nn.fused_attention import per_batch_row
 from posenc.nn.triton import attention, cdiv, next_power_of_2
 from posenc.nn.triton import attention_kernels as row_kernels
 from posenc.nn.triton import piecewise_kernels as kernels
@@ -73,21 +74,71 @@ def _batch_stride(t: Tensor) -> int:
     return t.stride(0) if t.shape[0] > 1 else 0
 
 
+@dataclasses.dataclass
+class KernelPieces:
+    """A PiecewiseBias as the kernels read it, for one batch, head dim and dtype, without autograd (the kernels'
+    backward turns their gradients into the pieces' own): every layer of a forward shares it (FIRE is one module
+    for all layers), so posenc.nn.row_paths builds it once per forward, and each kernel's segment table is made
+    once, on its first use, not in every layer's forward and backward."""
+
+    inv: Tensor  # (B|1,Tq) float32, 1 / divisor
+    slopes: Tensor  # (H,K+1) float32 in base-2 units (times log2 e)
+    intercepts: Tensor  # (H,K+1)
+    padded: Tensor  # (S + 2 pad,) the feature in float32, padded with its end values
+    knots: Tensor  # (K,) float32, ascending
+    extended: Tensor  # (K+1,) the knots, then +inf: "no knot"
+    e: Tensor  # (B,) int64: r at query 0, key 0 of each batch row
+    pad: int
+    tile_sets: dict  # kernel name -> attention.Tiles
+    tables: dict  # (kernel name, Tq, Tk) -> its segment table and split, (B,NQ,NK,2) and (B,NQ|NK) int32
+
+    def table(self, name: str, tq: int, tk: int, keys_outer: bool) -> tuple[Tensor, Tensor]:
+        """_segment_table at the kernel's tiles (made once: it depends on nothing a layer changes)."""
+        made = self.tables.get((name, tq, tk))
+        if made is None:
+            made = self.tables[name, tq, tk] = _segment_table(self.padded, self.pad, self.e, self.inv, self.knots,
+                                                              self.tile_sets[name], tq, tk, keys_outer)
+        return made
+
+
+@torch.no_grad()
+def kernel_pieces(feature: Tensor, divisor: Tensor, knots: Tensor, slopes: Tensor, intercepts: Tensor, e: Tensor,
+                  shape: tuple[int, int, int, int], device: torch.device, dtype: torch.dtype) -> KernelPieces:
+    """The pieces (attend_pieces' arguments) for q of shape (B,H,Tq,Dh) on device in dtype: checked, in float32,
+    the lines in base-2 units, the feature padded for every tile the kernels form."""
+    b, h, tq, d = shape
+    if feature.dim() != 1 or feature.shape[0] < 1:
+        raise ValueError(f"piecewise feature {tuple(feature.shape)}: expected (S,) with S >= 1")
+    if divisor.dim() != 2 or divisor.shape[0] not in (1, b) or divisor.shape[1] != tq:
+        raise ValueError(f"piecewise divisor {tuple(divisor.shape)}: expected (B|1, Tq) = ({b}|1, {tq})")
+    if knots.dim() != 1 or slopes.shape != (h, knots.shape[0] + 1) or intercepts.shape != slopes.shape:
+        raise ValueError(f"piecewise slopes {tuple(slopes.shape)}, intercepts {tuple(intercepts.shape)}, knots "
+                         f"{tuple(knots.shape)}: expected (H, K+1), (H, K+1), (K,) with H={h}")
+    if e.dim() != 1 or e.shape[0] not in (1, b):
+        raise ValueError(f"row offsets e {tuple(e.shape)}: expected (1,) or ({b},), one per batch row")
+    tile_sets = {name: attention.tiles(name, d, device, dtype) for name in KERNELS}
+    pad = attention._pad(*tile_sets.values())
+    knots = knots.float().contiguous()
+    extended = torch.cat((knots, knots.new_full((1,), float("inf"))))
+    slopes, intercepts = (t.float().contiguous() * row_kernels.LOG2E for t in (slopes, intercepts))
+    return KernelPieces((1.0 / divisor.float()).contiguous(), slopes, intercepts,
+                        _padded_feature(feature.float(), pad), knots, extended,
+                        e.to(device=device, dtype=torch.int64).expand(b).contiguous(), pad, tile_sets, {})
+
+
 class _PiecewiseAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, feature: Tensor, inv: Tensor, slopes: Tensor,
-                intercepts: Tensor, knots: Tensor, e: Tensor, causal: bool) -> Tensor:
-        """slopes, intercepts (H,K+1) in base-2 units (times log2 e); inv (B|1,Tq) = 1 / divisor."""
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, feature: Tensor, divisor: Tensor, slopes: Tensor,
+                intercepts: Tensor, pieces: KernelPieces, causal: bool) -> Tensor:
+        """feature (S,), divisor (B|1,Tq), slopes, intercepts (H,K+1): the pieces whose gradients the backward
+        gives (autograd sees them); the kernels read pieces, their float32, base-2 form."""
         q, k, v = attention._dense_last(q), attention._dense_last(k), attention._dense_last(v)
         attention._check_sizes(q, k, v)
         b, h, tq, d = q.shape
-        tile_sets = {name: attention.tiles(name, d, q.device, q.dtype) for name in KERNELS}
-        pad = attention._pad(*tile_sets.values())
-        padded = _padded_feature(feature, pad)
-        knots = knots.contiguous()
-        extended = torch.cat((knots, torch.full((1,), float("inf"), device=knots.device)))  # +inf: "no knot"
-        t = tile_sets["pieces_forward"]
-        segs, split = _segment_table(padded, pad, e, inv, knots, t, tq, k.shape[2], keys_outer=False)
+        padded, pad, e, extended = pieces.padded, pieces.pad, pieces.e, pieces.extended
+        inv, slopes, intercepts = pieces.inv, pieces.slopes, pieces.intercepts
+        t = pieces.tile_sets["pieces_forward"]
+        segs, split = pieces.table("pieces_forward", tq, k.shape[2], keys_outer=False)
         # Trained pieces in 16 bits: the output stays in float32 for the backward's rowsum(dO * O). Rounded, it
         # leaves sum_j dS = 0 by ~2^-9 per query, and the slopes' and intercepts' gradients add dS over whole
         # segments, where that error adds up (6x the materialised bf16 path's error on FIRE's MLP, measured).
@@ -98,27 +149,30 @@ class _PiecewiseAttention(torch.autograd.Function):
                          q, k, v, out, lse, padded[pad:], e, inv, segs, split, extended, slopes, intercepts,
                          *attention._bhd(q), *attention._bhd(k), *attention._bhd(v), *attention._bhd(out),
                          h, h // k.shape[1], tq, k.shape[2], _batch_stride(inv), segs.shape[1], segs.shape[2],
-                         knots.shape[0], d**-0.5 * row_kernels.LOG2E, D=d, CAUSAL=causal, BM=t.bm, BN=t.bn,
+                         pieces.knots.shape[0], d**-0.5 * row_kernels.LOG2E, D=d, CAUSAL=causal, BM=t.bm, BN=t.bn,
                          BD=attention.padded_head_dim(d), **attention._options(t, q.dtype, q.device))
-        ctx.save_for_backward(q, k, v, out, lse, padded, inv, slopes, intercepts, knots, extended, e)
-        ctx.causal, ctx.tile_sets, ctx.pad, ctx.feature_len = causal, tile_sets, pad, feature.shape[0]
-        return out.to(q.dtype)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.causal, ctx.pieces, ctx.feature_len = causal, pieces, feature.shape[0]
+        return out if out.dtype == q.dtype else out.to(q.dtype)
 
     @staticmethod
     def backward(ctx, dout: Tensor):
-        q, k, v, out, lse, padded, inv, slopes, intercepts, knots, extended, e = ctx.saved_tensors
+        q, k, v, out, lse = ctx.saved_tensors
+        pieces = ctx.pieces
+        padded, pad, e, extended = pieces.padded, pieces.pad, pieces.e, pieces.extended
+        inv, slopes, intercepts = pieces.inv, pieces.slopes, pieces.intercepts
         dout, delta = attention.output_gradient_and_delta(attention._dense_last(dout), out)  # delta (B,H,Tq)
         b, h, tq, d = q.shape
         hkv, tk = k.shape[1], k.shape[2]
-        group, n_knots, pad = h // hkv, knots.shape[0], ctx.pad
+        group, n_knots = h // hkv, pieces.knots.shape[0]
         strides = (*attention._bhd(q), *attention._bhd(k), *attention._bhd(v), *attention._bhd(dout))
         scales = (d**-0.5 * row_kernels.LOG2E, d**-0.5)
         shape = dict(D=d, CAUSAL=ctx.causal, BD=attention.padded_head_dim(d))
         kv_dtype = k.dtype if group == 1 else torch.float32  # GQA: each query head's, added up after
         dk_heads = torch.empty(b, h, tk, d, device=q.device, dtype=kv_dtype)
         dv_heads = torch.empty(b, h, tk, d, device=q.device, dtype=kv_dtype)
-        t = ctx.tile_sets["pieces_dkdv"]
-        segs, split = _segment_table(padded, pad, e, inv, knots, t, tq, tk, keys_outer=True)
+        t = pieces.tile_sets["pieces_dkdv"]
+        segs, split = pieces.table("pieces_dkdv", tq, tk, keys_outer=True)
         attention.launch(kernels._dkdv, (cdiv(tk, t.bn), h, b), q, k, v, dout, lse, delta, dk_heads, dv_heads,
                          padded[pad:], e, inv, segs, split, extended, slopes, intercepts, *strides, h, group, tq, tk,
                          _batch_stride(inv), segs.shape[1], segs.shape[2], n_knots, *scales, BM=t.bm, BN=t.bn,
@@ -128,8 +182,9 @@ class _PiecewiseAttention(torch.autograd.Function):
             dk = dk_heads.view(b, hkv, group, tk, d).sum(2).to(k.dtype)
             dv = dv_heads.view(b, hkv, group, tk, d).sum(2).to(v.dtype)
         param_grad = any(ctx.needs_input_grad[3:7])
-        t = ctx.tile_sets["pieces_dq_grad" if param_grad else "pieces_dq"]
-        segs, split = _segment_table(padded, pad, e, inv, knots, t, tq, tk, keys_outer=False)
+        name = "pieces_dq_grad" if param_grad else "pieces_dq"
+        t = pieces.tile_sets[name]
+        segs, split = pieces.table(name, tq, tk, keys_outer=False)
         q_blocks, diag_len = cdiv(tq, t.bm), cdiv(tk, t.bn) * t.bn + t.bn
         segments = next_power_of_2(n_knots + 1)
         diag = torch.zeros(b * h, q_blocks, diag_len if param_grad else 1, device=q.device, dtype=torch.float32)
@@ -142,15 +197,31 @@ class _PiecewiseAttention(torch.autograd.Function):
                          PARAM_GRAD=param_grad, BM=t.bm, BN=t.bn, SEGMENTS=segments, **shape,
                          **attention._options(t, q.dtype, q.device))
         if not param_grad:
-            return dq, dk, dv, None, None, None, None, None, None, None
-        ln2 = 1.0 / row_kernels.LOG2E  # the bias is in base-2 units: d loss / d (base-2 bias) = ln 2 dS
+            return dq, dk, dv, None, None, None, None, None, None
+        # The kernels' sums are of dS, the gradient of the bias in base-2 units (times log2 e): the feature's and the
+        # divisor's take ln 2; the slopes' and intercepts' none, as the kernels read them times log2 e.
+        ln2 = 1.0 / row_kernels.LOG2E
         d_feature = torch.empty(h, ctx.feature_len, device=q.device, dtype=torch.float32)
         attention.launch(row_kernels._row_reduce, (h, cdiv(ctx.feature_len, attention.REDUCE_BLOCK)), diag,
                          e, d_feature, b, h, q_blocks, diag_len, ctx.feature_len, BM=t.bm, BR=attention.REDUCE_BLOCK)
         d_inv = d_inv.sum(1) if inv.shape[0] > 1 else d_inv.sum((0, 1))[None]  # (B|1,Tq)
+        d_divisor = d_inv.mul_(inv.square()).mul_(-ln2)  # inv = 1 / divisor: d inv / d divisor = -inv^2
         sums = sums.view(b, h, q_blocks, 2, segments).sum((0, 2))[..., : n_knots + 1]  # (H,2,K+1)
-        return (dq, dk, dv, d_feature.sum(0) * ln2, d_inv * ln2, sums[:, 1] * ln2, sums[:, 0] * ln2,
-                None, None, None)
+        return dq, dk, dv, d_feature.sum(0).mul_(ln2), d_divisor, sums[:, 1], sums[:, 0], None, None
+
+
+def attend_kernel_pieces(q: Tensor, k: Tensor, v: Tensor, feature: Tensor, divisor: Tensor, slopes: Tensor,
+                         intercepts: Tensor, pieces: KernelPieces, causal: bool) -> Tensor:
+    """q (B,H,Tq,Dh), k/v (B,Hkv,Tk,Dh) in bf16, fp16 or fp32 (one dtype); feature, divisor, slopes, intercepts as
+    attend_pieces takes them, pieces = kernel_pieces of them for q's shape, device and dtype -> (B,H,Tq,Dh) in q's
+    dtype, accumulated in float32. Causal needs Tq <= Tk."""
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k, v dtypes: {q.dtype}, {k.dtype}, {v.dtype}; expected one dtype")
+    if q.shape[1] % k.shape[1] != 0:
+        raise ValueError(f"query heads H={q.shape[1]}: expected a multiple of the key heads Hkv={k.shape[1]}")
+    if causal and q.shape[2] > k.shape[2]:
+        raise ValueError(f"causal attention with Tq={q.shape[2]} queries: expected Tq <= Tk={k.shape[2]}")
+    return _PiecewiseAttention.apply(q, k, v, feature, divisor, slopes, intercepts, pieces, causal)
 
 
 def attend_pieces(q: Tensor, k: Tensor, v: Tensor, feature: Tensor, divisor: Tensor, knots: Tensor, slopes: Tensor,
@@ -158,25 +229,8 @@ def attend_pieces(q: Tensor, k: Tensor, v: Tensor, feature: Tensor, divisor: Ten
     """q (B,H,Tq,Dh), k/v (B,Hkv,Tk,Dh) in bf16, fp16 or fp32 (one dtype), feature (S,) not growing with its
     index, divisor (B|1,Tq) positive, knots (K,) ascending, slopes/intercepts (H,K+1), e (B|1,) -> (B,H,Tq,Dh) in
     q's dtype, accumulated in float32. Causal needs Tq <= Tk (queries are the last keys)."""
-    b, h, tq, _ = q.shape
-    if not (q.dtype == k.dtype == v.dtype):
-        raise ValueError(f"q, k, v dtypes: {q.dtype}, {k.dtype}, {v.dtype}; expected one dtype")
-    if h % k.shape[1] != 0:
-        raise ValueError(f"query heads H={h}: expected a multiple of the key heads Hkv={k.shape[1]}")
-    if causal and tq > k.shape[2]:
-        raise ValueError(f"causal attention with Tq={tq} queries: expected Tq <= Tk={k.shape[2]}")
-    if feature.dim() != 1 or feature.shape[0] < 1:
-        raise ValueError(f"piecewise feature {tuple(feature.shape)}: expected (S,) with S >= 1")
-    if divisor.dim() != 2 or divisor.shape[0] not in (1, b) or divisor.shape[1] != tq:
-        raise ValueError(f"piecewise divisor {tuple(divisor.shape)}: expected (B|1, Tq) = ({b}|1, {tq})")
-    if knots.dim() != 1 or slopes.shape != (h, knots.shape[0] + 1) or intercepts.shape != slopes.shape:
-        raise ValueError(f"piecewise slopes {tuple(slopes.shape)}, intercepts {tuple(intercepts.shape)}, knots "
-                         f"{tuple(knots.shape)}: expected (H, K+1), (H, K+1), (K,) with H={h}")
-    float32 = (feature.float(), divisor.float(), knots.float().contiguous())
-    scaled = (t.float().contiguous() * row_kernels.LOG2E for t in (slopes, intercepts))  # base-2 units
-    inv = (1.0 / float32[1]).contiguous()  # autograd carries the divisor's gradient
-    return _PiecewiseAttention.apply(q, k, v, float32[0].contiguous(), inv, *scaled, float32[2],
-                                     per_batch_row(e.to(q.device), q), causal)
+    pieces = kernel_pieces(feature, divisor, knots, slopes, intercepts, e, tuple(q.shape), q.device, q.dtype)
+    return attend_kernel_pieces(q, k, v, feature, divisor, slopes, intercepts, pieces, causal)
 
 
-__all__ = ["KERNELS", "attend_pieces"]
+__all__ = ["KERNELS", "KernelPieces", "attend_kernel_pieces", "attend_pieces", "kernel_pieces"]
