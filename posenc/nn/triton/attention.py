@@ -307,15 +307,21 @@ class _RowBiasAttention(torch.autograd.Function):
         return dq, dk, dv, drow, None, None
 
 
-def attend_rows(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, e: Tensor, causal: bool) -> Tensor:
-    """q (B,H,Tq,Dh), k/v (B,Hkv,Tk,Dh) in bf16, fp16 or fp32 (one dtype), rows (H,S) or (1,H,1,S), e (B,)
-    -> (B,H,Tq,Dh) in q's dtype, accumulated in float32. Causal needs Tq <= Tk (queries are the last keys)."""
+def check_qkv(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> None:
+    """What every attention kernel here needs of q (B,H,Tq,Dh), k/v (B,Hkv,Tk,Dh): one dtype, H a multiple of Hkv,
+    and causal queries no more than the keys (queries are the last keys); a one-line error before any work."""
     if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"q, k, v dtypes: {q.dtype}, {k.dtype}, {v.dtype}; expected one dtype")
     if q.shape[1] % k.shape[1] != 0:
         raise ValueError(f"query heads H={q.shape[1]}: expected a multiple of the key heads Hkv={k.shape[1]}")
     if causal and q.shape[2] > k.shape[2]:
         raise ValueError(f"causal attention with Tq={q.shape[2]} queries: expected Tq <= Tk={k.shape[2]}")
+
+
+def attend_rows(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, e: Tensor, causal: bool) -> Tensor:
+    """q (B,H,Tq,Dh), k/v (B,Hkv,Tk,Dh) in bf16, fp16 or fp32 (one dtype), rows (H,S) or (1,H,1,S), e (B,)
+    -> (B,H,Tq,Dh) in q's dtype, accumulated in float32. Causal needs Tq <= Tk (queries are the last keys)."""
+    check_qkv(q, k, v, causal)
     if rows.shape[-1] < 1 or rows.numel() != q.shape[1] * rows.shape[-1] or not rows.is_floating_point():
         raise ValueError(f"rows {tuple(rows.shape)} {rows.dtype}: expected floats (H,S) or (1,H,1,S) with "
                          f"H={q.shape[1]} (q {tuple(q.shape)}) and S >= 1")
@@ -323,4 +329,4 @@ def attend_rows(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, e: Tensor, causal
     return _RowBiasAttention.apply(q, k, v, rows, per_batch_row(e.to(q.device), q), causal)
 
 
-__all__ = ["TILES", "Tiles", "attend_rows", "gpu_tiles", "launch", "serves_float32", "tiles"]
+__all__ = ["TILES", "Tiles", "attend_rows", "check_qkv", "gpu_tiles", "launch", "serves_float32", "tiles"]

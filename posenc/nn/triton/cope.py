@@ -116,12 +116,7 @@ class _ContextualAttention(torch.autograd.Function):
 def attend_contextual(q: Tensor, k: Tensor, v: Tensor, rows: Tensor) -> Tensor:
     """Causal attention with CoPE's bias: q (B,H,Tq,Dh), k/v (B,Hkv,Tk,Dh) in bf16, fp16 or fp32 (one dtype),
     rows (B,H,Tq,P) = q . e[n] (CoPE.contextual_rows) -> (B,H,Tq,Dh) in q's dtype, accumulated in float32."""
-    if not (q.dtype == k.dtype == v.dtype):
-        raise ValueError(f"q, k, v dtypes: {q.dtype}, {k.dtype}, {v.dtype}; expected one dtype")
-    if q.shape[1] % k.shape[1] != 0:
-        raise ValueError(f"query heads H={q.shape[1]}: expected a multiple of the key heads Hkv={k.shape[1]}")
-    if q.shape[2] > k.shape[2]:
-        raise ValueError(f"causal attention with Tq={q.shape[2]} queries: expected Tq <= Tk={k.shape[2]}")
+    attention.check_qkv(q, k, v, True)
     if rows.dim() != 4 or rows.shape[:3] != q.shape[:3] or rows.shape[3] < 1 or not rows.is_floating_point():
         raise ValueError(f"CoPE rows {tuple(rows.shape)} {rows.dtype}: expected floats (B,H,Tq,P >= 1) = "
                          f"({', '.join(map(str, q.shape[:3]))}, P) for q {tuple(q.shape)}")

@@ -215,12 +215,7 @@ def attend_kernel_pieces(q: Tensor, k: Tensor, v: Tensor, feature: Tensor, divis
     """q (B,H,Tq,Dh), k/v (B,Hkv,Tk,Dh) in bf16, fp16 or fp32 (one dtype); feature, divisor, slopes, intercepts as
     attend_pieces takes them, pieces = kernel_pieces of them for q's shape, device and dtype -> (B,H,Tq,Dh) in q's
     dtype, accumulated in float32. Causal needs Tq <= Tk."""
-    if not (q.dtype == k.dtype == v.dtype):
-        raise ValueError(f"q, k, v dtypes: {q.dtype}, {k.dtype}, {v.dtype}; expected one dtype")
-    if q.shape[1] % k.shape[1] != 0:
-        raise ValueError(f"query heads H={q.shape[1]}: expected a multiple of the key heads Hkv={k.shape[1]}")
-    if causal and q.shape[2] > k.shape[2]:
-        raise ValueError(f"causal attention with Tq={q.shape[2]} queries: expected Tq <= Tk={k.shape[2]}")
+    attention.check_qkv(q, k, v, causal)
     return _PiecewiseAttention.apply(q, k, v, feature, divisor, slopes, intercepts, pieces, causal)
 
 
@@ -229,6 +224,7 @@ def attend_pieces(q: Tensor, k: Tensor, v: Tensor, feature: Tensor, divisor: Ten
     """q (B,H,Tq,Dh), k/v (B,Hkv,Tk,Dh) in bf16, fp16 or fp32 (one dtype), feature (S,) not growing with its
     index, divisor (B|1,Tq) positive, knots (K,) ascending, slopes/intercepts (H,K+1), e (B|1,) -> (B,H,Tq,Dh) in
     q's dtype, accumulated in float32. Causal needs Tq <= Tk (queries are the last keys)."""
+    attention.check_qkv(q, k, v, causal)  # before the pieces are built
     pieces = kernel_pieces(feature, divisor, knots, slopes, intercepts, e, tuple(q.shape), q.device, q.dtype)
     return attend_kernel_pieces(q, k, v, feature, divisor, slopes, intercepts, pieces, causal)
 
