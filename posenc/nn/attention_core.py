@@ -64,7 +64,8 @@ def _few_rows_in_float32(q: Tensor, k: Tensor, v: Tensor, dropout: float, gqa: b
     """SDPA in float32 with autocast off, returned in the dtype SDPA would have returned; None where it does
     not apply (another device, more rows, already float32 without autocast). The cache is converted at every call:
     float32 copies kept across steps (KVCache.derived, as the maps keep theirs) were slower, 0.67 against 0.60 ms per
-    layer with the conversion (SmolLM2 at a 2k cache in bfloat16, one thread, torch.profiler): the kept copy is read
+    layer with the conversion (SmolLM2 at a 2k cache in bfloat16, one thread, torch.profiler, AMD EPYC Zen 5 with
+    AVX-512, other work on the second core): the kept copy is read
     from memory at twice bfloat16's bytes, where the conversion reads bfloat16 and SDPA reads its result warm."""
     autocast = torch.is_autocast_enabled("cpu")
     if q.device.type != "cpu" or q.shape[-2] > FEW_ROWS or not (autocast or q.element_size() < 4):
