@@ -7,8 +7,10 @@ that take the time.
 
 Cases (bf16 on a GPU): rope_backward (RoPE forward+backward, 1x32x4096x128), kerple_backward and alibi_backward
 (attention forward+backward, B=4, T=4096, Dh 64, 16 heads), alibi_1k (the forward at B=16, T=1024: the launch-bound
-end), decode_none (the ordinary eager decode step of the 12 x 768 GPT against a 4k cache), self_extend_prompt (a
-16k prompt's attention under Self-Extend, Dh 128, GQA 32:8).
+end), decode_none (the ordinary eager decode step of the 12 x 768 GPT against a 4k cache), self_extend_prompt and
+lm_infinite_prompt_32k (a 16k / 32k prompt's attention under the map, Dh 128, GQA 32:8), static_step_rope_32k and
+static_step_self_extend_32k (the SmolLM2-shaped static decode step at a 32k cache, run eagerly: the kernels its
+graph replays).
 """
 
 from __future__ import annotations
@@ -56,23 +58,48 @@ def decode_none(device, dtype, quick):
     return step
 
 
-def self_extend_prompt(device, dtype, quick):
-    from posenc.position_maps.scheme import PositionMapped
-    from posenc.registry import build, build_position_map
-    from posenc.scheme import Dims
+def static_step(name: str, context: int):
+    """The SmolLM2-shaped static decode step (gpu_decode_graphs' model `name`) run eagerly: the kernels its CUDA graph
+    replays, each in the kernel table (the graphed step at 32k: maps ~1.8 ms over RoPE's 2.0, H200 2026-11-27)."""
+    def case(device, dtype, quick):
+        from benchmarks.gpu_decode_graphs import filled_cache, models
+        from posenc.models.static_decode import StaticDecoder
 
-    t, dh, heads, kv = (64, 16, 4, 2) if quick else (16384, 128, 32, 8)
-    dims = Dims(d_model=heads * dh, n_head=heads, head_dim=dh, max_seq_len=t // 4, n_kv_head=kv)
-    mapped = PositionMapped(build("rope", dims).to(device),
-                            build_position_map({"type": "self_extend", "group_size": 8, "window": 1024}, t // 4))
-    q = torch.randn(1, heads, t, dh, device=device, dtype=dtype)
-    k, v = (torch.randn(1, kv, t, dh, device=device, dtype=dtype) for _ in range(2))
-    pos = torch.arange(t, device=device)[None]
+        t = 64 if quick else context
+        with torch.device(device):
+            model = models(0, 0, 0, t, quick)[name]().eval().to(dtype=dtype)
+        cache, ids, positions = filled_cache(model, t, device, dtype)
+        decoder = StaticDecoder(model, 1, t + 512, cuda_graph=False)
+        decoder.load(cache, ids, positions)
+        token = torch.zeros(1, 1, dtype=torch.int64, device=device)
 
-    def call():
-        with torch.no_grad():
-            return dispatch.attention(q, k, v, mapped, pos, pos, True)
-    return call
+        def step():
+            with torch.no_grad():
+                return decoder.step(token)
+        return step
+    return case
+
+
+def map_prompt(spec: dict, t: int):
+    """A prompt's attention under the map `spec` (gpu_sections.MAP_SPECS, defaults from a trained t/4), Dh 128, GQA
+    32:8: the maps' prompt kernel (H200 2026-11-27, at 32k: Self-Extend 0.97x RoPE + SDPA, LM-Infinite 2.11x)."""
+    def case(device, dtype, quick):
+        from posenc.position_maps.scheme import PositionMapped
+        from posenc.registry import build, build_position_map
+        from posenc.scheme import Dims
+
+        n, dh, heads, kv = (64, 16, 4, 2) if quick else (t, 128, 32, 8)
+        dims = Dims(d_model=heads * dh, n_head=heads, head_dim=dh, max_seq_len=n // 4, n_kv_head=kv)
+        mapped = PositionMapped(build("rope", dims).to(device), build_position_map(spec, n // 4))
+        q = torch.randn(1, heads, n, dh, device=device, dtype=dtype)
+        k, v = (torch.randn(1, kv, n, dh, device=device, dtype=dtype) for _ in range(2))
+        pos = torch.arange(n, device=device)[None]
+
+        def call():
+            with torch.no_grad():
+                return dispatch.attention(q, k, v, mapped, pos, pos, True)
+        return call
+    return case
 
 
 CASES: dict[str, Callable] = {
@@ -86,7 +113,10 @@ CASES: dict[str, Callable] = {
         name, backward, 16, 1024, device, dtype, quick)
        for name in ("fire", "cope") for suffix, backward in (("", False), ("_backward", True))},
     "decode_none": decode_none,
-    "self_extend_prompt": self_extend_prompt,
+    "self_extend_prompt": map_prompt({"type": "self_extend", "group_size": 8, "window": 1024}, 16384),
+    "lm_infinite_prompt_32k": map_prompt({"type": "lm_infinite"}, 32768),
+    "static_step_rope_32k": static_step("smollm2-shaped", 32768),
+    "static_step_self_extend_32k": static_step("smollm2-shaped self_extend", 32768),
 }
 
 

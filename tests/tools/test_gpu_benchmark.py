@@ -123,3 +123,13 @@ def test_target_table_reads_the_graphed_map_steps_against_graphed_rope():
     verdicts = {(row["target"], row["setting"]): row["verdict"] for row in gpu_targets.targets(found)}
     assert verdicts == {("map self_extend graphed decode", "context 4096, SmolLM2-shaped"): "met",
                         ("map dual_chunk graphed decode", "context 32768, SmolLM2-shaped"): "**not met**"}
+
+
+def test_every_profile_case_builds_and_runs_at_toy_sizes_on_the_cpu(capsys):
+    """The GPU session's profile part must not die on a case nobody ran before it: each case at its toy size."""
+    from benchmarks import gpu_profile
+
+    assert gpu_profile.main(["--device", "cpu", "--quick", "--calls", "1", "--rows", "2"]) == 0
+    out = capsys.readouterr().out
+    for name in gpu_profile.CASES:
+        assert f"## {name}: wall" in out, f"{name}: {out[-600:]}"
