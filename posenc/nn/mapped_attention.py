@@ -32,7 +32,9 @@ from posenc.scheme import Scheme
 
 _FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu  # returns (out, logsumexp)
 _EFFICIENT = torch.ops.aten._scaled_dot_product_efficient_attention  # CUDA: (out, logsumexp, seed, offset)
-FUSED_DEVICES = ("cpu", "cuda")
+# device -> the dtypes its fused kernel takes (CUDA's memory-efficient kernel refuses float64: the H200, 2026-11-27)
+FUSED_DTYPES = {"cpu": (torch.float64, torch.float32, torch.bfloat16, torch.float16),
+                "cuda": (torch.float32, torch.bfloat16, torch.float16)}
 SCORE_BUDGET = 1 << 24  # score elements per chunk and map: 64 MiB in float32, a few copies at most live
 # On a GPU, bigger chunks: each chunk costs launches and a sync (nonzero()). The eager form holds 512 MiB of
 # float32 scores per chunk at most; the fused kernel holds none, only masks of the edges (a few bytes per
@@ -154,8 +156,8 @@ def mapped_attention(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, position_m
     if fused is None:
         fused = _fused_serves(q, dropout, grad)
     elif fused and not _fused_serves(q, dropout, grad):
-        raise bad_value("fused", fused, "False (or None) with gradients, dropout or a device other than "
-                        f"{' or '.join(FUSED_DEVICES)}")
+        raise bad_value("fused", fused, "False (or None) with gradients, dropout, or a device and dtype other "
+                        f"than {FUSED_DTYPES}")
     b, h, tq, _ = q.shape
     tk = k.shape[2]
     origin = k_pos[:, :1]  # (B,1)
@@ -185,12 +187,12 @@ def mapped_attention(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, position_m
 
 def _fused_serves(q: Tensor, dropout: float, grad: bool) -> bool:
     """The fused kernels' backward ignores the log-sum-exp that the merge differentiates, and they take no dropout."""
-    return q.device.type in FUSED_DEVICES and dropout == 0.0 and not grad
+    return q.dtype in FUSED_DTYPES.get(q.device.type, ()) and dropout == 0.0 and not grad
 
 
 def map_fused(call: Call) -> Tensor | None:
-    """The dispatch's kernel map_fused: every map through a fused kernel; declines dropout, gradients and devices
-    without one. call.scheme is a posenc.position_map.MappedScheme."""
+    """The dispatch's kernel map_fused: every map through a fused kernel; declines dropout, gradients, and devices
+    and dtypes without one (float64 on CUDA goes on to map_eager). call.scheme is a posenc.position_map.MappedScheme."""
     if not _fused_serves(call.q, call.dropout, call.grad):
         return None
     scheme = call.scheme

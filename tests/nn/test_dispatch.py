@@ -244,3 +244,23 @@ def test_position_maps_take_the_fused_kernel_only_without_a_gradient(map_name, m
         k.requires_grad_()
         attend_with()
         assert set(used) == {"_map_eager"}
+
+
+@pytest.mark.parametrize(("device", "dtype", "served"), [
+    ("cuda", torch.float64, False), ("cuda", torch.float32, True), ("cuda", torch.bfloat16, True),
+    ("cpu", torch.float64, True), ("meta", torch.float32, False)])
+def test_map_fused_serves_only_the_dtypes_its_device_kernel_takes(device, dtype, served):
+    """CUDA's memory-efficient kernel refuses float64 (the H200 run of 2026-11-27 crashed a float64 map there):
+    map_fused declines it before any work, and the chain goes on to map_eager."""
+    from types import SimpleNamespace
+
+    from posenc.nn.call import Call
+    from posenc.nn.mapped_attention import map_fused
+
+    q = SimpleNamespace(device=torch.device(device), dtype=dtype)  # a stand-in: the decision reads these alone
+    call = Call(q, None, None, SimpleNamespace(position_map=None, inner=None), None, None, True, 0.0, False, None)
+    if served:
+        with pytest.raises(AttributeError):  # served: it went on to the work, which the stand-in cannot do
+            map_fused(call)
+    else:
+        assert map_fused(call) is None

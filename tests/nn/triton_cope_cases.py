@@ -55,7 +55,11 @@ def reference(q, k, v, table, piece=None):
     z = q @ k.transpose(-1, -2) / dh**0.5  # (B,H,Tq,Tk)
     rows = q.to(wide) @ table.T  # (B,H,Tq,P) = q . e[n], as CoPE.contextual_rows hands them to the kernel
     seen = torch.arange(tk)[None, :] <= torch.arange(tq)[:, None] + (tk - tq)  # query i is key i + Tk - Tq
-    gates = torch.where(seen.to(q.device), torch.sigmoid(z), 0.0)
+    # The gates from q . k in float32 as the kernel's product leaves it: from bf16 scores, a position of dozens of
+    # gates moves by ~0.1 and lands on another piece of the interpolation than the kernel's (a whole slope of dq
+    # per pair: the H200's bf16 dq 25.5 against this bound's 20.2, 2026-11-27)
+    z_gates = q.to(wide) @ k.to(wide).transpose(-1, -2) / dh**0.5
+    gates = torch.where(seen.to(q.device), torch.sigmoid(z_gates), 0.0)
     positions = torch.stack([gates[..., j:].sum(-1, dtype=wide) for j in range(tk)], -1)
     top = table.shape[0] - 1
     if piece is None:
