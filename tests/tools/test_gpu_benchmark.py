@@ -133,3 +133,12 @@ def test_every_profile_case_builds_and_runs_at_toy_sizes_on_the_cpu(capsys):
     out = capsys.readouterr().out
     for name in gpu_profile.CASES:
         assert f"## {name}: wall" in out, f"{name}: {out[-600:]}"
+
+
+def test_python_profile_names_the_functions_that_take_the_host_time(capsys):
+    from benchmarks import gpu_profile
+
+    assert gpu_profile.main(["--device", "cpu", "--quick", "--python", "--cases", "rope_backward", "--calls", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "## rope_backward (python):" in out and "us of Python per call" in out
+    assert "grad (" in out  # torch.autograd.grad, which the case calls, is among the functions that took time
