@@ -188,6 +188,59 @@ def test_a_sliding_window_over_long_tiles():
         _close(got, expected, FLOAT32, f"windowed Tq={tq}")
 
 
+def _tiles_holding(scheme: PositionMapped, q_pos: torch.Tensor, k_pos: torch.Tensor, bm: int, bn: int) -> tuple:
+    """From the map's own select on the positions, inside the causal mask: per map, the (query block, key tile)
+    pairs of tiles holding a pair of the map, and of those where every pair is the map's -> (Counter, Counter)."""
+    sel = scheme.position_map.select(q_pos, k_pos, k_pos[:, :1])[0].long()  # (Tq,Tk)
+    tq, tk = sel.shape
+    sel = sel.masked_fill(torch.ones(tq, tk, dtype=torch.bool).tril(tk - tq).logical_not(), -1)
+    holding, every = Counter(), Counter()
+    for i0 in range(0, tq, bm):
+        for j0 in range(0, tk, bn):
+            tile = sel[i0:i0 + bm, j0:j0 + bn]
+            for m in tile.unique().tolist():
+                holding[m] += m >= 0
+                every[m] += m >= 0 and bool((tile == m).all()) and tile.shape[1] == bn
+    return holding, every
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="counts the loops' calls in Python: the interpreter runs them there")
+@pytest.mark.parametrize("spec", LONG_MAPS[3:], ids=lambda s: s["type"])
+@torch.no_grad()
+def test_a_prompt_visits_only_the_tiles_holding_a_pair_of_each_map(spec, monkeypatch):
+    """LM-Infinite's and the sinks' programs of map 1 (the start keys) visit the start keys' tile, not every tile
+    from it up to the window's edge (mixed there with unattended pairs, none of map 1's); map 0's programs skip the
+    start keys' tile past the window. Counted per program in the kernel's own loops (per pair: tiles of BN keys; the
+    unmasked loop: whole tiles) against the tiles the map's select puts a pair in, per head."""
+    from posenc.nn.triton import mapped
+    from posenc.nn.triton import mapped_prefill_kernels as kernels
+
+    pair, whole = Counter(), Counter()
+
+    def scalar(x) -> int:
+        return int(x.handle.data.item()) if hasattr(x, "handle") else int(x)
+
+    def pair_tiles(*args):  # (..., m, t_start, t_end, ...): args 10-12
+        pair[scalar(args[10])] += max(0, scalar(args[12]) - scalar(args[11]))
+        return per_pair(*args)
+
+    def whole_tiles(*args):  # (..., n_start, n_end, ..., BN, PRECISION, UPCAST): args 8, 9 and -3
+        whole["tiles"] += max(0, scalar(args[9]) - scalar(args[8])) // scalar(args[-3])
+        return unmasked(*args)
+
+    per_pair, unmasked = kernels._pair_tiles, kernels._fwd_tiles
+    monkeypatch.setattr(kernels, "_pair_tiles", pair_tiles)
+    monkeypatch.setattr(kernels, "_fwd_tiles", whole_tiles)
+    scheme = _mapped("yarn", spec)
+    got, expected = _both(scheme, torch.float32, LONG, LONG)
+    _close(got, expected, FLOAT32, "counted")
+    heads, tile = 2, mapped.INTERPRETED_TILES
+    _, q_pos, k_pos = _attention_inputs(torch.float32, 1, heads, 1, LONG, LONG, 32)
+    holding, every = _tiles_holding(scheme, q_pos, k_pos, tile.bm, tile.bn)
+    assert {m: n // heads for m, n in pair.items()} == {m: holding[m] - every[m] for m in (0, 1)}, (pair, holding)
+    assert whole["tiles"] // heads == every[0] + every[1], (whole, every)
+
+
 def _step_syncs(spec: dict, layers: int) -> Counter:
     """The host reads of one cached decode step of the tiny Llama with `layers` layers under the map (the kernel's
     own launch under the interpreter left out: it reads its tensors through numpy)."""

@@ -11,10 +11,12 @@ the host merges a query block's M (x shares) partials by their log-sum-exps (map
 (The maps one after the other in one program, into one softmax, would need no merge, but the passes' loop-invariant
 addresses, hoisted and held across them, spilled 100-200 B at 128x64.)
 
-Which tiles a map visits comes from the bounds of positions alone (mapped_kernels._tile_map): the host gives each
-key tile's position bounds (KLO, KHI: (B, Tk/BN)), and the program classifies all its key tiles up front (CHUNK at
-a time, no per-tile load in the loops): the first and last tile where map m may score a pair (its class or mixed),
-and the run of "whole" tiles (every pair under m, inside the causal mask and Tk). Three loops: per pair over
+Which tiles a map visits comes from the bounds of positions alone (_map_pairs, per map): the host gives each key
+tile's position bounds (KLO, KHI: (B, Tk/BN)), and the program classifies all its key tiles up front (CHUNK at a
+time, no per-tile load in the loops): the first and last tile where map m may score a pair, and the run of "whole"
+tiles (every pair under m, inside the causal mask and Tk). Contiguous positions make [first, last] exactly the
+tiles holding a pair of m: LM-Infinite's and the sinks' start-key map visits the start keys' tile alone, their
+window map the window (tests/nn/triton_mapped_cases.py counts them). Three loops: per pair over
 [first, whole run), unmasked over the whole run (the row kernel's loop, attention_kernels._fwd_tiles without a
 bias), per pair after it to the last. A per-pair tile (PBN keys) scores map m's pairs only (each pair's map from its
 positions, masked to m and to the causal mask). Exact for any positions: where map m's whole tiles are not one run
@@ -39,7 +41,7 @@ from posenc.nn.triton.attention_kernels import (
     _valid,
     _value_tile,
 )
-from posenc.nn.triton.mapped_kernels import BIG, MIXED, _select, _tile_map
+from posenc.nn.triton.mapped_kernels import BIG, _floor_div, _select
 
 
 @triton.jit
@@ -66,6 +68,32 @@ def _rotated_queries(Q, CQ, SQ, q_row, rows, i_ok, d, D: tl.constexpr, HALF: tl.
 
 
 @triton.jit
+def _map_pairs(m, q_lo, q_hi, k_lo, k_hi, origin, rule_a, rule_b, window, KIND: tl.constexpr, WINDOWED: tl.constexpr):
+    """Map m on the tiles whose query positions lie in [q_lo, q_hi] (scalars) and key positions in [k_lo, k_hi]
+    (CHUNK,) -> (may, every) (CHUNK,): map m may score a pair of the tile / scores every pair, as _select gives it
+    pair by pair (bounds of each rule's monotone terms, as _tile_map). Per map, not _tile_map's one class: a tile
+    mixing map 0 with unattended pairs (LM-Infinite's and the sinks' window edge, far past the start keys) is MIXED
+    there, yet holds no pair of map 1, which would visit every tile from the start keys to that edge."""
+    d_lo = q_lo - k_hi
+    d_hi = q_hi - k_lo
+    if KIND == 0:
+        may = tl.where(m == 0, d_lo < rule_a, d_hi >= rule_a)
+        every = tl.where(m == 0, d_hi < rule_a, d_lo >= rule_a)
+    elif KIND == 1:
+        may = tl.where(m == 0, d_lo < rule_a, (d_hi >= rule_a) & (k_lo - origin < rule_b))
+        every = tl.where(m == 0, d_hi < rule_a, (d_lo >= rule_a) & (k_hi - origin < rule_b))
+    else:
+        apart_lo = tl.minimum(tl.maximum(_floor_div(q_lo, rule_a) - _floor_div(k_hi, rule_a), 0), 2)
+        apart_hi = tl.minimum(tl.maximum(_floor_div(q_hi, rule_a) - _floor_div(k_lo, rule_a), 0), 2)
+        may = (apart_lo <= m) & (m <= apart_hi)
+        every = (apart_lo == m) & (apart_hi == m)
+    if WINDOWED:
+        may = may & (d_lo < window)
+        every = every & (d_hi < window)
+    return may, every
+
+
+@triton.jit
 def _map_tiles(KLO, KHI, b, KT, t_start, t_end, m, q_lo, q_hi, m0, origin, rule_a, rule_b, window, TQ, TK,
                KIND: tl.constexpr, WINDOWED: tl.constexpr, CAUSAL: tl.constexpr, BN: tl.constexpr,
                CHUNK: tl.constexpr):
@@ -82,9 +110,9 @@ def _map_tiles(KLO, KHI, b, KT, t_start, t_end, m, q_lo, q_hi, m0, origin, rule_
         t_ok = t < t_end
         lo = tl.load(KLO + b * KT + t, mask=t_ok, other=BIG)
         hi = tl.load(KHI + b * KT + t, mask=t_ok, other=-BIG)
-        cls = _tile_map(q_lo, q_hi, lo, hi, origin, rule_a, rule_b, window, KIND, WINDOWED)
-        hit = t_ok & ((cls == m) | (cls == MIXED))
-        whole = t_ok & (cls == m) & ((t + 1) * BN <= TK)
+        may, every = _map_pairs(m, q_lo, q_hi, lo, hi, origin, rule_a, rule_b, window, KIND, WINDOWED)
+        hit = t_ok & may
+        whole = t_ok & every & ((t + 1) * BN <= TK)
         if CAUSAL:
             whole = whole & ((t + 1) * BN - 1 <= m0 + TK - TQ)
         first = tl.minimum(first, tl.min(tl.where(hit, t, BIG), 0))
