@@ -4,7 +4,7 @@
 # Transformer-XL's rows per query, CoPE, the maps in one pass: each case file against its float64 reference), then
 # their attention timed against causal SDPA at 1k-16k, and each map's 32k prompt and decode step against plain RoPE;
 # the decode step captured whole (static cache + CUDA graph) against the ordinary eager step at 4k and 32k, the
-# SmolLM2-shaped decoder plain and under each map (graphed, as a ratio to plain's graphed step; at most 60 s, its rows
+# SmolLM2-shaped decoder plain and under each map (graphed, as a ratio to plain's graphed step; at most 75 s, its rows
 # kept as measured; the section's GPT rows: `--graph-models gpt`); where the time goes in the cases the first run
 # found slow (benchmarks/gpu_profile.py); the targets read out at the end (benchmarks/gpu_targets.py). The kernel
 # tests run without -x: the first GPU run stopped at its first failures and hid the rest.
@@ -23,16 +23,19 @@ if [ "${QUICK:-0}" = 1 ]; then
 else  # four test processes share the GPU: the kernels' compiles run side by side
   BENCH=(); KERNELS=(); KERNEL_TESTS=(-n 4); SIZES=(--lengths 1024,4096,16384 --head-dims 64,128 --kv-groups 1,4)
   PROFILE=(--calls 100)  # with 10 calls the profiler's one-off ~4 ms start lands in every per-call CPU figure
+  [ -n "${PROFILE_CASES:-}" ] && PROFILE+=(--cases "$PROFILE_CASES")  # a session profiles what it changed
   CASES+=(tests/models/test_static_decode.py tests/models/test_static_map_decode.py)  # their CUDA-only tests capture
   # and replay the decode step, plain and under each map
 fi
-PART_KILL_AFTER=5  # the parts' limits (90 + 160 + 90 + 60 + 50) and 5 s to stop each: 475 s at the very most
+PART_KILL_AFTER=5  # the parts' limits (90 + 160 + 90 + 75 + 50 + 20) and 5 s to stop each: 515 s at the very most
 source "$(dirname "$0")/gpu_parts.sh"
 
 part kernels 90 "${KERNELS[@]}" "$PY" -m pytest -q -p no:cacheprovider "${CASES[@]}" "${KERNEL_TESTS[@]}"
 part attention 160 "$PY" -m benchmarks.gpu "${BENCH[@]}" --sections attention --schemes fire,shaw,transformer_xl,cope \
   --no-peers "${SIZES[@]}" --out "$OUT/attention"
 part maps 90 "$PY" -m benchmarks.gpu "${BENCH[@]}" --sections maps --out "$OUT/maps"
-part graphs 60 "$PY" -m benchmarks.gpu "${BENCH[@]}" --sections graphs --graph-models smollm2 --out "$OUT/graphs"
+part graphs 75 "$PY" -m benchmarks.gpu "${BENCH[@]}" --sections graphs --graph-models smollm2 --out "$OUT/graphs"
 part profile 50 "$PY" -m benchmarks.gpu_profile "${PROFILE[@]}"
+# the host's Python time of the launch-bound calls (RoPE fwd+bwd on the H200: 0.045 ms of kernels in 0.563 ms)
+part host 20 "$PY" -m benchmarks.gpu_profile "${PROFILE[@]}" --python --cases rope_backward,alibi_1k
 "$PY" -m benchmarks.gpu_targets "$OUT" | tee "$OUT/targets.md"

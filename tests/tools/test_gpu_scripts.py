@@ -25,7 +25,7 @@ def run_script(name: str, out: Path, **env: str) -> subprocess.CompletedProcess:
                           timeout=300)
 
 
-SCRIPTS = {"gpu_schemes.sh": ["kernels", "attention", "maps", "graphs", "profile"]}
+SCRIPTS = {"gpu_schemes.sh": ["kernels", "attention", "maps", "graphs", "profile", "host"]}
 
 
 @pytest.mark.slow
