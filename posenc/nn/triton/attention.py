@@ -27,6 +27,7 @@ from posenc.nn.fused_attention import per_batch_row
 from posenc.nn.triton import attention_kernels as kernels
 from posenc.nn.triton import cdiv, next_power_of_2
 
+ROW_KERNELS = ("forward", "dkdv", "dq", "dq_rows", "dq_head_params")  # whose tiles read the padded rows
 REDUCE_BLOCK = 256  # row elements per program of the row-gradient reduction
 GRID_AXIS_LIMIT = 65_535  # CUDA's limit on grid axes 1 and 2 (heads, batch)
 INT32_LIMIT = 2**31
@@ -112,6 +113,9 @@ _BY_HEAD_DIM = {
            128: Tiles(128, 32, 8, 2), 256: Tiles(32, 32, 8, 2)},
     "dq_rows": {16: Tiles(32, 64, 8, 2), 32: Tiles(32, 64, 8, 2), 64: Tiles(32, 64, 8, 2),
                 128: Tiles(32, 64, 8, 2), 256: Tiles(16, 32, 8, 2)},
+    # dQ with the per-head parameters' sums (head_bias_kernels.py): dq's tiles plus three (BM,BN) accumulators
+    "dq_head_params": {16: Tiles(128, 32, 4, 2), 32: Tiles(128, 32, 4, 2), 64: Tiles(128, 32, 8, 2),
+                       128: Tiles(128, 32, 8, 2), 256: Tiles(32, 32, 8, 2)},
     **RELATIVE_BY_HEAD_DIM,
     # The piecewise bias (piecewise_attention.py: FIRE); pieces_dq_grad needs BM <= BN like dq_rows. Sweeps at
     # bf16, causal (registers / spilled bytes / hot-loop instructions, a knot crossing's branch included): forward
@@ -249,6 +253,27 @@ def _pad(*tile_sets: Tiles) -> int:
     return -(-widest // 16) * 16  # a multiple of 16 floats keeps the view 64-byte aligned
 
 
+def key_gradients(ctx, q: Tensor, k: Tensor, v: Tensor, dout: Tensor, lse: Tensor, delta: Tensor, biased: Tensor,
+                  e: Tensor) -> tuple[Tensor, Tensor]:
+    """dK, dV (B,Hkv,Tk,Dh) of the row kernel's backward (_dkdv): per query head, a GQA group's heads added up
+    after, in float32 (deterministic, no atomics)."""
+    b, h, tq, d = q.shape
+    hkv, tk = k.shape[1], k.shape[2]
+    group = h // hkv
+    kv_dtype = k.dtype if group == 1 else torch.float32
+    dk_heads = torch.empty(b, h, tk, d, device=q.device, dtype=kv_dtype)
+    dv_heads = torch.empty(b, h, tk, d, device=q.device, dtype=kv_dtype)
+    t = tiles("dkdv", d, q.device, q.dtype)
+    launch(kernels._dkdv, (cdiv(tk, t.bn), h, b), q, k, v, dout, lse, delta, dk_heads, dv_heads, biased, e,
+           *_bhd(q), *_bhd(k), *_bhd(v), *_bhd(dout), h, group, tq, tk, ctx.row_stride, d**-0.5 * kernels.LOG2E,
+           d**-0.5, D=d, CAUSAL=ctx.causal, HAS_BIAS=True, BD=padded_head_dim(d), BM=t.bm, BN=t.bn,
+           **_options(t, q.dtype, q.device))
+    if group == 1:
+        return dk_heads, dv_heads
+    return (dk_heads.view(b, hkv, group, tk, d).sum(2).to(k.dtype),
+            dv_heads.view(b, hkv, group, tk, d).sum(2).to(v.dtype))
+
+
 class _RowBiasAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, rows: Tensor, e: Tensor, causal: bool) -> Tensor:
@@ -256,7 +281,7 @@ class _RowBiasAttention(torch.autograd.Function):
         _check_sizes(q, k, v)
         b, h, tq, d = q.shape
         t = tiles("forward", d, q.device, q.dtype)
-        pad = _pad(*(tiles(kernel, d, q.device, q.dtype) for kernel in ("forward", "dkdv", "dq", "dq_rows")))
+        pad = _pad(*(tiles(kernel, d, q.device, q.dtype) for kernel in ROW_KERNELS))
         biased, row_stride = _padded_rows(rows, pad)
         out = torch.empty_like(q, memory_format=torch.contiguous_format)  # (B,H,Tq,Dh)
         lse = torch.empty(b, h, tq, device=q.device, dtype=torch.float32)  # base 2; the backward's softmax
@@ -274,23 +299,11 @@ class _RowBiasAttention(torch.autograd.Function):
         q, k, v, out, lse, biased, e = ctx.saved_tensors
         dout, delta = output_gradient_and_delta(_dense_last(dout), out)  # delta (B,H,Tq)
         b, h, tq, d = q.shape
-        hkv, tk = k.shape[1], k.shape[2]
-        group = h // hkv
+        tk, group = k.shape[2], h // k.shape[1]
+        dk, dv = key_gradients(ctx, q, k, v, dout, lse, delta, biased, e)
         strides = (*_bhd(q), *_bhd(k), *_bhd(v), *_bhd(dout))
         scales = (d**-0.5 * kernels.LOG2E, d**-0.5)
         shape = dict(D=d, CAUSAL=ctx.causal, HAS_BIAS=True, BD=padded_head_dim(d))
-        # dK, dV per query head; a GQA group's heads are added up after, in float32 (deterministic, no atomics)
-        kv_dtype = k.dtype if group == 1 else torch.float32
-        dk_heads = torch.empty(b, h, tk, d, device=q.device, dtype=kv_dtype)
-        dv_heads = torch.empty(b, h, tk, d, device=q.device, dtype=kv_dtype)
-        t = tiles("dkdv", d, q.device, q.dtype)
-        launch(kernels._dkdv, (cdiv(tk, t.bn), h, b), q, k, v, dout, lse, delta, dk_heads, dv_heads,
-               biased, e, *strides, h, group, tq, tk, ctx.row_stride, *scales,
-               BM=t.bm, BN=t.bn, **shape, **_options(t, q.dtype, q.device))
-        dk, dv = dk_heads, dv_heads
-        if group > 1:
-            dk = dk_heads.view(b, hkv, group, tk, d).sum(2).to(k.dtype)
-            dv = dv_heads.view(b, hkv, group, tk, d).sum(2).to(v.dtype)
         row_grad = ctx.needs_input_grad[3]
         t = tiles("dq_rows" if row_grad else "dq", d, q.device, q.dtype)
         q_blocks, diag_len = cdiv(tq, t.bm), cdiv(tk, t.bn) * t.bn + t.bn
@@ -329,4 +342,5 @@ def attend_rows(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, e: Tensor, causal
     return _RowBiasAttention.apply(q, k, v, rows, per_batch_row(e.to(q.device), q), causal)
 
 
-__all__ = ["TILES", "Tiles", "attend_rows", "check_qkv", "gpu_tiles", "launch", "serves_float32", "tiles"]
+__all__ = ["TILES", "Tiles", "attend_rows", "check_qkv", "gpu_tiles", "key_gradients", "launch", "serves_float32",
+           "tiles"]
