@@ -113,9 +113,14 @@ _BY_HEAD_DIM = {
            128: Tiles(128, 32, 8, 2), 256: Tiles(32, 32, 8, 2)},
     "dq_rows": {16: Tiles(32, 64, 8, 2), 32: Tiles(32, 64, 8, 2), 64: Tiles(32, 64, 8, 2),
                 128: Tiles(32, 64, 8, 2), 256: Tiles(16, 32, 8, 2)},
-    # dQ with the per-head parameters' sums (head_bias_kernels.py): dq's tiles plus three (BM,BN) accumulators
-    "dq_head_params": {16: Tiles(128, 32, 4, 2), 32: Tiles(128, 32, 4, 2), 64: Tiles(128, 32, 8, 2),
-                       128: Tiles(128, 32, 8, 2), 256: Tiles(32, 32, 8, 2)},
+    # dQ with the per-head parameters' sums (head_bias_kernels.py). Sweeps at bf16, causal (registers / spilled bytes
+    # / loop instructions, and per pair of keys and warp; dq_rows: 1.27 at Dh 64, 1.62 at 128, 4.22 at 256): 128x64 8
+    # warps 255/0/568 (0.55) at 64, 255/0/626 (0.61) at 128, 190-202/0 (0.52-0.53) at 16-32; 128x32 8 warps 155/0/346
+    # (0.68) and 254/0/395 (0.77); 64x64 8 warps 1.18 and 80 B; 128x32 4 warps 40 B at 32. Dh 256: 64x32 8 warps
+    # 255/0/625 (2.44; 32x64 2.61). The sums as three (BM,BN) accumulators instead of one row each: 251/0/384 (0.75)
+    # at 128x32, 400-1032 B spilled at 128x64 and 128x32 4 warps.
+    "dq_head_params": {16: Tiles(128, 64, 8, 2), 32: Tiles(128, 64, 8, 2), 64: Tiles(128, 64, 8, 2),
+                       128: Tiles(128, 64, 8, 2), 256: Tiles(64, 32, 8, 2)},
     **RELATIVE_BY_HEAD_DIM,
     # The piecewise bias (piecewise_attention.py: FIRE); pieces_dq_grad needs BM <= BN like dq_rows. Sweeps at
     # bf16, causal (registers / spilled bytes / hot-loop instructions, a knot crossing's branch included): forward
@@ -141,6 +146,10 @@ _FP32_BY_HEAD_DIM = {
     "dkdv": {16: Tiles(32, 64, 8, 2), 32: Tiles(32, 64, 8, 2), 64: Tiles(32, 64, 8, 2), 128: Tiles(32, 32, 8, 2)},
     "dq": dict.fromkeys((16, 32, 64, 128), Tiles(64, 32, 8, 2)),
     "dq_rows": dict.fromkeys((16, 32, 64, 128), Tiles(32, 32, 4, 2)),
+    # dq_head_params with TF32 took more instructions per pair than dq_rows (32x32 4 warps: 1.86 against 1.41 at Dh
+    # 64, 2.44 against 1.98 at 128; 64x32 8 warps 1.91 and 120 B spilled; 64x64 24-376 B), so the dispatch keeps
+    # float32 on dq_rows; these tiles serve attend_head_bias called directly (tests).
+    "dq_head_params": dict.fromkeys((16, 32, 64, 128), Tiles(32, 32, 4, 2)),
     **RELATIVE_FP32_BY_HEAD_DIM,
     # FIRE's with TF32: dkdv 32x64 spilled 80 B at 64 (32x32: 186/0), dq 64x32 272 B at 128, dq_grad 32x32 4 warps
     # 56 B at 128 (8 warps: 220/0).

@@ -25,14 +25,13 @@ from posenc.nn.triton.attention import (
     _pad,
     _RowBiasAttention,
     key_gradients,
-    launch,
     output_gradient_and_delta,
     padded_head_dim,
-    tiles,
 )
 from posenc.scheme import MAX_HEAD_PARAMS
 
 LOG2E = attention.kernels.LOG2E
+# attention.tiles and attention.launch are looked up at each call: the static check and the tests replace them
 
 
 def _padded_derivatives(derivatives: Tensor, pad: int) -> tuple[Tensor, int, int]:
@@ -57,13 +56,13 @@ class _HeadBiasAttention(torch.autograd.Function):
         dout, delta = output_gradient_and_delta(_dense_last(dout), out)  # delta (B,H,Tq)
         b, h, tq, d = q.shape
         dk, dv = key_gradients(ctx, q, k, v, dout, lse, delta, biased, e)
-        t = tiles("dq_head_params", d, q.device, q.dtype)
-        pad = _pad(*(tiles(kernel, d, q.device, q.dtype) for kernel in attention.ROW_KERNELS))
+        t = attention.tiles("dq_head_params", d, q.device, q.dtype)
+        pad = _pad(*(attention.tiles(kernel, d, q.device, q.dtype) for kernel in attention.ROW_KERNELS))
         jac, head_stride, param_stride = _padded_derivatives(ctx.derivatives, pad)
         q_blocks = cdiv(tq, t.bm)
         sums = torch.empty(b, h, q_blocks, MAX_HEAD_PARAMS, device=q.device, dtype=torch.float32)
         dq = torch.empty(b, h, tq, d, device=q.device, dtype=q.dtype)
-        launch(kernels._dq_head_params, (q_blocks, h, b), q, k, v, dout, lse, delta, dq, biased, jac, e, sums,
+        attention.launch(kernels._dq_head_params, (q_blocks, h, b), q, k, v, dout, lse, delta, dq, biased, jac, e, sums,
                *_bhd(q), *_bhd(k), *_bhd(v), *_bhd(dout), h, h // k.shape[1], tq, k.shape[2], ctx.row_stride,
                head_stride, param_stride, d**-0.5 * LOG2E, d**-0.5, D=d, CAUSAL=ctx.causal, BM=t.bm, BN=t.bn,
                BD=padded_head_dim(d), **_options(t, q.dtype, q.device))

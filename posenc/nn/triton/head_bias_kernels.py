@@ -3,10 +3,11 @@ the gradient of a bias whose row per head depends on that head's parameters only
 
     dL/dtheta[h, k] = sum over b, i, j of dS[b, h, i, j] * J[h, k, e[b] - i + j]      J = d rows / d theta (H,K,S)
 
-Per pair that is one multiply-add per parameter into a (BM,BN) accumulator, reduced once per program: no diagonal
-sums (two reductions and a store per tile) and no (B, H, Tq / BM, Tk) buffer. J's rows are read as the bias is,
-padded by the host so every tile's index lies inside (attention_kernels' docstring); K = 3 rows always (a scheme
-with fewer parameters gets rows of zeros).
+Per tile that is one product and one sum along the keys per parameter into a (BM,) accumulator: no diagonal sums
+(two reductions and a store per tile) and no (B, H, Tq / BM, Tk) buffer. (A (BM,BN) accumulator per parameter, one
+multiply-add per pair, held 3 BM BN floats across the loop: more registers and instructions, attention.TILES.)
+J's rows are read as the bias is, padded by the host so every tile's index lies inside (attention_kernels'
+docstring); K = 3 rows always (a scheme with fewer parameters gets rows of zeros).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ def _dq_param_tiles(dq, g0, g1, g2, q, do, lse, delta, k_ptrs, v_ptrs, bias_ptrs
                     n_end, TQ, TK, qk_scale, skt, svt, d_ok, CAUSAL: tl.constexpr, MASKED: tl.constexpr,
                     EVEN_D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PRECISION: tl.constexpr,
                     UPCAST: tl.constexpr):
-    """Key tiles [n_start, n_end) of one query block: dQ, and dS * J_k summed elementwise into g_k (BM,BN)."""
+    """Key tiles [n_start, n_end) of one query block: dQ, and dS * J_k summed along the keys into g_k (BM,)."""
     k_ptrs += n_start * skt
     v_ptrs += n_start * svt
     for n0 in range(n_start, n_end, BN):
@@ -35,9 +36,9 @@ def _dq_param_tiles(dq, g0, g1, g2, q, do, lse, delta, k_ptrs, v_ptrs, bias_ptrs
         ds = p * (_dot(do, v_t, PRECISION, UPCAST) - delta[:, None])  # (BM,BN): d loss / d logit
         dq += _dot(ds.to(k_t.dtype), tl.trans(k_t), PRECISION, UPCAST)
         jac = jac_ptrs + offset
-        g0 = tl.fma(ds, _bias(jac, UPCAST), g0)
-        g1 = tl.fma(ds, _bias(jac + jac_stride, UPCAST), g1)
-        g2 = tl.fma(ds, _bias(jac + 2 * jac_stride, UPCAST), g2)
+        g0 += tl.sum(ds * _bias(jac, UPCAST), 1)
+        g1 += tl.sum(ds * _bias(jac + jac_stride, UPCAST), 1)
+        g2 += tl.sum(ds * _bias(jac + 2 * jac_stride, UPCAST), 1)
         k_ptrs += BN * skt
         v_ptrs += BN * svt
     return dq, g0, g1, g2
@@ -67,9 +68,9 @@ def _dq_head_params(Q, K, V, DO, LSE, DELTA, DQ, ROWS, JAC, E, G,
     e = tl.load(E + b)
     bias_ptrs = ROWS + h * row_stride + e - m0  # the row at query m0, key 0
     jac_ptrs = JAC + h * jac_head_stride + e - m0  # J[h, 0] likewise; J[h, k] k rows of jac_stride further
-    g0 = tl.zeros((BM, BN), tl.float32)
-    g1 = tl.zeros((BM, BN), tl.float32)
-    g2 = tl.zeros((BM, BN), tl.float32)
+    g0 = tl.zeros((BM,), tl.float32)
+    g1 = tl.zeros((BM,), tl.float32)
+    g2 = tl.zeros((BM,), tl.float32)
     dq = tl.zeros((BM, BD), tl.float32)
     interior = _interior_end(m0, TQ, TK, CAUSAL, BM, BN)
     end = _key_end(m0, TQ, TK, CAUSAL, BM)
@@ -80,7 +81,7 @@ def _dq_head_params(Q, K, V, DO, LSE, DELTA, DQ, ROWS, JAC, E, G,
                                      jac_stride, i, interior, end, TQ, TK, qk_scale, skt, svt, d_ok, CAUSAL, True,
                                      BD == D, BM, BN, PRECISION, UPCAST)
     out = G + (bh * tl.num_programs(0) + tl.program_id(0)) * 3
-    tl.store(out, tl.sum(tl.sum(g0, 1), 0))
-    tl.store(out + 1, tl.sum(tl.sum(g1, 1), 0))
-    tl.store(out + 2, tl.sum(tl.sum(g2, 1), 0))
+    tl.store(out, tl.sum(g0, 0))
+    tl.store(out + 1, tl.sum(g1, 0))
+    tl.store(out + 2, tl.sum(g2, 0))
     tl.store(DQ + (bh * TQ + i[:, None]) * D + d[None, :], (dq * scale).to(DQ.dtype.element_ty), mask=q_mask)
