@@ -401,8 +401,8 @@ def render_rotation(rows: list[tuple]) -> str:
 
 
 def render(rows: list[tuple]) -> str:
-    lines = [f"{'scheme':<24}{'form':<12}{'device':<8}{'dtype':<10}{'grad':<7}{'decode':<8}kernels"]
-    lines += [f"{n:<24}{f:<12}{d:<8}{t:<10}{g!s:<7}{c!s:<8}{' > '.join(chain)}" for n, f, d, t, g, c, chain in rows]
+    lines = [f"{'scheme':<24}{'form':<15}{'device':<8}{'dtype':<10}{'grad':<7}{'decode':<8}kernels"]
+    lines += [f"{n:<24}{f:<15}{d:<8}{t:<10}{g!s:<7}{c!s:<8}{' > '.join(chain)}" for n, f, d, t, g, c, chain in rows]
     return "\n".join(lines)
 
 
