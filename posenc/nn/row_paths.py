@@ -7,7 +7,9 @@ Notation as in attention.py.
 Each kernel here takes a posenc.nn.dispatch.Call and returns the output or None (it does not serve); which of
 them runs for which scheme, device, dtype, gradient and decode step is decided in posenc.nn.dispatch alone.
 On a CUDA device (posenc.nn.triton, when triton imports) rows per head, FIRE's pieces (its MLP per tile), rows
-per query (Shaw, Transformer-XL, from their tables) and CoPE run in Triton kernels, training included. A decode
+per query (Shaw, Transformer-XL, from their tables) and CoPE run in Triton kernels, training included; rows whose
+heads read their own parameters only (Scheme.head_bias: KERPLE) train in 16-bit types through triton_head_bias, which
+sums the parameters' gradients per tile instead of the row gradient by distance. A decode
 step of rows per head or of FIRE's pieces takes one bias row per step and SDPA (posenc.nn.decode_paths).
 
 Rows are indexed by r = n - m (key minus query). They serve when every row of positions counts up by one

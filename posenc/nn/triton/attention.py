@@ -6,9 +6,10 @@ forward and backward, through the Triton kernels in attention_kernels.py; no (B,
 the same indexing as posenc.nn.fused_attention's rows (its CPU twin), for rows shared by every query. The rows
 must cover every key a query sees (0 <= e[b] - i + j < S wherever the mask allows): posenc.nn.row_paths builds
 them over exactly the span attention reads. Gradients reach q, k, v and the rows, so a scheme's parameters
-(KERPLE's b, a, p; T5's bucket table) train through them. The row gradient is summed per tile along its
-diagonals into a buffer of (B, H, Tq / BM, Tk + BN) floats and reduced in a fixed order: no atomics, so it
-repeats bit for bit (the buffer is about 4 Tq Tk / BM bytes per (b, h): 200 MB at Tq = Tk = 16k, H = 12, BM = 64).
+(T5's bucket table; KERPLE's b, a, p in float32: in 16-bit types head_bias.py sums theirs per tile) train through
+them. The row gradient is summed per tile along its diagonals into a buffer of (B, H, Tq / BM, Tk + BN) floats and
+reduced in a fixed order: no atomics, so it repeats bit for bit (the buffer is about 4 Tq Tk / BM bytes per (b, h):
+200 MB at Tq = Tk = 16k, H = 12, BM = 64).
 
 Tiles, warps and stages per kernel and head dim: TILES, justified by the static table (benchmarks/gpu_static.py:
 registers, spills, shared memory and instructions per tile, compiled for sm_90 without a GPU). Every launch goes
