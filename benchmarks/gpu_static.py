@@ -171,6 +171,25 @@ def attention_launches(dtype: torch.dtype, head_dim: int, causal: bool, row_grad
     return launches
 
 
+def head_bias_launches(dtype: torch.dtype, head_dim: int, causal: bool, *, batch: int = 2, heads: int = 8,
+                       kv_heads: int = 2, length: int = 1024, params: int = 3) -> list[_Launch]:
+    """Forward and backward of the head-parameter path (posenc.nn.triton.head_bias: KERPLE's) on meta tensors:
+    the row kernel's forward and dK/dV, and dQ with the parameters' sums per tile (dq_head_params)."""
+    from posenc.nn.triton.head_bias import attend_head_bias
+
+    with recorded_launches() as launches, _tf32():
+        q = torch.empty(batch, heads, length, head_dim, device="meta", dtype=dtype, requires_grad=True)
+        k, v = (torch.empty(batch, kv_heads, length, head_dim, device="meta", dtype=dtype, requires_grad=True)
+                for _ in range(2))
+        theta = torch.empty(heads, params, device="meta", requires_grad=True)
+        rows = torch.empty(heads, 2 * length, device="meta")
+        derivatives = torch.empty(heads, params, 2 * length, device="meta")
+        e = torch.full((batch,), length, device="meta", dtype=torch.int64)
+        out = attend_head_bias(q, k, v, theta, rows, derivatives, e, causal)
+        torch.autograd.grad(out, [q, k, v, theta], torch.empty_like(out))
+    return launches
+
+
 def piecewise_launches(dtype: torch.dtype, head_dim: int, causal: bool, param_grad: bool, *, batch: int = 2,
                        heads: int = 8, kv_heads: int = 2, length: int = 1024, knots: int = 32) -> list[_Launch]:
     """Forward and backward of posenc's piecewise-bias attention (FIRE, its MLP 32 wide: 32 knots) on meta
@@ -330,6 +349,20 @@ def attention_records(dtypes: list[str], head_dims: list[int], workdir: Path, ca
     return records
 
 
+def head_bias_records(dtypes: list[str], head_dims: list[int], workdir: Path,
+                      causal_options=(True, False)) -> list[dict]:
+    """dQ with the per-head parameters' sums (KERPLE's training path in 16-bit types; float32 keeps the row
+    gradient's dq, posenc.nn.dispatch), compiled and read; its forward and dK/dV are the row kernel's."""
+    records = []
+    for dtype, head_dim in _served(dtypes, head_dims, lambda dtype, head_dim: dtype != "fp32"):
+        for causal in causal_options:
+            for launch in head_bias_launches(DTYPES[dtype], head_dim, causal):
+                if _name(launch.kernel) == "dq_head_params":
+                    setting = f"{dtype} Dh={head_dim} {'causal' if causal else 'full'} head params"
+                    records.append(asdict(analyse(launch, setting, workdir)))
+    return records
+
+
 def piecewise_records(dtypes: list[str], head_dims: list[int], workdir: Path,
                       causal_options=(True, False)) -> list[dict]:
     """Every kernel the piecewise-bias attention (FIRE) launches, compiled and read; each forward against the row
@@ -450,6 +483,7 @@ def main(argv: list[str] | None = None) -> int:
         dtypes = args.dtypes.split(",")
         head_dims = [int(d) for d in args.head_dims.split(",")]
         records = attention_records(dtypes, head_dims, Path(workdir))
+        records += head_bias_records(dtypes, head_dims, Path(workdir))
         records += piecewise_records(dtypes, head_dims, Path(workdir))
         records += relative_records(dtypes, head_dims, Path(workdir))
         records += cope_records(dtypes, head_dims, Path(workdir))

@@ -77,6 +77,21 @@ class PiecewiseBias:
 
 
 @dataclass(frozen=True)
+class HeadBias:
+    """bias_by_distance whose row per head depends on that head's parameters only, with the rows' derivatives:
+        rows[h, s] = f(distance[s]; params[h, 0..K-1]),   derivatives[h, k, s] = d rows[h, s] / d params[h, k]
+    Gradients reach the scheme through params (a tensor in autograd's graph); rows and derivatives carry none. A
+    kernel then sums dS * derivatives per pair into dL/dparams (H,K) instead of the row gradient by distance."""
+
+    params: Tensor  # (H,K), K <= MAX_HEAD_PARAMS
+    rows: Tensor  # (H,S) float32
+    derivatives: Tensor  # (H,K,S) float32
+
+
+MAX_HEAD_PARAMS = 3  # the kernels' accumulators per head (head_bias_kernels.py)
+
+
+@dataclass(frozen=True)
 class RotationTables:
     """rotate() as tables of cos and sin (posenc.rotary.apply_rotary's): rotate(q, k) is apply_rotary(q, cos_q,
     sin_q, interleaved), apply_rotary(k, cos_k, sin_k, interleaved). A decode step computes them once for every
@@ -193,6 +208,12 @@ class Scheme(nn.Module):
     def bias_by_distance(self, distance: Tensor) -> Tensor | None:
         """bias() as a function of m - n alone: distance (S,) int64 -> (H,S) float32, or None (the default)
         when the bias reads anything else. Fast paths then read one row per head instead of (Tq,Tk) values."""
+        return None
+
+    def head_bias(self, distance: Tensor) -> HeadBias | None:
+        """bias_by_distance(distance) as a HeadBias, or None (the default): a scheme declares by overriding this
+        that each head's row depends on its own head's parameters only (at most MAX_HEAD_PARAMS of them), and a
+        training kernel sums their gradients per tile (posenc.nn.dispatch's head_distance form)."""
         return None
 
     def relative_rows(self, q: Tensor, low: int, high: int) -> RelativeRows | None:

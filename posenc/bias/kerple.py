@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from posenc.bias._distance import distance_bias
 from posenc.bias.alibi import partial_slopes
 from posenc.errors import bad_value, unknown_name
-from posenc.scheme import Dims, Scheme, ScoreMod
+from posenc.scheme import Dims, HeadBias, Scheme, ScoreMod
 from posenc.validators import positive_int
 
 MIN_POWER = 1e-2  # chijames/KERPLE clamps p (and a, b) at 0.01
@@ -70,10 +70,31 @@ def kerple_power(distance: Tensor, b: Tensor, a: Tensor, p: Tensor) -> Tensor:
     return -b * distance.pow(p)
 
 
+def _power_and_log(distance: Tensor, p: Tensor) -> tuple[Tensor, Tensor]:
+    """d^p and d^p ln d (0 at d = 0, its limit for p > 0)."""
+    power = distance.pow(p)
+    return power, power * torch.where(distance > 0, distance, 1.0).log()
+
+
+def kerple_log_derivatives(distance: Tensor, b: Tensor, a: Tensor, p: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """d/db, d/da, d/dp of -b log(1 + a d^p): -log(1 + a d^p), -b d^p / (1 + a d^p), -b a d^p ln d / (1 + a d^p)."""
+    power, power_log = _power_and_log(distance, p)
+    inner = 1 + a * power
+    return -torch.log1p(a * power), -b * power / inner, -b * a * power_log / inner
+
+
+def kerple_power_derivatives(distance: Tensor, b: Tensor, a: Tensor, p: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """d/db, d/da, d/dp of -b d^p: -d^p, 0, -b d^p ln d."""
+    power, power_log = _power_and_log(distance, p)
+    return -power, torch.zeros_like(power), -b * power_log
+
+
 Kernel = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+Derivatives = Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor, Tensor]]
 
 
 KERNELS: dict[str, Kernel] = {"log": kerple_log, "power": kerple_power}
+DERIVATIVES: dict[str, Derivatives] = {"log": kerple_log_derivatives, "power": kerple_power_derivatives}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,6 +119,7 @@ class KERPLE(Scheme):
     shift_invariant = True
     bias_parameters = True  # per-head logit scalars: trainer.bias_lr_scale applies (see Scheme)
     KERNELS: ClassVar[dict[str, Kernel]] = KERNELS
+    DERIVATIVES: ClassVar[dict[str, Derivatives]] = DERIVATIVES  # d kernel / d (b, a, p), per KERNELS entry
 
     def __init__(self, dims: Dims, options: KERPLEOptions | None = None, **flat: Any) -> None:
         super().__init__(dims, options, **flat)
@@ -136,6 +158,20 @@ class KERPLE(Scheme):
         kernel, b, a, p = self._kernel_args()
         return kernel(distance.abs().to(torch.float32)[None], b[:, None], a[:, None], p[:, None])  # (H,1) params
 
+    def head_bias(self, distance: Tensor) -> HeadBias | None:
+        """Each head's row reads its own b, a, p only: the rows with their derivatives in (b, a, p), (H,3,S)."""
+        derivatives = self.DERIVATIVES.get(self.kernel)
+        if derivatives is None or self.KERNELS[self.kernel] is not KERNELS.get(self.kernel):
+            return None  # a subclass's own kernel: no derivatives known
+        kernel, b, a, p = self._kernel_args()
+        params = torch.stack((b, a, p), -1)  # (H,3), in the graph: gradients reach kerple_b, _a, _p through it
+        d = distance.abs().to(torch.float32)[None]  # (1,S)
+        with torch.no_grad():
+            b, a, p = (x.detach()[:, None] for x in (b, a, p))  # (H,1)
+            rows = kernel(d, b, a, p)  # (H,S): bias_by_distance's values
+            by_param = torch.stack(derivatives(d, b, a, p), 1)  # (H,3,S)
+        return HeadBias(params, rows, by_param)
+
     def score_mod(self, q_pos: Tensor, k_pos: Tensor) -> ScoreMod:
         kernel, b, a, p = (x.detach() if isinstance(x, Tensor) else x for x in self._kernel_args())
 
@@ -162,4 +198,4 @@ class KERPLE(Scheme):
         return f"kernel={self.kernel}, learn_p={self.learn_p}, heads={self.dims.n_head}"
 
 
-__all__ = ["KERPLE", "kerple_log", "kerple_power"]
+__all__ = ["KERPLE", "kerple_log", "kerple_log_derivatives", "kerple_power", "kerple_power_derivatives"]

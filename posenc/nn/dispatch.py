@@ -7,7 +7,8 @@ The key is (form, device, dtype, grad, decode):
             attends     attend(): the scheme runs attention itself, else what its other hooks take
             plain       no bias at all (rotary, absolute, none)
             contextual  contextual_rows (cope)
-            distance    bias_by_distance: one row per head (alibi, kerple, sandwich, relative)
+            head_distance  head_bias: one row per head from that head's parameters only (kerple)
+            distance    bias_by_distance: one row per head (alibi, sandwich, relative)
             piecewise   piecewise_bias (fire)
             values      relative_rows and needs_weights: rows per query and a value term (shaw)
             relative    relative_rows: rows per query (transformer_xl)
@@ -29,6 +30,9 @@ whose class gives no score_mod.
     ----------  ------  --------------------------  -----------------  ---------------
     distance    cpu     float32                     rows_decode        native_rows
     distance    cuda    bfloat16 float16 float32    rows_decode        triton_rows
+    head_distance cpu   float32                     rows_decode        native_rows
+    head_distance cuda  bfloat16 float16            rows_decode        triton_head_bias triton_rows
+    head_distance cuda  float32                     rows_decode        triton_rows
     piecewise   cpu     float32                     pieces_decode      native_pieces
     piecewise   cuda    bfloat16 float16 float32    pieces_decode      triton_pieces
     contextual  cpu     float32                     native_contextual  native_contextual
@@ -42,6 +46,7 @@ whose class gives no score_mod.
     --------------------------------------------------  ----------------------------  -------------------
     plain                                               sdpa                          sdpa
     contextual distance piecewise relative bias         flex > chunked > reference    chunked > reference
+    head_distance                                       flex > chunked > reference    chunked > reference
     values weights                                      eager_weights                 eager_weights
     attends                                             scheme_attend > (the tail of the class's other form)
 
@@ -70,7 +75,7 @@ on keys outside a layer's window); a rotating scheme also gives its tables (Sche
     form        the step's row                                       refused
     ----------  ---------------------------------------------------  -------------------------------------------
     plain       0                                                    a class that rotates without rotation_tables
-    distance    rows_decode's row (where it declines: bias()'s)
+    distance    rows_decode's row (where it declines: bias()'s); head_distance likewise
     piecewise   pieces_decode's row (where it declines: bias()'s)
     mapped      map_rotate, map_slot_attention (static_attention):   a scheme under the map whose rotation does
                 per map the query's rotation, the new key rotated    not turn pairs of dims (no rot_dim and
@@ -129,6 +134,7 @@ KERNELS: dict[str, Callable[[Call], Tensor | None]] = {
     "rows_decode": decode_paths.rows_decode,  # SDPA with the step's bias row as the mask, built once per step
     "native_rows": row_paths.native_rows,  # csrc/attention_*.cpp, rows per head
     "triton_rows": row_paths.triton_rows,  # triton/attention.py, rows per head
+    "triton_head_bias": row_paths.triton_head_bias,  # triton/head_bias.py, rows per head, gradients per head (grad)
     "pieces_decode": decode_paths.pieces_decode,  # SDPA with FIRE's bias row as the mask, built once per step
     "native_pieces": row_paths.native_pieces,  # csrc, FIRE's MLP per block of scores
     "triton_pieces": row_paths.triton_pieces,  # triton/piecewise_attention.py, FIRE's MLP per tile
@@ -154,6 +160,11 @@ HALF_AND_FLOAT = (torch.bfloat16, torch.float16, torch.float32)
 FAST_RULES: tuple[tuple[str, str, tuple[torch.dtype, ...], tuple[str, ...], tuple[str, ...]], ...] = (
     ("distance", "cpu", (torch.float32,), ("rows_decode",), ("native_rows",)),
     ("distance", "cuda", HALF_AND_FLOAT, ("rows_decode",), ("triton_rows",)),
+    # head_distance: in float32 (TF32) the per-tile sums took more instructions per pair than the diagonal sums
+    # (the static table), so float32 keeps triton_rows
+    ("head_distance", "cpu", (torch.float32,), ("rows_decode",), ("native_rows",)),
+    ("head_distance", "cuda", (torch.bfloat16, torch.float16), ("rows_decode",), ("triton_head_bias", "triton_rows")),
+    ("head_distance", "cuda", (torch.float32,), ("rows_decode",), ("triton_rows",)),
     ("piecewise", "cpu", (torch.float32,), ("pieces_decode",), ("native_pieces",)),
     ("piecewise", "cuda", HALF_AND_FLOAT, ("pieces_decode",), ("triton_pieces",)),
     ("contextual", "cpu", (torch.float32,), ("native_contextual",), ("native_contextual",)),
@@ -166,7 +177,7 @@ FAST_RULES: tuple[tuple[str, str, tuple[torch.dtype, ...], tuple[str, ...], tupl
 BIAS_TAIL = {False: ("flex", "chunked", "reference"), True: ("chunked", "reference")}  # by grad
 TAILS: dict[str, dict[bool, tuple[str, ...]]] = {
     "plain": {False: ("sdpa",), True: ("sdpa",)},
-    **{form: BIAS_TAIL for form in ("contextual", "distance", "piecewise", "relative", "bias")},
+    **{form: BIAS_TAIL for form in ("contextual", "head_distance", "distance", "piecewise", "relative", "bias")},
     **{form: {False: ("eager_weights",), True: ("eager_weights",)} for form in ("values", "weights")},
 }
 # (device, grad, decode) -> the kernels for a mapped scheme
@@ -175,11 +186,13 @@ MAP_RULES = {("cpu", False, True): ("map_decode", "map_fused", "map_eager"),
              ("cuda", False, True): ("map_triton", "map_decode", "map_fused", "map_eager"),  # map_decode: a map
              ("cuda", False, False): ("map_triton", "map_fused", "map_eager")}  # without a pair rule, 3 reads a step
 MAP_DEFAULT = ("map_eager",)
-FORMS = ("mapped", "attends", "plain", "contextual", "distance", "piecewise", "values", "relative", "weights", "bias")
+FORMS = ("mapped", "attends", "plain", "contextual", "head_distance", "distance", "piecewise", "values", "relative",
+         "weights", "bias")
 
 
 # The static decode step (docstring): form -> the decode kernels whose bias row it reads, then bias()'s.
-STATIC_ROWS: dict[str, tuple[str, ...]] = {"plain": (), "distance": ("rows_decode",), "piecewise": ("pieces_decode",)}
+STATIC_ROWS: dict[str, tuple[str, ...]] = {"plain": (), "distance": ("rows_decode",), "head_distance": ("rows_decode",),
+                                           "piecewise": ("pieces_decode",)}
 STATIC_FORMS = (*STATIC_ROWS, "mapped")  # the mapped form: map_slot_attention, refused per instance
 STEP_ROWS: dict[str, Callable[[Call], Tensor | None]] = {
     "rows_decode": decode_paths.distance_step_row, "pieces_decode": decode_paths.pieces_step_row}
@@ -222,8 +235,8 @@ def form_of(cls: type[Scheme], attends: bool = True) -> str:
         return "attends"
     if not materialises_bias(cls):
         return "plain"
-    for form, hook in (("contextual", "contextual_rows"), ("distance", "bias_by_distance"),
-                       ("piecewise", "piecewise_bias")):
+    for form, hook in (("contextual", "contextual_rows"), ("head_distance", "head_bias"),
+                       ("distance", "bias_by_distance"), ("piecewise", "piecewise_bias")):
         if _overrides(cls, hook):
             return form
     if _overrides(cls, "relative_rows"):
@@ -388,8 +401,8 @@ def render_rotation(rows: list[tuple]) -> str:
 
 
 def render(rows: list[tuple]) -> str:
-    lines = [f"{'scheme':<24}{'form':<12}{'device':<8}{'dtype':<10}{'grad':<7}{'decode':<8}kernels"]
-    lines += [f"{n:<24}{f:<12}{d:<8}{t:<10}{g!s:<7}{c!s:<8}{' > '.join(chain)}" for n, f, d, t, g, c, chain in rows]
+    lines = [f"{'scheme':<24}{'form':<15}{'device':<8}{'dtype':<10}{'grad':<7}{'decode':<8}kernels"]
+    lines += [f"{n:<24}{f:<15}{d:<8}{t:<10}{g!s:<7}{c!s:<8}{' > '.join(chain)}" for n, f, d, t, g, c, chain in rows]
     return "\n".join(lines)
 
 

@@ -7,7 +7,9 @@ Notation as in attention.py.
 Each kernel here takes a posenc.nn.dispatch.Call and returns the output or None (it does not serve); which of
 them runs for which scheme, device, dtype, gradient and decode step is decided in posenc.nn.dispatch alone.
 On a CUDA device (posenc.nn.triton, when triton imports) rows per head, FIRE's pieces (its MLP per tile), rows
-per query (Shaw, Transformer-XL, from their tables) and CoPE run in Triton kernels, training included. A decode
+per query (Shaw, Transformer-XL, from their tables) and CoPE run in Triton kernels, training included; rows whose
+heads read their own parameters only (Scheme.head_bias: KERPLE) train in 16-bit types through triton_head_bias, which
+sums the parameters' gradients per tile instead of the row gradient by distance. A decode
 step of rows per head or of FIRE's pieces takes one bias row per step and SDPA (posenc.nn.decode_paths).
 
 Rows are indexed by r = n - m (key minus query). They serve when every row of positions counts up by one
@@ -30,7 +32,7 @@ from posenc.nn import fused_attention, kept_tables, recomputed
 from posenc.nn import triton as gpu
 from posenc.nn.attention_core import sdpa
 from posenc.nn.call import Call
-from posenc.scheme import PiecewiseBias, Scheme, cast
+from posenc.scheme import HeadBias, PiecewiseBias, Scheme, cast
 
 QUERY_CHUNK = 256  # queries per chunk for rows per query (Transformer-XL's span every key the chunk sees)
 # Positions and rows are shared by all layers of a forward: one check and one row per forward, not per layer.
@@ -183,6 +185,33 @@ def triton_rows(call: Call) -> Tensor | None:
     from posenc.nn.triton.attention import attend_rows  # imports triton: only once a GPU tensor shows up
 
     return attend_rows(call.q, call.k, call.v, rows, -span.offsets.delta - span.low, call.causal)
+
+
+def _head_bias(call: Call, span: Span) -> HeadBias | None:
+    """The scheme's HeadBias over r = n - m = span.low..span.high (rows and derivatives (H,[K,]S), r ascending),
+    once per forward for all layers."""
+    scheme, device = call.scheme, call.q.device
+
+    def build() -> HeadBias | None:
+        by_distance = scheme.head_bias(torch.arange(-span.high, -span.low + 1, device=device))  # m - n ascending
+        return None if by_distance is None else dataclasses.replace(
+            by_distance, rows=by_distance.rows.flip(-1), derivatives=by_distance.derivatives.flip(-1))
+
+    return per_forward(scheme, "head bias", call.q_pos, call.k_pos, (span.low, span.high), build)
+
+
+def triton_head_bias(call: Call) -> Tensor | None:
+    """Rows per head that read their own head's parameters only (Scheme.head_bias: KERPLE) in the Triton kernels
+    (triton/head_bias.py): triton_rows' forward and dK/dV, the parameters' gradient summed per tile in dQ's kernel.
+    Serves training only (without a gradient it is triton_rows)."""
+    if not call.grad or not on_gpu(call) or (span := span_of(call)) is None:
+        return None
+    if (head := _head_bias(call, span)) is None:
+        return None
+    from posenc.nn.triton.head_bias import attend_head_bias  # imports triton: only once a GPU tensor shows up
+
+    return attend_head_bias(call.q, call.k, call.v, head.params, head.rows, head.derivatives,
+                            -span.offsets.delta - span.low, call.causal)
 
 
 def triton_relative(call: Call) -> Tensor | None:

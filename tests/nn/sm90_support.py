@@ -62,6 +62,17 @@ def check_attention(dtype: str, head_dim: int, causal: bool, spills_allowed: boo
         assert forward.loop_instructions > plain.loop_instructions > 0, f"{what}: no hot loop found"
 
 
+def check_head_bias(dtype: str, head_dim: int, causal: bool) -> None:
+    """dQ with the per-head parameters' sums (KERPLE's training path, triton/head_bias.py) compiles for sm_90, fits
+    an H100 block's shared memory and spills nothing; its other launches are the row kernel's (check_attention)."""
+    with tempfile.TemporaryDirectory() as workdir:
+        launches = gpu_static.head_bias_launches(gpu_static.DTYPES[dtype], head_dim, causal)
+        named = {gpu_static._name(launch.kernel): launch for launch in launches}
+        assert sorted(named) == ["dkdv", "dq_head_params", "forward"] and len(launches) == 3, sorted(named)
+        label = f"{dtype} Dh={head_dim} {'causal' if causal else 'full'} head params"
+        check_compiled({"dq_head_params": named["dq_head_params"]}, label, Path(workdir))
+
+
 def check_relative(dtype: str, head_dim: int, causal: bool, values: bool) -> None:
     """The rows-per-query kernels (forward, dK/dV, dQ with the tables' gradients) compile for sm_90, fit an H100
     block's shared memory and spill nothing: values=True as Shaw launches them (a clipped table: the far passes

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.nn.sm90_support import check_attention, needs_compiler
+from tests.nn.sm90_support import check_attention, check_head_bias, needs_compiler
 
 pytestmark = needs_compiler
 
@@ -17,3 +17,9 @@ def test_bf16_attention_kernels_compile_fit_and_do_not_spill(head_dim, causal):
     """Full attention at 80 and 96 compiles the same loops as at 64 and 128 (python -m benchmarks.gpu_static
     reads every setting)."""
     check_attention("bf16", head_dim, causal)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_bf16_head_parameter_dq_compiles_fits_and_does_not_spill(head_dim):
+    """KERPLE's dQ with its parameters' sums per tile (the other launches are the row kernel's, above)."""
+    check_head_bias("bf16", head_dim, True)

@@ -38,7 +38,7 @@ from tests.nn.triton_support import (
 pytestmark = pytest.mark.skipif(not gpu.installed(), reason="triton is not installed")
 INTERPRETED, DEVICE = kernel_device()
 
-from posenc.nn.triton import attention, rotary  # noqa: E402  (after the interpreter's setting is known)
+from posenc.nn.triton import attention, head_bias, rotary  # noqa: E402  (after the interpreter's setting is known)
 
 DIM = 16 if INTERPRETED else 64  # head dim
 SCALE = 1 if INTERPRETED else 16  # sequence lengths: tiny under the interpreter, real on a GPU
@@ -381,12 +381,14 @@ def test_repeated_forward_backward_with_one_positions_tensor(name, monkeypatch):
 
 @pytest.mark.parametrize("name", ["kerple"])
 def test_model_under_bf16_autocast_equals_float32(name, monkeypatch):
-    """A tiny GPT under bf16 autocast takes the kernel (bf16 q, k, v) at the GPU's tiles; its logits and
-    gradients are as near the float64 model without the kernels as that model under bf16 autocast is (low)."""
+    """A tiny GPT under bf16 autocast takes the kernel (bf16 q, k, v; KERPLE's training: the head-parameter path,
+    head_bias.attend_head_bias) at the GPU's tiles; its logits and gradients are as near the float64 model without
+    the kernels as that model under bf16 autocast is (low)."""
     gpu_tiles(monkeypatch)
     calls = []
-    kernel = attention.attend_rows
-    monkeypatch.setattr(attention, "attend_rows", lambda *a: calls.append(a[0].dtype) or kernel(*a))
+    for module, function in ((attention, "attend_rows"), (head_bias, "attend_head_bias")):
+        kernel = getattr(module, function)
+        monkeypatch.setattr(module, function, lambda *a, kernel=kernel: calls.append(a[0].dtype) or kernel(*a))
     tokens = torch.randint(0, 61, (2, 150), generator=torch.Generator().manual_seed(0)).to(DEVICE)
     torch.manual_seed(0)
     model = GPT(tiny_config(name, d_model=4 * 64, max_seq_len=256)).to(DEVICE).train()

@@ -6,9 +6,10 @@ forward and backward, through the Triton kernels in attention_kernels.py; no (B,
 the same indexing as posenc.nn.fused_attention's rows (its CPU twin), for rows shared by every query. The rows
 must cover every key a query sees (0 <= e[b] - i + j < S wherever the mask allows): posenc.nn.row_paths builds
 them over exactly the span attention reads. Gradients reach q, k, v and the rows, so a scheme's parameters
-(KERPLE's b, a, p; T5's bucket table) train through them. The row gradient is summed per tile along its
-diagonals into a buffer of (B, H, Tq / BM, Tk + BN) floats and reduced in a fixed order: no atomics, so it
-repeats bit for bit (the buffer is about 4 Tq Tk / BM bytes per (b, h): 200 MB at Tq = Tk = 16k, H = 12, BM = 64).
+(T5's bucket table; KERPLE's b, a, p in float32: in 16-bit types head_bias.py sums theirs per tile) train through
+them. The row gradient is summed per tile along its diagonals into a buffer of (B, H, Tq / BM, Tk + BN) floats and
+reduced in a fixed order: no atomics, so it repeats bit for bit (the buffer is about 4 Tq Tk / BM bytes per (b, h):
+200 MB at Tq = Tk = 16k, H = 12, BM = 64).
 
 Tiles, warps and stages per kernel and head dim: TILES, justified by the static table (benchmarks/gpu_static.py:
 registers, spills, shared memory and instructions per tile, compiled for sm_90 without a GPU). Every launch goes
@@ -27,6 +28,7 @@ from posenc.nn.fused_attention import per_batch_row
 from posenc.nn.triton import attention_kernels as kernels
 from posenc.nn.triton import cdiv, next_power_of_2
 
+ROW_KERNELS = ("forward", "dkdv", "dq", "dq_rows", "dq_head_params")  # whose tiles read the padded rows
 REDUCE_BLOCK = 256  # row elements per program of the row-gradient reduction
 GRID_AXIS_LIMIT = 65_535  # CUDA's limit on grid axes 1 and 2 (heads, batch)
 INT32_LIMIT = 2**31
@@ -112,6 +114,14 @@ _BY_HEAD_DIM = {
            128: Tiles(128, 32, 8, 2), 256: Tiles(32, 32, 8, 2)},
     "dq_rows": {16: Tiles(32, 64, 8, 2), 32: Tiles(32, 64, 8, 2), 64: Tiles(32, 64, 8, 2),
                 128: Tiles(32, 64, 8, 2), 256: Tiles(16, 32, 8, 2)},
+    # dQ with the per-head parameters' sums (head_bias_kernels.py). Sweeps at bf16, causal (registers / spilled bytes
+    # / loop instructions, and per pair of keys and warp; dq_rows: 1.27 at Dh 64, 1.62 at 128, 4.22 at 256): 128x64 8
+    # warps 255/0/568 (0.55) at 64, 255/0/626 (0.61) at 128, 190-202/0 (0.52-0.53) at 16-32; 128x32 8 warps 155/0/346
+    # (0.68) and 254/0/395 (0.77); 64x64 8 warps 1.18 and 80 B; 128x32 4 warps 40 B at 32. Dh 256: 64x32 8 warps
+    # 255/0/625 (2.44; 32x64 2.61). The sums as three (BM,BN) accumulators instead of one row each: 251/0/384 (0.75)
+    # at 128x32, 400-1032 B spilled at 128x64 and 128x32 4 warps.
+    "dq_head_params": {16: Tiles(128, 64, 8, 2), 32: Tiles(128, 64, 8, 2), 64: Tiles(128, 64, 8, 2),
+                       128: Tiles(128, 64, 8, 2), 256: Tiles(64, 32, 8, 2)},
     **RELATIVE_BY_HEAD_DIM,
     # The piecewise bias (piecewise_attention.py: FIRE); pieces_dq_grad needs BM <= BN like dq_rows. Sweeps at
     # bf16, causal (registers / spilled bytes / hot-loop instructions, a knot crossing's branch included): forward
@@ -137,6 +147,10 @@ _FP32_BY_HEAD_DIM = {
     "dkdv": {16: Tiles(32, 64, 8, 2), 32: Tiles(32, 64, 8, 2), 64: Tiles(32, 64, 8, 2), 128: Tiles(32, 32, 8, 2)},
     "dq": dict.fromkeys((16, 32, 64, 128), Tiles(64, 32, 8, 2)),
     "dq_rows": dict.fromkeys((16, 32, 64, 128), Tiles(32, 32, 4, 2)),
+    # dq_head_params with TF32 took more instructions per pair than dq_rows (32x32 4 warps: 1.86 against 1.41 at Dh
+    # 64, 2.44 against 1.98 at 128; 64x32 8 warps 1.91 and 120 B spilled; 64x64 24-376 B), so the dispatch keeps
+    # float32 on dq_rows; these tiles serve attend_head_bias called directly (tests).
+    "dq_head_params": dict.fromkeys((16, 32, 64, 128), Tiles(32, 32, 4, 2)),
     **RELATIVE_FP32_BY_HEAD_DIM,
     # FIRE's with TF32: dkdv 32x64 spilled 80 B at 64 (32x32: 186/0), dq 64x32 272 B at 128, dq_grad 32x32 4 warps
     # 56 B at 128 (8 warps: 220/0).
@@ -249,6 +263,27 @@ def _pad(*tile_sets: Tiles) -> int:
     return -(-widest // 16) * 16  # a multiple of 16 floats keeps the view 64-byte aligned
 
 
+def key_gradients(ctx, q: Tensor, k: Tensor, v: Tensor, dout: Tensor, lse: Tensor, delta: Tensor, biased: Tensor,
+                  e: Tensor) -> tuple[Tensor, Tensor]:
+    """dK, dV (B,Hkv,Tk,Dh) of the row kernel's backward (_dkdv): per query head, a GQA group's heads added up
+    after, in float32 (deterministic, no atomics)."""
+    b, h, tq, d = q.shape
+    hkv, tk = k.shape[1], k.shape[2]
+    group = h // hkv
+    kv_dtype = k.dtype if group == 1 else torch.float32
+    dk_heads = torch.empty(b, h, tk, d, device=q.device, dtype=kv_dtype)
+    dv_heads = torch.empty(b, h, tk, d, device=q.device, dtype=kv_dtype)
+    t = tiles("dkdv", d, q.device, q.dtype)
+    launch(kernels._dkdv, (cdiv(tk, t.bn), h, b), q, k, v, dout, lse, delta, dk_heads, dv_heads, biased, e,
+           *_bhd(q), *_bhd(k), *_bhd(v), *_bhd(dout), h, group, tq, tk, ctx.row_stride, d**-0.5 * kernels.LOG2E,
+           d**-0.5, D=d, CAUSAL=ctx.causal, HAS_BIAS=True, BD=padded_head_dim(d), BM=t.bm, BN=t.bn,
+           **_options(t, q.dtype, q.device))
+    if group == 1:
+        return dk_heads, dv_heads
+    return (dk_heads.view(b, hkv, group, tk, d).sum(2).to(k.dtype),
+            dv_heads.view(b, hkv, group, tk, d).sum(2).to(v.dtype))
+
+
 class _RowBiasAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, rows: Tensor, e: Tensor, causal: bool) -> Tensor:
@@ -256,7 +291,7 @@ class _RowBiasAttention(torch.autograd.Function):
         _check_sizes(q, k, v)
         b, h, tq, d = q.shape
         t = tiles("forward", d, q.device, q.dtype)
-        pad = _pad(*(tiles(kernel, d, q.device, q.dtype) for kernel in ("forward", "dkdv", "dq", "dq_rows")))
+        pad = _pad(*(tiles(kernel, d, q.device, q.dtype) for kernel in ROW_KERNELS))
         biased, row_stride = _padded_rows(rows, pad)
         out = torch.empty_like(q, memory_format=torch.contiguous_format)  # (B,H,Tq,Dh)
         lse = torch.empty(b, h, tq, device=q.device, dtype=torch.float32)  # base 2; the backward's softmax
@@ -274,23 +309,11 @@ class _RowBiasAttention(torch.autograd.Function):
         q, k, v, out, lse, biased, e = ctx.saved_tensors
         dout, delta = output_gradient_and_delta(_dense_last(dout), out)  # delta (B,H,Tq)
         b, h, tq, d = q.shape
-        hkv, tk = k.shape[1], k.shape[2]
-        group = h // hkv
+        tk, group = k.shape[2], h // k.shape[1]
+        dk, dv = key_gradients(ctx, q, k, v, dout, lse, delta, biased, e)
         strides = (*_bhd(q), *_bhd(k), *_bhd(v), *_bhd(dout))
         scales = (d**-0.5 * kernels.LOG2E, d**-0.5)
         shape = dict(D=d, CAUSAL=ctx.causal, HAS_BIAS=True, BD=padded_head_dim(d))
-        # dK, dV per query head; a GQA group's heads are added up after, in float32 (deterministic, no atomics)
-        kv_dtype = k.dtype if group == 1 else torch.float32
-        dk_heads = torch.empty(b, h, tk, d, device=q.device, dtype=kv_dtype)
-        dv_heads = torch.empty(b, h, tk, d, device=q.device, dtype=kv_dtype)
-        t = tiles("dkdv", d, q.device, q.dtype)
-        launch(kernels._dkdv, (cdiv(tk, t.bn), h, b), q, k, v, dout, lse, delta, dk_heads, dv_heads,
-               biased, e, *strides, h, group, tq, tk, ctx.row_stride, *scales,
-               BM=t.bm, BN=t.bn, **shape, **_options(t, q.dtype, q.device))
-        dk, dv = dk_heads, dv_heads
-        if group > 1:
-            dk = dk_heads.view(b, hkv, group, tk, d).sum(2).to(k.dtype)
-            dv = dv_heads.view(b, hkv, group, tk, d).sum(2).to(v.dtype)
         row_grad = ctx.needs_input_grad[3]
         t = tiles("dq_rows" if row_grad else "dq", d, q.device, q.dtype)
         q_blocks, diag_len = cdiv(tq, t.bm), cdiv(tk, t.bn) * t.bn + t.bn
@@ -329,4 +352,5 @@ def attend_rows(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, e: Tensor, causal
     return _RowBiasAttention.apply(q, k, v, rows, per_batch_row(e.to(q.device), q), causal)
 
 
-__all__ = ["TILES", "Tiles", "attend_rows", "check_qkv", "gpu_tiles", "launch", "serves_float32", "tiles"]
+__all__ = ["TILES", "Tiles", "attend_rows", "check_qkv", "gpu_tiles", "key_gradients", "launch", "serves_float32",
+           "tiles"]
