@@ -50,9 +50,10 @@ whose class gives no score_mod.
     values weights                                      eager_weights                 eager_weights
     attends                                             scheme_attend > (the tail of the class's other form)
 
-The mapped form has a table of its own (MAP_RULES, keyed by device, grad and decode). map_triton (nn/mapped_gpu.py,
-triton/mapped.py) runs every map in one launch, the map chosen per pair inside each tile from the map's PairRule; it
-is inference only (no backward: gradients take map_eager) and declines a map without a pair rule. map_decode
+The mapped form has a table of its own (MAP_RULES, keyed by device, grad and decode; MAP_DTYPES drops a kernel from
+it for a dtype it does not take). map_triton (nn/mapped_gpu.py, triton/mapped.py) runs every map in one launch, the
+map chosen per pair inside each tile from the map's PairRule; it is inference only (no backward: gradients take
+map_eager) and declines a map without a pair rule. map_decode
 (nn/mapped_decode.py) scores one query per row over the runs of keys each map takes, found once per step for every
 layer, with one softmax over the merged row; it declines batch rows under different runs. map_fused and map_eager
 (nn/mapped_attention.py) run each map of a chunk of queries through a kernel and merge the maps by log-sum-exp:
@@ -62,6 +63,9 @@ layer, with one softmax over the merged row; it declines batch rows under differ
     mapped      cuda        map_triton > map_decode > ...        map_triton > map_fused > map_eager   map_eager
     mapped      cpu         map_decode > map_fused > map_eager   map_fused > map_eager                map_eager
     mapped      other       map_eager                            map_eager                            map_eager
+
+On cuda, map_triton and map_fused take bfloat16 float16 float32 only (Triton's kernels, CUDA's memory-efficient
+kernel): float64 there runs map_decode > map_eager for a decode step and map_eager otherwise.
 
 A kernel is a function kernel(call: Call) -> Tensor | None (posenc.nn.call, below this module and the kernels);
 KERNELS names each. Adding a kernel = its file + one KERNELS entry + its name in a rule.
@@ -180,12 +184,15 @@ TAILS: dict[str, dict[bool, tuple[str, ...]]] = {
     **{form: BIAS_TAIL for form in ("contextual", "head_distance", "distance", "piecewise", "relative", "bias")},
     **{form: {False: ("eager_weights",), True: ("eager_weights",)} for form in ("values", "weights")},
 }
-# (device, grad, decode) -> the kernels for a mapped scheme
+# (device, grad, decode) -> the kernels for a mapped scheme, less those MAP_DTYPES rules out for the dtype
 MAP_RULES = {("cpu", False, True): ("map_decode", "map_fused", "map_eager"),
              ("cpu", False, False): ("map_fused", "map_eager"),
              ("cuda", False, True): ("map_triton", "map_decode", "map_fused", "map_eager"),  # map_decode: a map
              ("cuda", False, False): ("map_triton", "map_fused", "map_eager")}  # without a pair rule, 3 reads a step
 MAP_DEFAULT = ("map_eager",)
+# (device, kernel) -> the dtypes it serves there (else every dtype): Triton's kernels and CUDA's memory-efficient
+# kernel (map_fused) take no float64 (the H200 run of 2026-11-27 crashed a float64 map in map_fused)
+MAP_DTYPES = {("cuda", "map_triton"): HALF_AND_FLOAT, ("cuda", "map_fused"): HALF_AND_FLOAT}
 FORMS = ("mapped", "attends", "plain", "contextual", "head_distance", "distance", "piecewise", "values", "relative",
          "weights", "bias")
 
@@ -300,7 +307,7 @@ def plan(cls: type[Scheme], device: str, dtype: torch.dtype, grad: bool, decode:
     """The kernels tried, in order, for a scheme class and a key: the whole decision."""
     form = form_of(cls)
     if form == "mapped":
-        return map_plan(device, grad, decode)
+        return map_plan(device, grad, decode, dtype)
     if form == "attends":  # the scheme's own attention, then what its other hooks would take
         return ("scheme_attend", *plan_of_form(form_of(cls, attends=False), device, dtype, grad, decode,
                                                _overrides(cls, "score_mod")))
@@ -320,9 +327,10 @@ def plan_of_form(form: str, device: str, dtype: torch.dtype, grad: bool, decode:
     return fast + (tail if score_mod else tuple(name for name in tail if name != "flex"))
 
 
-def map_plan(device: str, grad: bool, decode: bool = False) -> tuple[str, ...]:
-    """The kernels, in order, for a scheme under a position map (MAP_RULES)."""
-    return MAP_RULES.get((device, grad, decode), MAP_DEFAULT)
+def map_plan(device: str, grad: bool, decode: bool = False, dtype: torch.dtype = torch.float32) -> tuple[str, ...]:
+    """The kernels, in order, for a scheme under a position map (MAP_RULES), each where it serves dtype (MAP_DTYPES)."""
+    return tuple(name for name in MAP_RULES.get((device, grad, decode), MAP_DEFAULT)
+                 if dtype in MAP_DTYPES.get((device, name), (dtype,)))
 
 
 def kernel(name: str) -> Callable[[Call], Tensor | None]:

@@ -265,3 +265,23 @@ def test_map_fused_serves_only_the_dtypes_its_device_kernel_takes(device, dtype,
             map_fused(call)
     else:
         assert map_fused(call) is None
+
+
+@pytest.mark.parametrize("decode", [False, True])
+def test_float64_under_a_map_on_cuda_plans_no_kernel_that_refuses_it(decode, monkeypatch):
+    """Triton's kernels and CUDA's memory-efficient kernel take no float64 (the H200 run of 2026-11-27 crashed a
+    float64 map in map_fused): the cuda row for float64 leaves them out, the chain read from tensors on an emulated
+    cuda is that row, and the docstring says so."""
+    monkeypatch.setattr(dispatch, "device_of", lambda *args: "cuda")
+    scheme = PositionMapped(build("rope"), build_position_map({"type": "self_extend", **MAP_SPECS["self_extend"]}, 512))
+    tq = 1 if decode else 5
+    q, k, v = (t.double() for t in qkv(tq, 5))
+    pos = torch.arange(5).expand(2, 5)
+    with torch.no_grad():
+        _, chain = dispatch._call(q, k, v, scheme, pos[:, -tq:], pos, True, 0.0)
+    assert chain == (("map_decode", "map_eager") if decode else ("map_eager",))
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):  # the dtypes they take keep them
+        assert {"map_triton", "map_fused"} <= set(dispatch.plan(PositionMapped, "cuda", dtype, False, decode))
+    names = " and ".join(name for _, name in dispatch.MAP_DTYPES)
+    dtypes = " ".join(str(d).removeprefix("torch.") for d in set(dispatch.MAP_DTYPES.values()).pop())
+    assert f"On cuda, {names} take {dtypes} only" in " ".join(dispatch.__doc__.split())
