@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import pytest
 import torch
@@ -17,6 +18,10 @@ VOCAB = 61
 # gain nothing from a second thread while spin-waiting threads on a busy machine cost up to 50x
 # (a contract "learns" check: 41 s with 2 threads vs 0.7 s with 1, measured with other work running).
 torch.set_num_threads(1)
+# ... and so does every process a test starts (a killed `posenc compare`, a `posenc check`, an interpreted kernel
+# file): they inherit the setting. A child with torch's default 2 threads beside the other worker spin-waits: the
+# killed-run test's 3-unit compare took 50 s wall with 2 threads against 8 s with 1 (measured, this machine busy).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def tiny_config(scheme: str, **overrides) -> GPTConfig:
