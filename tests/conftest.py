@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import copy
+import functools
 import importlib.util
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +21,43 @@ VOCAB = 61
 # gain nothing from a second thread while spin-waiting threads on a busy machine cost up to 50x
 # (a contract "learns" check: 41 s with 2 threads vs 0.7 s with 1, measured with other work running).
 torch.set_num_threads(1)
+# ... and so does every process a test starts (a killed `posenc compare`, a `posenc check`, an interpreted kernel
+# file): they inherit the setting. A child with torch's default 2 threads beside the other worker spin-waits: the
+# killed-run test's 3-unit compare took 50 s wall with 2 threads against 8 s with 1 (measured, this machine busy).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def _once_per_file(function, hand_out):
+    """function(path), computed once per file (its path, size and mtime: a file rewritten in place is read again);
+    each call gets hand_out(the kept result). A path that is no file goes to function: its own error."""
+    kept = {}
+
+    @functools.wraps(function)
+    def once(path):
+        try:
+            stat = Path(path).stat()
+        except (OSError, TypeError):
+            return function(path)
+        key = (str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
+        if key not in kept:
+            kept[key] = function(path)
+        return hand_out(kept[key])
+
+    return once
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _gguf_metadata_parsed_once_per_process():
+    """A GGUF model's load parses the file's metadata twice: posenc's reader (2.7 s for SmolLM2) and transformers'
+    tokenizer (4.8 s), of 9 s in all; a dozen test files load SmolLM2 (extend runs, fine-tuning, the tokenizer's
+    tests). Each test process parses a file once: the reader as it is (read-only: a memmap; the weights are still
+    dequantised at every load), the tokenizer as a deep copy (0.1 s; tests change its add_bos_token)."""
+    from posenc.models import gguf
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gguf, "_reader", _once_per_file(gguf._reader, lambda reader: reader))
+        patch.setattr(gguf, "load_tokenizer", _once_per_file(gguf.load_tokenizer, copy.deepcopy))
+        yield
 
 
 def tiny_config(scheme: str, **overrides) -> GPTConfig:

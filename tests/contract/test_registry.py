@@ -151,7 +151,8 @@ def test_posenc_check_and_import_run_a_users_module(tmp_path):
     """))
     run = lambda *args: subprocess.run([sys.executable, "-m", "posenc.cli", "check", *args, "--import", "my_schemes",
                                         "--models", "gpt,t5_encoder", "--properties", "causal,shift invariance"],
-                                       cwd=tmp_path, capture_output=True, text=True, env={"PYTHONPATH": str(tmp_path)})
+                                       cwd=tmp_path, capture_output=True, text=True,
+                                       env={"PYTHONPATH": str(tmp_path), "OMP_NUM_THREADS": "1"})  # conftest says why
     good = run("fine_bias")
     assert good.returncode == 0, good.stdout + good.stderr
     assert "every property holds" in good.stdout

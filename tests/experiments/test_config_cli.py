@@ -66,3 +66,16 @@ def test_help_lists_every_option_with_its_default():
     for option in ("model.position_embedding_type = 'rope'", "trainer.max_steps = 300", "eval.mode = 'nonoverlapping'",
                    "model.rotary_base = 10000.0", "data.seq_len = 64"):
         assert option in out
+
+
+def test_help_gives_each_option_its_source_comment_every_time():
+    """--help carries the `# why` beside a field in the source (the class's source is read once per process:
+    a second parser, as every main() call builds, gives the same text)."""
+    from posenc.cli import parser
+
+    def train_help() -> str:
+        return parser()._subparsers._group_actions[0].choices["train"].format_help()
+
+    first = train_help()
+    assert "trainer.warmup_steps = 30" in first and "# null: 5% of max_steps" in first
+    assert train_help() == first

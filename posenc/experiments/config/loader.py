@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import inspect
 import re
 import sys
@@ -268,6 +269,11 @@ _COMMENT = re.compile(r"^\s+(\w+)\s*:[^#]*#\s*(.+)$")
 
 def _comments(cls: type) -> dict[str, str]:
     """`name: type = default  # why` comments of a dataclass and its bases, by field name."""
+    return dict(_source_comments(cls))
+
+
+@functools.cache  # a class's source is read once per process: every parser() (each main() call) describes them all
+def _source_comments(cls: type) -> dict[str, str]:
     notes: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
         try:
