@@ -59,6 +59,16 @@ def filled_cache(model: nn.Module, context: int, device, dtype):
     return cache, ids, positions
 
 
+def loaded_decoder(make: Callable[[], nn.Module], context: int, device, dtype):
+    """(model, its ordinary cache filled with `context` random keys, a StaticDecoder loaded from it, not graphed)."""
+    with torch.device(device):  # built where it runs: a 135M model's init on the CPU costs seconds
+        model = make().eval().to(dtype=dtype)
+    cache, ids, positions = filled_cache(model, context, device, dtype)
+    decoder = StaticDecoder(model, 1, context + 2 * (WARMUP + STEPS) + 8, cuda_graph=False)
+    decoder.load(cache, ids, positions)
+    return model, cache, decoder
+
+
 def per_token(step: Callable[[], object], device, steps: int = STEPS) -> float:
     """Seconds per step over `steps` back-to-back steps after WARMUP (the graph's capture is in the warm-up)."""
     for _ in range(WARMUP):
@@ -99,11 +109,7 @@ def graph_rows(contexts: list[int], layers: int, d_model: int, heads: int, devic
                   if names is None or any(name.startswith(prefix) for prefix in names)}
         for name, make in chosen.items():
             try:
-                with torch.device(device):  # built where it runs: a 135M model's init on the CPU costs seconds
-                    model = make().eval().to(dtype=dtype)
-                cache, ids, positions = filled_cache(model, context, device, dtype)
-                decoder = StaticDecoder(model, 1, context + 2 * (WARMUP + STEPS) + 8, cuda_graph=False)
-                decoder.load(cache, ids, positions)
+                model, cache, decoder = loaded_decoder(make, context, device, dtype)
             except torch.OutOfMemoryError:
                 sink("graphs", {"context": context, "model": name, "eager ms": "OOM"})
                 continue
@@ -134,4 +140,4 @@ def _ratio(value: float | str, base: float | str) -> float:
     return value / base if isinstance(value, float) and isinstance(base, float) and base else float("nan")
 
 
-__all__ = ["graph_rows", "models", "per_token", "three_ways"]
+__all__ = ["graph_rows", "loaded_decoder", "models", "per_token", "three_ways"]

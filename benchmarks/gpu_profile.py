@@ -62,15 +62,10 @@ def static_step(name: str, context: int):
     """The SmolLM2-shaped static decode step (gpu_decode_graphs' model `name`) run eagerly: the kernels its CUDA graph
     replays, each in the kernel table (the graphed step at 32k: maps ~1.8 ms over RoPE's 2.0, H200 2026-11-27)."""
     def case(device, dtype, quick):
-        from benchmarks.gpu_decode_graphs import filled_cache, models
-        from posenc.models.static_decode import StaticDecoder
+        from benchmarks.gpu_decode_graphs import loaded_decoder, models
 
         t = 64 if quick else context
-        with torch.device(device):
-            model = models(0, 0, 0, t, quick)[name]().eval().to(dtype=dtype)
-        cache, ids, positions = filled_cache(model, t, device, dtype)
-        decoder = StaticDecoder(model, 1, t + 512, cuda_graph=False)
-        decoder.load(cache, ids, positions)
+        _, _, decoder = loaded_decoder(models(0, 0, 0, t, quick)[name], t, device, dtype)
         token = torch.zeros(1, 1, dtype=torch.int64, device=device)
 
         def step():
@@ -84,13 +79,12 @@ def map_prompt(spec: dict, t: int):
     """A prompt's attention under the map `spec` (gpu_sections.MAP_SPECS, defaults from a trained t/4), Dh 128, GQA
     32:8: the maps' prompt kernel (H200 2026-11-27, at 32k: Self-Extend 0.97x RoPE + SDPA, LM-Infinite 2.11x)."""
     def case(device, dtype, quick):
-        from posenc.position_maps.scheme import PositionMapped
-        from posenc.registry import build, build_position_map
+        from benchmarks.gpu_sections import _mapped_rope
         from posenc.scheme import Dims
 
         n, dh, heads, kv = (64, 16, 4, 2) if quick else (t, 128, 32, 8)
         dims = Dims(d_model=heads * dh, n_head=heads, head_dim=dh, max_seq_len=n // 4, n_kv_head=kv)
-        mapped = PositionMapped(build("rope", dims).to(device), build_position_map(spec, n // 4))
+        _, mapped = _mapped_rope(spec, dims, device)
         q = torch.randn(1, heads, n, dh, device=device, dtype=dtype)
         k, v = (torch.randn(1, kv, n, dh, device=device, dtype=dtype) for _ in range(2))
         pos = torch.arange(n, device=device)[None]

@@ -190,9 +190,9 @@ MAP_RULES = {("cpu", False, True): ("map_decode", "map_fused", "map_eager"),
              ("cuda", False, True): ("map_triton", "map_decode", "map_fused", "map_eager"),  # map_decode: a map
              ("cuda", False, False): ("map_triton", "map_fused", "map_eager")}  # without a pair rule, 3 reads a step
 MAP_DEFAULT = ("map_eager",)
-# (device, kernel) -> the dtypes it serves there (else every dtype): Triton's kernels and CUDA's memory-efficient
-# kernel (map_fused) take no float64 (the H200 run of 2026-11-27 crashed a float64 map in map_fused)
-MAP_DTYPES = {("cuda", "map_triton"): HALF_AND_FLOAT, ("cuda", "map_fused"): HALF_AND_FLOAT}
+# (device, kernel) -> the dtypes it serves there (else every dtype): Triton's kernels, and map_fused's own table of
+# its devices' kernels (CUDA's memory-efficient one takes no float64: the H200 run of 2026-11-27 crashed there)
+MAP_DTYPES = {("cuda", "map_triton"): HALF_AND_FLOAT, ("cuda", "map_fused"): mapped_attention.FUSED_DTYPES["cuda"]}
 FORMS = ("mapped", "attends", "plain", "contextual", "head_distance", "distance", "piecewise", "values", "relative",
          "weights", "bias")
 
