@@ -26,6 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from posenc.inference_tensors import LastPositions
+from posenc.nn.kv_cache import from_first_entry
 
 # flex_attention's score_mod signature: (score, batch, head, q_idx, kv_idx) -> score.
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
@@ -263,9 +264,8 @@ def from_first_key(q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
     """Positions measured from each row's first key (the first cached position when decoding): for a
     scheme whose logits depend only on m - n this changes nothing mathematically, and it keeps values
     that grow with the absolute position (xPos' zeta^n, FIRE's psi(i)) independent of any offset."""
-    origin = k_pos[:, :1]  # (B,1)
-    shifted_keys = k_pos - origin
-    return (shifted_keys if q_pos is k_pos else q_pos - origin), shifted_keys
+    shifted_keys = from_first_entry(k_pos)  # (B,Tk); a cache's keys: kept across steps, each step's new ones subtracted
+    return (shifted_keys if q_pos is k_pos else q_pos - k_pos[:, :1]), shifted_keys
 
 
 def materialises_bias(scheme: Scheme | type[Scheme]) -> bool:

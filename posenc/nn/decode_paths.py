@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from posenc.nn import row_paths
+from posenc.nn import fused_attention, row_paths
 from posenc.nn.attention_core import sdpa
 from posenc.nn.call import Call
 from posenc.nn.kept_tables import kept_span
@@ -94,10 +94,16 @@ def _pieces_row(call: Call) -> Tensor | None:
 
 
 def one_query(pieces: PiecewiseBias, offsets: Offsets, tk: int) -> Tensor:
-    """The piecewise bias of one query per batch row over its tk keys, (B|1,H,1,Tk), evaluated in PyTorch (each
-    operator counts here: a decode step runs this once, with every cache line cold)."""
+    """The piecewise bias of one query per batch row over its tk keys, (B|1,H,1,Tk): on the CPU in one native call
+    (fused_attention.piecewise_row), elsewhere in PyTorch (each operator counts here: a decode step runs this once,
+    with every cache line cold)."""
     shared = offsets.lowest == offsets.highest
     divisor = pieces.divisor if pieces.divisor.shape[1] == 1 else pieces.divisor[:, :1]  # (b|1,1)
+    first = [-offsets.highest - pieces.low] if shared else (-pieces.low - offsets.delta).tolist()  # rows' first keys
+    row = fused_attention.piecewise_row(pieces.feature, divisor, pieces.knots, pieces.slopes, pieces.intercepts, first,
+                                        tk)
+    if row is not None:  # the CPU's native kernel: one call
+        return row
     if shared and 0 <= (first := -offsets.highest - pieces.low) <= pieces.feature.shape[0] - tk:
         x = pieces.feature.narrow(0, first, tk) / divisor  # (1,Tk): the usual decode step reads a view
     else:

@@ -203,6 +203,30 @@ def _piecewise_args(feature, divisor, slope, intercept, knots, e, grads=None) ->
                          knots.shape[0], native.ptr(slope), native.ptr(intercept), *g)
 
 
+def piecewise_row(feature: Tensor, divisor: Tensor, knots: Tensor, slope: Tensor, intercept: Tensor,
+                  first: list[int], tk: int) -> Tensor | None:
+    """A decode step's piecewise bias row, (B,H,1,Tk) float32: bias(b, h, j) = slope[h, s] x + intercept[h, s], x =
+    feature[first[b] + j] / divisor[b, 0], s = the number of knots below x; B = len(first) (one entry: a row shared
+    by the batch), divisor (B|1,1). None where the native kernel does not serve (not float32 on the CPU, no library,
+    an index outside the feature): the caller's PyTorch formula then does."""
+    tensors = (feature, divisor, knots, slope, intercept)
+    if any(t.device.type != "cpu" or t.dtype != torch.float32 for t in tensors) or (lib := native.library()) is None:
+        return None
+    if min(first) < 0 or max(first) + tk > feature.shape[0]:
+        return None
+    b, h = len(first), slope.shape[0]
+    if divisor.shape[0] > 1:
+        divisor = divisor[:, :1].contiguous()  # (B,1): the kernel steps one float per batch row
+    feature, knots, slope, intercept = (t.contiguous() for t in (feature, knots, slope, intercept))
+    out = torch.empty(b, h, 1, tk)
+    e = native.int64s(*first)
+    args = PiecewiseArgs(native.ptr(feature), feature.shape[0], ctypes.addressof(e), native.ptr(divisor),
+                         1 if divisor.shape[0] > 1 else 0, divisor.shape[0], native.ptr(knots), knots.shape[0],
+                         native.ptr(slope), native.ptr(intercept), None, None, None, None)
+    lib.posenc_piecewise_row(ctypes.addressof(args), b, h, tk, out.data_ptr())
+    return out
+
+
 def per_batch_row(e: Tensor, q: Tensor) -> Tensor:
     """e (1|B,) -> (B,) int64: the kernels read e[b] for every batch row of q (positions given once for the
     whole batch, (1,T), would otherwise be read past their end)."""

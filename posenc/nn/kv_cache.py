@@ -18,7 +18,14 @@ APPEND_ONLY = "_posenc_append_only"
 
 
 class AppendOnly:
-    """The name of one append-only positions buffer, the same object across its growth."""
+    """The name of one append-only positions buffer, the same object across its growth. What is read from its values
+    holds for as long as it lives, so a decode step reads only its new entries: of the first `counted` entries,
+    `not_one` steps between neighbours (in some row) are not +1 (posenc.nn.row_paths' check), and `from_first` keeps
+    every entry minus its row's first (the frame of schemes that measure positions from the first key)."""
+
+    def __init__(self) -> None:
+        self.counted, self.not_one = 0, 0
+        self.from_first: _Grown | None = None
 
 
 def append_only_buffer(view: Tensor) -> AppendOnly | None:
@@ -26,6 +33,30 @@ def append_only_buffer(view: Tensor) -> AppendOnly | None:
     any other tensor."""
     base = view._base
     return None if base is None else getattr(base, APPEND_ONLY, None)
+
+
+def leading_entries(view: Tensor) -> AppendOnly | None:
+    """append_only_buffer(view) where view (B,T) is the first T entries of every row of that buffer, else None."""
+    name = append_only_buffer(view)
+    base = view._base
+    if name is None or view.dim() != 2 or view.shape[0] != base.shape[0] or view.stride() != base.stride():
+        return None
+    return name if view.storage_offset() == base.storage_offset() else None
+
+
+def from_first_entry(pos: Tensor) -> Tensor:
+    """pos (B,T) minus each row's first entry. For the leading entries of a positions buffer the result is kept with
+    the buffer's name and only new entries are subtracted (a decode step's cost stops growing with the cache); it is
+    then itself the leading entries of an append-only buffer, so what is read from it stays incremental too."""
+    name = leading_entries(pos)
+    if name is None:
+        return pos - pos[:, :1]
+    kept, length = name.from_first, pos.shape[1]
+    if kept is None:
+        kept = name.from_first = _Grown(pos, time_dim=1, append_only=True)
+    if kept.length < length:
+        kept.append(pos[:, kept.length :] - pos[:, :1])
+    return kept.data.narrow(1, 0, length)
 
 
 class _Grown:
@@ -124,4 +155,4 @@ class KVCache:
         return keys.append(k), values.append(v)
 
 
-__all__ = ["KVCache", "in_float32"]
+__all__ = ["KVCache", "from_first_entry", "in_float32", "leading_entries"]

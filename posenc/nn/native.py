@@ -1,4 +1,5 @@
-"""posenc's CPU kernels (posenc/nn/csrc): one-pass RoPE and attention with a bias row, forward and backward.
+"""posenc's CPU kernels (posenc/nn/csrc): one-pass RoPE, attention with a bias row, forward and backward, and
+a decode step's bias row.
 
 Built on first use with the system C++ compiler (g++ -O3 -march=native -fopenmp, ~3 s, no torch headers)
 into a per-machine cache keyed by a hash of the sources, flags, compiler and CPU, and loaded with ctypes.
@@ -24,7 +25,7 @@ import torch
 from posenc.cache import cache_dir
 
 SOURCE_DIR = Path(__file__).parent / "csrc"
-SOURCES = ("rotary.cpp", "attention_forward.cpp", "attention_backward.cpp", "cope.cpp")
+SOURCES = ("rotary.cpp", "attention_forward.cpp", "attention_backward.cpp", "cope.cpp", "decode_rows.cpp")
 # -fno-trapping-math: without it gcc keeps the exp's clamp and select as branches on AVX2 (AVX-512's masked
 # instructions hide them), so every score's exp ran scalar: 1.3-1.6x causal SDPA instead of 0.9x on AVX2.
 FLAGS = ("-O3", "-mprefer-vector-width=512", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-shared", "-fPIC",
@@ -127,8 +128,9 @@ def _load(path: Path) -> ctypes.CDLL:
     return lib
 
 
-# The C signatures (p: pointer, a: int64 array, i: int, f: float), so ctypes never narrows an argument.
-_CTYPES = {"p": ctypes.c_void_p, "a": ctypes.POINTER(ctypes.c_int64), "i": ctypes.c_int, "f": ctypes.c_float}
+# The C signatures (p: pointer, a: int64 array, i: int, l: int64, f: float), so ctypes never narrows an argument.
+_CTYPES = {"p": ctypes.c_void_p, "a": ctypes.POINTER(ctypes.c_int64), "i": ctypes.c_int, "l": ctypes.c_int64,
+           "f": ctypes.c_float}
 SIGNATURES = {
     "posenc_set_blas": (None, *"pp"),
     "posenc_rotate": (None, *"papappaaifi"),
@@ -138,6 +140,7 @@ SIGNATURES = {
     "posenc_attention_piecewise_backward": (ctypes.c_int, *"pp"),
     "posenc_cope_forward": (ctypes.c_int, *"pp"),
     "posenc_cope_backward": (ctypes.c_int, *"pp"),
+    "posenc_piecewise_row": (ctypes.c_int, *"plllp"),
 }
 
 

@@ -32,6 +32,7 @@ from posenc.nn import fused_attention, kept_tables, recomputed
 from posenc.nn import triton as gpu
 from posenc.nn.attention_core import sdpa
 from posenc.nn.call import Call
+from posenc.nn.kv_cache import leading_entries
 from posenc.scheme import HeadBias, PiecewiseBias, Scheme, cast
 
 QUERY_CHUNK = 256  # queries per chunk for rows per query (Transformer-XL's span every key the chunk sees)
@@ -57,15 +58,26 @@ def _steps_not_one(pos: Tensor) -> Tensor | None:
 
 
 def _offsets(q_pos: Tensor, k_pos: Tensor) -> Offsets | None:
-    """Both checks and delta's extremes in one read of the device (each read waits for every queued kernel)."""
+    """Both checks and delta's extremes in one read of the device (each read waits for every queued kernel). Keys
+    that are a KV cache's positions are checked once each: only the entries new since the last check are read."""
     if q_pos.dim() != 2 or k_pos.dim() != 2:
         return None
     delta = q_pos[:, 0] - k_pos[:, 0]
     delta = delta if delta.dtype == torch.int64 else delta.to(torch.int64)
     lowest, highest = delta.aminmax()
-    wrong = [n for n in (_steps_not_one(q_pos), _steps_not_one(k_pos)) if n is not None]
+    cached, tk = leading_entries(k_pos), k_pos.shape[1]
+    if cached is not None and cached.counted >= tk and cached.not_one:
+        cached = None  # an older, shorter view of keys known to break somewhere: count these afresh
+    known = 0 if cached is None else cached.not_one
+    if cached is None or cached.counted == 0:
+        keys = _steps_not_one(k_pos)
+    else:  # the new entries, from the last one counted (the step between them); none new: nothing to count
+        keys = _steps_not_one(k_pos[:, cached.counted - 1 :]) if tk > cached.counted else None
+    wrong = [n for n in (_steps_not_one(q_pos), keys) if n is not None]
     low, high, *not_one = torch.stack((lowest, highest, *wrong)).tolist()
-    return None if any(not_one) else Offsets(delta, low, high)
+    if cached is not None and tk > cached.counted:
+        cached.counted, cached.not_one = tk, known + (not_one[-1] if keys is not None else 0)
+    return None if any(not_one) or known else Offsets(delta, low, high)
 
 
 # (B,Tq), (B,Tk) -> Offsets when every row of both counts up by one, else None; once per forward
