@@ -108,6 +108,51 @@ def rotate_native(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, sign: 
     return out
 
 
+def rotate_pair_native(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor,
+                       interleaved: bool) -> tuple[Tensor, Tensor] | None:
+    """q (B,H,T,Dh) and k (B,Hkv,T,Dh) float32 on CPU rotated by the same tables (B|1,1,T,R/2) into one new tensor
+    (B,H+Hkv,T,Dh), returned as its two views; None where rotate_native would not serve either. A decode step
+    rotates its own row of q and k in every layer: this is rotate_native without the concatenation, with every
+    check of the layout made once per layout (_pair_layout), and two kernel calls into one output."""
+    if not (q.is_cpu and k.is_cpu and cos.is_cpu) or (lib := native.library()) is None:
+        return None
+    layout = _pair_layout(q.shape, q.stride(), q.dtype, k.shape, k.stride(), k.dtype, cos.shape, cos.stride(),
+                          sin.shape, sin.stride(), cos.dtype, sin.dtype)
+    if layout is None:
+        return None
+    shape, (q_strides, k_strides), k_offset, split = layout
+    out = torch.empty(shape)
+    threads, c, s = torch.get_num_threads(), cos.data_ptr(), sin.data_ptr()
+    lib.posenc_rotate(q.data_ptr(), q_strides[0], out.data_ptr(), q_strides[1], c, s, q_strides[2], q_strides[3],
+                      int(interleaved), 1.0, threads)
+    lib.posenc_rotate(k.data_ptr(), k_strides[0], out.data_ptr() + k_offset, k_strides[1], c, s, k_strides[2],
+                      k_strides[3], int(interleaved), 1.0, threads)
+    return out.split(split, dim=1)
+
+
+@functools.lru_cache(maxsize=64)
+def _pair_layout(q_shape, q_strides, q_dtype, k_shape, k_strides, k_dtype, cos_shape, cos_strides, sin_shape,
+                 sin_strides, cos_dtype, sin_dtype) -> tuple | None:
+    """For rotate_pair_native: (the output's shape, q's and k's kernel arrays, k's byte offset in it, the split), or
+    None where a layout or dtype is not the kernel's. Raises (check_rotary) for tables wider than the head."""
+    if q_dtype != torch.float32 or k_dtype != torch.float32 or len(q_shape) != 4 or len(k_shape) != 4:
+        return None
+    if cos_shape != sin_shape or len(cos_shape) < 1 or 2 * cos_shape[-1] > q_shape[-1]:
+        check_rotary(torch.empty(q_shape, device="meta"), torch.empty(cos_shape, device="meta"),
+                     torch.empty(sin_shape, device="meta"))
+    (b, h, t, d), hkv = q_shape, k_shape[1]
+    if (tuple(k_shape) != (b, hkv, t, d) or len(cos_shape) != 4 or cos_shape[0] not in (1, b)
+            or tuple(cos_shape[1:3]) != (1, t) or q_strides[-1] != 1 or k_strides[-1] != 1
+            or cos_dtype != torch.float32 or sin_dtype != torch.float32 or cos_strides != sin_strides
+            or cos_strides[-1] != 1):
+        return None
+    shape = (b, h + hkv, t, d)
+    out_strides = (shape[1] * t * d, t * d, d, 1)  # torch.empty(shape)'s
+    arrays = (_native_strides(q_shape, q_strides, out_strides, cos_shape, cos_strides),
+              _native_strides(k_shape, k_strides, out_strides, cos_shape, cos_strides))
+    return shape, arrays, 4 * h * t * d, (h, hkv)  # k's rows start after q's: 4 bytes per float32
+
+
 @functools.lru_cache(maxsize=256)
 def _native_strides(shape: tuple[int, ...], x_strides: tuple[int, ...], out_strides: tuple[int, ...],
                     cos_shape: tuple[int, ...], cos_strides: tuple[int, ...]) -> tuple[ctypes.Array, ...]:

@@ -17,7 +17,7 @@ from torch import Tensor
 from posenc.errors import bad_value
 from posenc.inference_tensors import position_version
 from posenc.nn.kept_tables import kept
-from posenc.rotary._core import apply_rotary, cos_sin
+from posenc.rotary._core import apply_rotary, cos_sin, rotate_pair
 from posenc.rotary.scaling import SEQ_LEN_DEPENDENT, frequencies, rope_type
 from posenc.scheme import Dims, RotationTables, Scheme, shared_row_extremes
 from posenc.validators import number_in, optional_number_at_least
@@ -146,8 +146,7 @@ class RoPE(Scheme):
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
         cq, sq = self.tables(q_pos)
         if k_pos is q_pos and q.shape[-2] == 1 and q.dtype == k.dtype:  # a decode step: one call, not two
-            both = apply_rotary(torch.cat((q, k), dim=1), cq, sq, self.interleaved)  # (B,H+Hkv,1,Dh)
-            return both.split((q.shape[1], k.shape[1]), dim=1)  # one operator for both views
+            return rotate_pair(q, k, cq, sq, self.interleaved)  # views of one (B,H+Hkv,1,Dh)
         ck, sk = (cq, sq) if k_pos is q_pos else self.tables(k_pos)
         return apply_rotary(q, cq, sq, self.interleaved), apply_rotary(k, ck, sk, self.interleaved)
 

@@ -124,3 +124,35 @@ def test_autograd_formula_keeps_unrotated_dims_when_heads_and_length_equal_rot_d
     torch.testing.assert_close(out, apply_rotary_reference(x, pos, inv_freq, bool(interleaved)), rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(out, apply_rotary(x, cos, sin, *args), rtol=1e-6, atol=1e-6)
 
+
+
+@pytest.mark.parametrize("interleaved", [True, False])
+@pytest.mark.parametrize(("heads", "kv_heads", "rot", "batch_tables"), [(4, 4, 16, False), (6, 2, 12, True)])
+def test_a_decode_steps_q_and_k_rotate_in_one_output_like_the_reference(interleaved, heads, kv_heads, rot,
+                                                                         batch_tables, monkeypatch):
+    """rotate_pair: the native kernel writes q's and k's rows into one tensor (no concatenation first), any layout:
+    q a strided view of a projection, GQA, a partial rotation, tables per batch row or shared."""
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 1, heads, 16, generator=g).transpose(1, 2)  # (B,H,1,Dh) as a projection's view
+    k = torch.randn(2, 1, kv_heads, 16, generator=g).transpose(1, 2)
+    pos = torch.tensor([[7], [300]]) if batch_tables else torch.tensor([[41]]).expand(2, 1)
+    inv_freq = inv_frequencies(rot, 10000.0)
+    cos, sin = (t.float() for t in cos_sin(pos if batch_tables else pos[:1], inv_freq))
+    served, native = [], _fast.rotate_pair_native
+    monkeypatch.setattr(_fast, "rotate_pair_native", lambda *args: served.append(1) or native(*args))
+    with torch.no_grad():
+        rq, rk = _core.rotate_pair(q, k, cos, sin, interleaved)
+    assert served and rq.shape == q.shape and rk.shape == k.shape
+    for x, out in ((q, rq), (k, rk)):
+        reference = apply_rotary_reference(x.double(), pos, inv_freq, interleaved)
+        torch.testing.assert_close(out, reference.float(), rtol=1e-5, atol=1e-5)
+
+
+def test_a_pair_the_native_kernel_does_not_take_is_rotated_all_the_same():
+    """bf16 (rotated in float32 by apply_rotary), or a gradient wanted: the concatenated path, equal to one by one."""
+    q, k = torch.randn(1, 4, 1, 8), torch.randn(1, 2, 1, 8)
+    cos, sin = (t.float() for t in cos_sin(torch.tensor([[3]]), inv_frequencies(8, 10000.0)))
+    for a, b in ((q.bfloat16(), k.bfloat16()), (q.requires_grad_(), k)):
+        rq, rk = _core.rotate_pair(a, b, cos, sin)
+        torch.testing.assert_close(rq, apply_rotary(a, cos, sin), rtol=0, atol=0)
+        torch.testing.assert_close(rk, apply_rotary(b, cos, sin), rtol=0, atol=0)
