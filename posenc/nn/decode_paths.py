@@ -99,11 +99,12 @@ def one_query(pieces: PiecewiseBias, offsets: Offsets, tk: int) -> Tensor:
     with every cache line cold)."""
     shared = offsets.lowest == offsets.highest
     divisor = pieces.divisor if pieces.divisor.shape[1] == 1 else pieces.divisor[:, :1]  # (b|1,1)
-    first = [-offsets.highest - pieces.low] if shared else (-pieces.low - offsets.delta).tolist()  # rows' first keys
-    row = fused_attention.piecewise_row(pieces.feature, divisor, pieces.knots, pieces.slopes, pieces.intercepts, first,
-                                        tk)
-    if row is not None:  # the CPU's native kernel: one call
-        return row
+    if pieces.feature.is_cpu:  # the native kernel, one call (its row offsets read on the host: free on the CPU only)
+        first = [-offsets.highest - pieces.low] if shared else (-pieces.low - offsets.delta).tolist()
+        row = fused_attention.piecewise_row(pieces.feature, divisor, pieces.knots, pieces.slopes, pieces.intercepts,
+                                            first, tk)
+        if row is not None:
+            return row
     if shared and 0 <= (first := -offsets.highest - pieces.low) <= pieces.feature.shape[0] - tk:
         x = pieces.feature.narrow(0, first, tk) / divisor  # (1,Tk): the usual decode step reads a view
     else:
