@@ -51,12 +51,12 @@ def plan(quick: bool) -> dict:
         return {"attention": ["alibi", "kerple"], "lengths": [64], "head_dims": [16], "kv_groups": [1, 2],
                 "tokens": 64, "repeats": 1, "rope": [(1, 2, 32, 16)], "decode": ["none", "alibi"], "context": 32,
                 "train": ["none", "rope", "alibi"], "model": (2, 64, 2, 32, 2), "maps": ["self_extend", "dual_chunk"],
-                "map_length": 64, "map_heads": (16, 4, 2), "map_context": 64,
+                "map_lengths": [64], "map_heads": (16, 4, 2),
                 "graph_contexts": [32, 64]}
     return {"attention": ATTENTION, "lengths": [1024, 4096, 16384], "head_dims": [64, 128], "kv_groups": [1, 4],
             "tokens": 16384, "repeats": 10, "rope": [(1, 32, 4096, 128), (4, 32, 4096, 128), (1, 8, 16384, 256)],
             "decode": MODELS, "context": 16384, "train": MODELS, "model": (12, 768, 12, 1024, 8),
-            "maps": list(gpu_sections.MAP_SPECS), "map_length": 32768, "map_heads": (128, 32, 8), "map_context": 32768,
+            "maps": list(gpu_sections.MAP_SPECS), "map_lengths": [32768], "map_heads": (128, 32, 8),
             "graph_contexts": [4096, 32768]}
 
 
@@ -113,6 +113,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--lengths", help="attention lengths, e.g. 1024,4096,16384")
     parser.add_argument("--head-dims", help="attention head dims, e.g. 64,128")
     parser.add_argument("--kv-groups", help="query heads per key head, e.g. 1,4 (4: GQA 4:1)")
+    parser.add_argument("--map-lengths", help="maps: prompt lengths, each also the decode step's cache, e.g. "
+                        "32768,65536 (issue 34's targets hold at 32k and 64k)")
+    parser.add_argument("--graph-contexts", help="graphs: cache lengths, e.g. 4096,32768,65536")
     parser.add_argument("--graph-models", help="graphs: models by name prefix, e.g. smollm2 (the plain decoder and "
                         "each map; default: every model)")
     parser.add_argument("--no-peers", action="store_true",
@@ -145,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     p["lengths"] = _csv(args.lengths, int) if args.lengths else p["lengths"]
     p["head_dims"] = _csv(args.head_dims, int) if args.head_dims else p["head_dims"]
     p["kv_groups"] = _csv(args.kv_groups, int) if args.kv_groups else p["kv_groups"]
+    p["map_lengths"] = _csv(args.map_lengths, int) if args.map_lengths else p["map_lengths"]
+    p["graph_contexts"] = _csv(args.graph_contexts, int) if args.graph_contexts else p["graph_contexts"]
     suffix = "-gpu-quick" if args.quick else "-gpu"
     out = Path(args.out)
     (out / "benchmarks").mkdir(parents=True, exist_ok=True)
@@ -192,9 +197,10 @@ def main(argv: list[str] | None = None) -> int:
 def _maps(p: dict, layers: int, device, dtype, sink) -> None:
     """The position maps' prefill attention and decode step, each against plain RoPE."""
     head_dim, heads, kv_heads = p["map_heads"]
-    gpu_sections.map_rows(p["maps"], p["map_length"], head_dim, heads, kv_heads, p["repeats"], device, dtype, sink)
-    gpu_sections.map_decode_rows(p["maps"], p["map_context"], layers, heads * head_dim // 4, heads // 4,
-                                 p["repeats"], device, dtype, sink)
+    for length in p["map_lengths"]:  # the prompt's and the decode step's cache, shortest first
+        gpu_sections.map_rows(p["maps"], length, head_dim, heads, kv_heads, p["repeats"], device, dtype, sink)
+        gpu_sections.map_decode_rows(p["maps"], length, layers, heads * head_dim // 4, heads // 4, p["repeats"],
+                                     device, dtype, sink)
 
 
 def _short(value) -> str:
