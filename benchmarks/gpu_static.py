@@ -191,21 +191,25 @@ def head_bias_launches(dtype: torch.dtype, head_dim: int, causal: bool, *, batch
 
 
 def piecewise_launches(dtype: torch.dtype, head_dim: int, causal: bool, param_grad: bool, *, batch: int = 2,
-                       heads: int = 8, kv_heads: int = 2, length: int = 1024, knots: int = 32) -> list[_Launch]:
+                       heads: int = 8, kv_heads: int = 2, length: int = 1024, knots: int = 32,
+                       by_parameter: bool = False) -> list[_Launch]:
     """Forward and backward of posenc's piecewise-bias attention (FIRE, its MLP 32 wide: 32 knots) on meta
-    tensors, as launched on a GPU; param_grad: the pieces' own gradients too (dQ's PARAM_GRAD variant)."""
+    tensors, as launched on a GPU; param_grad: the pieces' own gradients too (dQ's PARAM_GRAD variant), the
+    feature's by distance, or (by_parameter) its one parameter's per tile with the derivative (FIRE's c)."""
     from posenc.nn.triton.piecewise_attention import attend_pieces
 
     with recorded_launches() as launches, _tf32():
         q = torch.empty(batch, heads, length, head_dim, device="meta", dtype=dtype, requires_grad=True)
         k, v = (torch.empty(batch, kv_heads, length, head_dim, device="meta", dtype=dtype, requires_grad=True)
                 for _ in range(2))
-        feature = torch.empty(2 * length, device="meta", requires_grad=param_grad)
+        feature = torch.empty(2 * length, device="meta", requires_grad=param_grad and not by_parameter)
         lines = [torch.empty(heads, knots + 1, device="meta", requires_grad=param_grad) for _ in range(2)]
+        param = torch.empty((), device="meta", requires_grad=param_grad) if by_parameter else None
         e = torch.full((batch,), length, device="meta", dtype=torch.int64)
         out = attend_pieces(q, k, v, feature, torch.empty(1, length, device="meta"), torch.empty(knots, device="meta"),
-                            *lines, e, causal)
-        torch.autograd.grad(out, [q, k, v, *([feature, *lines] if param_grad else [])], torch.empty_like(out))
+                            *lines, e, causal, param, torch.empty_like(feature) if by_parameter else None)
+        wanted = [param if by_parameter else feature, *lines] if param_grad else []
+        torch.autograd.grad(out, [q, k, v, *wanted], torch.empty_like(out))
     return launches
 
 
@@ -366,17 +370,21 @@ def head_bias_records(dtypes: list[str], head_dims: list[int], workdir: Path,
 def piecewise_records(dtypes: list[str], head_dims: list[int], workdir: Path,
                       causal_options=(True, False)) -> list[dict]:
     """Every kernel the piecewise-bias attention (FIRE) launches, compiled and read; each forward against the row
-    kernel's forward compiled without a bias (the same tiles), as the row kernel's own forward is."""
+    kernel's forward compiled without a bias (the same tiles), as the row kernel's own forward is. dQ three times:
+    with the pieces' gradients, the feature's by distance ("pieces grad": a user's own piecewise scheme) or its
+    parameter's per tile ("pieces grad by parameter": FIRE's training), and without."""
     records = []
     for dtype, head_dim in _served(dtypes, head_dims):
         for causal in causal_options:
             setting = f"{dtype} Dh={head_dim} {'causal' if causal else 'full'}"
-            for param_grad in (True, False):
-                for launch in piecewise_launches(DTYPES[dtype], head_dim, causal, param_grad):
+            for param_grad, by_parameter in ((True, False), (True, True), (False, False)):
+                for launch in piecewise_launches(DTYPES[dtype], head_dim, causal, param_grad,
+                                                 by_parameter=by_parameter):
                     name = _name(launch.kernel)
-                    if name == "row_reduce" or (name != "dq" and not param_grad):
+                    if name == "row_reduce" or (name != "dq" and (by_parameter or not param_grad)):
                         continue  # the forward and dK/dV do not depend on the pieces' gradients: once
-                    label = f"{setting}{' pieces grad' if param_grad and name == 'dq' else ''}"
+                    grads = " pieces grad by parameter" if by_parameter else " pieces grad" if param_grad else ""
+                    label = f"{setting}{grads if name == 'dq' else ''}"
                     record = asdict(analyse(launch, label, workdir))
                     record["kernel"] = f"pieces {name}"
                     if name == "forward":

@@ -67,7 +67,12 @@ class PiecewiseBias:
     """A bias that is a piecewise-linear function, per head, of a distance feature scaled per query:
         bias(b, h, i, j) = slopes[h, s] * x + intercepts[h, s],  x = feature[r - low] / divisor[b, i]
     at r = n - m, s = the number of knots below x. feature must not grow with r. A ReLU MLP of one input is
-    exactly this, with a knot where each hidden unit turns on (FIRE)."""
+    exactly this, with a knot where each hidden unit turns on (FIRE).
+    A feature that reads one parameter theta alone (FIRE's c) may come with it and its closed-form derivative:
+        feature_param = theta (one value, in autograd's graph),  feature_derivative[s] = d feature[s] / d theta
+    and a training kernel then sums the feature's gradient per tile into theta's (dS slope inv derivative per pair)
+    instead of into the feature's by distance (posenc.nn.triton.piecewise_attention). A kernel takes the feature's
+    gradient through feature or through feature_param, never both; feature_derivative carries none."""
 
     feature: Tensor  # (S,) for r = low..high
     low: int
@@ -75,6 +80,8 @@ class PiecewiseBias:
     knots: Tensor  # (K,) ascending
     slopes: Tensor  # (H,K+1)
     intercepts: Tensor  # (H,K+1)
+    feature_param: Tensor | None = None  # () theta
+    feature_derivative: Tensor | None = None  # (S,) float32, d feature / d theta
 
 
 @dataclass(frozen=True)

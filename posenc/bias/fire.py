@@ -47,10 +47,21 @@ def fire_inputs(q_pos: Tensor, k_pos: Tensor, c: Tensor, threshold: Tensor) -> T
     return torch.log1p(c * distance) / normalizer
 
 
-def _feature(c: Tensor, low: int, high: int, device: torch.device) -> Tensor:
-    """psi(m - n) = log(1 + c (m - n)) for r = n - m = low..high, future keys (r > 0) clamped to 0 as in fire_inputs."""
-    distance = (-torch.arange(low, high + 1, device=device)).clamp_min(0).to(torch.float32)
+def _distance(low: int, high: int, device: torch.device) -> Tensor:
+    """m - n for r = n - m = low..high as (S,) float32, future keys (r > 0) clamped to 0 as in fire_inputs."""
+    return (-torch.arange(low, high + 1, device=device)).clamp_min(0).to(torch.float32)
+
+
+def _feature(c: Tensor, distance: Tensor) -> Tensor:
+    """psi(m - n) = log(1 + c (m - n)) at _distance's m - n."""
     return torch.log1p(c * distance)
+
+
+def _feature_derivative(c: Tensor, distance: Tensor) -> Tensor:
+    """d psi(m - n) / d c = (m - n) / (1 + c (m - n)) at _distance's m - n (0 for future keys: psi is 0 there),
+    without a gradient of its own."""
+    with torch.no_grad():
+        return distance / (c * distance + 1)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,15 +109,19 @@ class FIRE(Scheme):
         """The bias as the MLP's exact pieces of x = psi(i - j) / psi(max(L, i)): feature psi(m - n) for
         r = n - m in [low, high] (future keys clamped to 0, as fire_inputs does), divisor per query: for every
         batch row unless the rows are one row expanded (asking whether rows are equal reads the device, which
-        costs a GPU more than a divisor per row)."""
+        costs a GPU more than a divisor per row). psi's one parameter c and d psi / d c come with them
+        (PiecewiseBias.feature_param: a GPU kernel sums c's gradient per tile, not psi's by distance), with or without
+        a gradient: a training forward builds the pieces without one first (posenc.nn.recomputed) and again with one
+        in its backward, and both must hold the same tensors."""
         i = (q_pos[:1] if q_pos.stride(0) == 0 else q_pos).to(torch.float32)  # (B|1,Tq)
         if wanted_gradient(self):
             c, threshold, (knots, slopes, intercepts) = self.c, self.threshold, self._pieces()
-            feature = _feature(c, low, high, q_pos.device)
+            distance = _distance(low, high, q_pos.device)
+            feature, derivative = _feature(c, distance), _feature_derivative(c, distance)
         else:
-            c, threshold, (knots, slopes, intercepts), feature = self._kept_terms(low, high, q_pos.device)
+            c, threshold, (knots, slopes, intercepts), feature, derivative = self._kept_terms(low, high, q_pos.device)
         divisor = torch.log1p(c * torch.maximum(i, threshold)) + FIRE_EPS
-        return PiecewiseBias(feature, low, divisor, knots, slopes, intercepts)
+        return PiecewiseBias(feature, low, divisor, knots, slopes, intercepts, c, derivative)
 
     def _pieces(self) -> tuple[Tensor, Tensor, Tensor]:
         """The MLP's pieces; which units are on in each segment is kept while the first layer is unchanged (a
@@ -116,19 +131,20 @@ class FIRE(Scheme):
         return relu_mlp_pieces(first, self.mlp[2], segments)
 
     def _kept_terms(self, low: int, high: int, device: torch.device) -> tuple:
-        """c, L, the MLP's pieces and the feature for r = low..high: functions of the parameters alone, kept while
-        they are unchanged (a decode step asked for all of them at every token: about 30 small operators) over a
-        span of r that doubles when outgrown."""
+        """c, L, the MLP's pieces, the feature and its derivative for r = low..high: functions of the parameters
+        alone, kept while they are unchanged (a decode step asked for all of them at every token: about 30 small
+        operators) over a span of r that doubles when outgrown."""
         def covers(value: tuple) -> bool:
             return value[0] <= low and high <= value[1]
 
         def build() -> tuple:
             first, last = min(low, 2 * low), max(high, 2 * high)
-            c = self.c
-            return first, last, c, self.threshold, self._pieces(), _feature(c, first, last, device)
+            c, distance = self.c, _distance(first, last, device)
+            return (first, last, c, self.threshold, self._pieces(), _feature(c, distance),
+                    _feature_derivative(c, distance))
 
-        first, _, c, threshold, pieces, feature = kept(self, ("terms", device), covers, build)
-        return c, threshold, pieces, feature[low - first : high - first + 1]
+        first, _, c, threshold, pieces, feature, derivative = kept(self, ("terms", device), covers, build)
+        return c, threshold, pieces, feature[low - first : high - first + 1], derivative[low - first : high - first + 1]
 
     def extra_repr(self) -> str:
         return f"heads={self.dims.n_head}, mlp_width={self.mlp[0].out_features}"

@@ -48,6 +48,9 @@ class _Recomputed(torch.autograd.Function):
         # call itself.
         outputs = tuple(t.detach() for t in _tensors(value))
         ctx.differentiable = [t.is_floating_point() for t in outputs]
+        # An output no gradient reached stays None (not zeros to run back through the rebuild: a kernel that takes a
+        # feature's gradient through its parameter leaves the feature's None, posenc.scheme.PiecewiseBias).
+        ctx.set_materialize_grads(False)
         ctx.mark_non_differentiable(*(t for t, d in zip(outputs, ctx.differentiable, strict=True) if not d))
         return outputs
 

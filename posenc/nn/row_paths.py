@@ -9,7 +9,8 @@ them runs for which scheme, device, dtype, gradient and decode step is decided i
 On a CUDA device (posenc.nn.triton, when triton imports) rows per head, FIRE's pieces (its MLP per tile), rows
 per query (Shaw, Transformer-XL, from their tables) and CoPE run in Triton kernels, training included; rows whose
 heads read their own parameters only (Scheme.head_bias: KERPLE) train in 16-bit types through triton_head_bias, which
-sums the parameters' gradients per tile instead of the row gradient by distance. A decode
+sums the parameters' gradients per tile instead of the row gradient by distance; FIRE's pieces, whose feature reads
+its c alone, likewise through triton_pieces_param (c's gradient per tile instead of the feature's). A decode
 step of rows per head or of FIRE's pieces takes one bias row per step and SDPA (posenc.nn.decode_paths).
 
 Rows are indexed by r = n - m (key minus query). They serve when every row of positions counts up by one
@@ -176,9 +177,11 @@ def _float32_pieces(call: Call, span: Span) -> PiecewiseBias | None:
 
     def build() -> PiecewiseBias | None:
         p = scheme.piecewise_bias(q_pos, span.low, span.high)
-        return None if p is None else dataclasses.replace(
-            p, feature=p.feature.float(), divisor=p.divisor.float(), knots=p.knots.float(), slopes=p.slopes.float(),
-            intercepts=p.intercepts.float())
+        if p is None:
+            return None
+        tensors = ("feature", "divisor", "knots", "slopes", "intercepts", "feature_param", "feature_derivative")
+        return dataclasses.replace(p, **{name: getattr(p, name).float() for name in tensors
+                                         if getattr(p, name) is not None})
 
     return per_forward(scheme, "float32 pieces", q_pos, call.k_pos, (span.low, span.high), build)
 
@@ -251,10 +254,23 @@ def native_pieces(call: Call) -> Tensor | None:
 
 def triton_pieces(call: Call) -> Tensor | None:
     """FIRE's pieces evaluated per tile inside the Triton kernel (triton/piecewise_attention.py), forward and
-    backward. The pieces as the kernels read them (float32, base-2 lines, the padded feature, each kernel's segment
-    table: no gradient passes through them) are built once per forward for every layer, as the pieces themselves
-    are: per layer, only the launches."""
+    backward, the feature's gradient summed by distance. The pieces as the kernels read them (float32, base-2 lines,
+    the padded feature, each kernel's segment table: no gradient passes through them) are built once per forward
+    for every layer, as the pieces themselves are: per layer, only the launches."""
+    return _triton_pieces(call, by_parameter=False)
+
+
+def triton_pieces_param(call: Call) -> Tensor | None:
+    """triton_pieces for pieces whose feature reads one parameter and gives its derivative (PiecewiseBias
+    .feature_param: FIRE's c): dQ's kernel sums that parameter's gradient per tile instead of the feature's by
+    distance. Serves training only (without a gradient it is triton_pieces), and only such pieces."""
+    return _triton_pieces(call, by_parameter=True) if call.grad else None
+
+
+def _triton_pieces(call: Call, by_parameter: bool) -> Tensor | None:
     if not on_gpu(call) or (span := span_of(call)) is None or (pieces := _float32_pieces(call, span)) is None:
+        return None
+    if by_parameter and pieces.feature_param is None:
         return None
     from posenc.nn.triton import piecewise_attention as kernel  # imports triton: only for a GPU tensor
 
@@ -262,10 +278,12 @@ def triton_pieces(call: Call) -> Tensor | None:
     shape = tuple(q.shape)
     form = per_forward(call.scheme, ("kernel pieces", shape, q.dtype), call.q_pos, call.k_pos, (span.low, span.high),
                        lambda: kernel.kernel_pieces(pieces.feature, pieces.divisor, pieces.knots, pieces.slopes,
-                                                    pieces.intercepts, -delta - pieces.low, shape, q.device, q.dtype),
+                                                    pieces.intercepts, -delta - pieces.low, shape, q.device, q.dtype,
+                                                    pieces.feature_derivative),
                        graph=False)
     return kernel.attend_kernel_pieces(q, call.k, call.v, pieces.feature, pieces.divisor, pieces.slopes,
-                                       pieces.intercepts, form, call.causal)
+                                       pieces.intercepts, form, call.causal,
+                                       pieces.feature_param if by_parameter else None)
 
 
 def native_contextual(call: Call) -> Tensor | None:
@@ -357,4 +375,5 @@ def row_slice(rows: Tensor, offsets: Offsets, low: int, tk: int, batch: int) -> 
 
 __all__ = ["Offsets", "Span", "distance_rows", "native_contextual", "native_pieces", "native_relative", "native_rows",
            "on_gpu", "per_forward", "position_offsets", "relative_decode", "relative_span", "row_slice",
-           "runs_native", "span_of", "triton_contextual", "triton_pieces", "triton_relative", "triton_rows"]
+           "runs_native", "span_of", "triton_contextual", "triton_pieces", "triton_pieces_param", "triton_relative",
+           "triton_rows"]

@@ -105,3 +105,16 @@ def check_piecewise(dtype: str, head_dim: int, causal: bool) -> None:
         launches.pop("row_reduce")  # the row kernel's own reduction, checked there
         assert set(launches) == {"forward", "dkdv", "dq", "dq grad"}, sorted(launches)
         check_compiled(launches, f"pieces {dtype} Dh={head_dim} {'causal' if causal else 'full'}", Path(workdir))
+
+
+def check_piecewise_by_parameter(dtype: str, head_dim: int, causal: bool) -> None:
+    """dQ with the feature's parameter summed per tile (FIRE's training, BY_PARAMETER) compiles for sm_90, fits an
+    H100 block's shared memory and spills nothing; the launches hold no row reduction (its other launches are
+    check_piecewise's)."""
+    with tempfile.TemporaryDirectory() as workdir:
+        launches = gpu_static.piecewise_launches(gpu_static.DTYPES[dtype], head_dim, causal, True, by_parameter=True)
+        named = {gpu_static._name(launch.kernel): launch for launch in launches}
+        assert sorted(named) == ["dkdv", "dq", "forward"] and len(launches) == 3, sorted(named)
+        assert named["dq"].options["BY_PARAMETER"], named["dq"].options
+        label = f"pieces {dtype} Dh={head_dim} {'causal' if causal else 'full'} by parameter"
+        check_compiled({"dq": named["dq"]}, label, Path(workdir))

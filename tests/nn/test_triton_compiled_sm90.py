@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.nn.sm90_support import check_attention, check_head_bias, needs_compiler
+from tests.nn.sm90_support import check_attention, check_head_bias, check_piecewise_by_parameter, needs_compiler
 
 pytestmark = needs_compiler
 
@@ -23,3 +23,10 @@ def test_bf16_attention_kernels_compile_fit_and_do_not_spill(head_dim, causal):
 def test_bf16_head_parameter_dq_compiles_fits_and_does_not_spill(head_dim):
     """KERPLE's dQ with its parameters' sums per tile (the other launches are the row kernel's, above)."""
     check_head_bias("bf16", head_dim, True)
+
+
+@pytest.mark.parametrize(("dtype", "head_dim"), [("bf16", 64), ("bf16", 128), ("fp32", 64)])
+def test_fire_parameter_dq_compiles_fits_and_does_not_spill(dtype, head_dim):
+    """FIRE's training dQ (c's gradient per tile, no diagonal sums) at the tiles of both 16-bit head dims that
+    differ (128x32 at 64, 128x16 at 128) and TF32's (the dispatch runs float32 on it too)."""
+    check_piecewise_by_parameter(dtype, head_dim, True)

@@ -15,6 +15,8 @@ import dataclasses
 import pytest
 import torch
 
+from posenc.bias import fire as fire_module
+from posenc.bias.fire import FIRE
 from posenc.contract.models import perturb_scheme_parameters
 from posenc.nn import dispatch
 from posenc.nn import triton as gpu
@@ -43,9 +45,11 @@ TOLERANCE = {torch.float32: 2e-5 if exact_float32() else 5e-3, torch.bfloat16: 3
 # to 0 only up to bf16's rounding of P before P V (measured on causal_gqa_bf16: 4.5e-2 on the MLP's output layer,
 # where the materialised bias in bf16 autograd errs by 2.0e-2 and q, k, v stay within 3e-2).
 PARAMETER_TOLERANCE_BF16 = 6e-2
-# Tiles forced down under the interpreter: BM != BN both ways, BM <= BN where the diagonal sums need it.
+# Tiles forced down under the interpreter: BM != BN both ways, BM <= BN where the diagonal sums need it (not the
+# parameter's sums per tile: BM > BN there, as the GPU's 128 x 32).
 SMALL = {"pieces_forward": attention.Tiles(32, 16, 4, 2), "pieces_dkdv": attention.Tiles(16, 32, 4, 2),
-         "pieces_dq": attention.Tiles(16, 16, 4, 2), "pieces_dq_grad": attention.Tiles(16, 32, 4, 2)}
+         "pieces_dq": attention.Tiles(16, 16, 4, 2), "pieces_dq_grad": attention.Tiles(16, 32, 4, 2),
+         "pieces_dq_param": attention.Tiles(32, 16, 4, 2)}
 
 CASES = {  # name: (B, H, Hkv, Dh, Tq, Tk, causal, dtype, knot spread: see fire())
     "causal_gqa": (1, 2, 1, 16, 48, 48, True, torch.float32, 1.5),
@@ -74,16 +78,38 @@ def fire(heads: int, head_dim: int, threshold: float, spread: float = 1.0):
     return scheme.to(DEVICE)
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_fire_kernel_equals_the_float64_dense_bias_with_every_gradient(case, monkeypatch):
-    b, h, hkv, dh, tq, tk, causal, dtype, spread = CASES[case]
+def launched_dq(monkeypatch) -> list[str]:
+    """The names of the launches that follow, dQ's named by how it sums the feature's gradient."""
+    names = []
+    launch = attention.launch
+
+    def record(kernel, grid, *args, **options):
+        name = kernel.fn.__name__
+        names.append(f"{name} by parameter" if options.get("BY_PARAMETER") else name)
+        return launch(kernel, grid, *args, **options)
+
+    monkeypatch.setattr(attention, "launch", record)
+    return names
+
+
+def fire_for(case: str, cls: type[FIRE] = FIRE):
+    """fire() for a case, its threshold L half way along the queries (queries on both sides of max(L, i))."""
+    _, h, _, dh, tq, tk, _, _, spread = CASES[case]
+    scheme = fire(h, dh, threshold=(tk - tq / 2) * SCALE, spread=spread)
+    scheme.__class__ = cls
+    return scheme
+
+
+def check_fire(case: str, scheme, monkeypatch) -> None:
+    """FIRE (scheme) through the dispatch's Triton kernel against its dense bias in float64: the output and the
+    gradients of q, k, v and of every FIRE parameter."""
+    b, h, hkv, dh, tq, tk, causal, dtype, _ = CASES[case]
     tq, tk = tq * SCALE, tk * SCALE
     if INTERPRETED:
         monkeypatch.setattr(attention, "tiles", lambda kernel, head_dim, device, dtype_: SMALL[kernel])
     calls = []
     kernel = piecewise_attention.attend_kernel_pieces
     monkeypatch.setattr(piecewise_attention, "attend_kernel_pieces", lambda *a: calls.append(1) or kernel(*a))
-    scheme = fire(h, dh, threshold=tk - tq / 2, spread=spread)  # half the queries below L
     g = torch.Generator().manual_seed(1)
     q = torch.randn(b, h, tq, dh, generator=g)
     k, v = (torch.randn(b, hkv, tk, dh, generator=g) for _ in range(2))
@@ -111,6 +137,39 @@ def test_fire_kernel_equals_the_float64_dense_bias_with_every_gradient(case, mon
     for n, (what, a, b_, c) in enumerate(zip(names, fast, slow, rough, strict=True)):
         parameter = n >= 3 and dtype == torch.bfloat16
         close(a, b_, c, dtype, f"{case} {what}", PARAMETER_TOLERANCE_BF16 if parameter else None)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_fire_kernel_equals_the_float64_dense_bias_with_every_gradient(case, monkeypatch):
+    """Training FIRE, dQ sums its c's gradient per tile (the derivative of psi = log(1 + c d)), no diagonal sums."""
+    launched = launched_dq(monkeypatch)
+    check_fire(case, fire_for(case), monkeypatch)
+    assert "_dq by parameter" in launched and "_row_reduce" not in launched, launched
+
+
+class _WithoutDerivative(FIRE):
+    """FIRE as a user's own piecewise scheme would give it: the feature without its parameter's derivative."""
+
+    def piecewise_bias(self, q_pos, low, high):
+        return dataclasses.replace(super().piecewise_bias(q_pos, low, high), feature_param=None,
+                                   feature_derivative=None)
+
+
+def test_pieces_without_the_feature_derivative_keep_the_diagonal_sums(monkeypatch):
+    """A PiecewiseBias without feature_param (a user's own piecewise scheme): triton_pieces_param declines, the
+    feature's gradient is summed by distance (diagonal sums, then the row reduction), and every gradient still equals
+    the float64 reference."""
+    launched = launched_dq(monkeypatch)
+    check_fire("causal_gqa", fire_for("causal_gqa", _WithoutDerivative), monkeypatch)
+    assert "_dq" in launched and "_row_reduce" in launched and "_dq by parameter" not in launched, launched
+
+
+def test_a_wrong_feature_derivative_is_caught(monkeypatch):
+    """The kernel reads c's gradient from the derivative FIRE gives: d psi / d c without its 1 / (1 + c d) factor
+    must fail the float64 comparison on c (the comparison has teeth; the kernel reads the table)."""
+    monkeypatch.setattr(fire_module, "_feature_derivative", lambda c, distance: distance)
+    with pytest.raises(AssertionError, match="dlog_c"):
+        check_fire("after_cache", fire_for("after_cache"), monkeypatch)
 
 
 def dense_pieces(feature, divisor, knots, slopes, intercepts, e, tq, tk):
@@ -161,7 +220,7 @@ def test_pieces_kernel_loops_equal_the_dense_formula_with_every_gradient(monkeyp
     """Pieces built so that tiles cross no knot, one knot (the fast loops' branch) and two (the knot loops), at the
     forward's own tiles (the GPU's, or 16 x 16 under the interpreter), with two batch rows at different offsets: the
     kernel equals the dense formula in float64, gradients of the feature, the divisor, the slopes and the
-    intercepts included."""
+    intercepts included; and the gradient of a parameter of the feature, summed per tile from its derivative."""
     if INTERPRETED:  # 16 x 16 everywhere: a query block meets interior, diagonal and ragged tiles
         monkeypatch.setattr(attention, "tiles", lambda *a: attention.Tiles(16, 16, 4, 2))
     tables = []
@@ -199,9 +258,18 @@ def test_pieces_kernel_loops_equal_the_dense_formula_with_every_gradient(monkeyp
     names = ("dq", "dk", "dv", "dfeature", "ddivisor", "dslopes", "dintercepts")
     with at_kernel_precision():
         rough = torch.autograd.grad(low, fast_in, grad.float())
-    for what, a, b_, c in zip(names, torch.autograd.grad(out, fast_in, grad.float()),
-                              torch.autograd.grad(exact, leaves, grad), rough, strict=True):
+    slow = torch.autograd.grad(exact, leaves, grad)
+    for what, a, b_, c in zip(names, torch.autograd.grad(out, fast_in, grad.float()), slow, rough, strict=True):
         close(a, b_, c, torch.float32, what)
+    # The feature as a function of one parameter, 1 - theta r / size at theta = 1, with its derivative: the kernel's
+    # sum per tile (pieces_dq_param) is the feature's gradient projected on d feature / d theta = -r / size.
+    theta = torch.ones((), device=DEVICE, requires_grad=True)
+    ramp = (torch.arange(size, dtype=torch.float64) / size).to(DEVICE)
+    out = piecewise_attention.attend_pieces(*fast_in[:3], 1.0 - theta * ramp.float(), fast_in[4],
+                                            knots.float().to(DEVICE), *fast_in[5:], e.to(DEVICE), True, theta,
+                                            -ramp.float())
+    (d_theta,) = torch.autograd.grad(out, [theta], grad.float())
+    close(d_theta, -(slow[3] * ramp).sum(), -(rough[3].double() * ramp).sum(), torch.float32, "dtheta")
     crossed = torch.cat([(segs[..., 1] - segs[..., 0]).flatten() for segs, _ in tables])
     assert {0, 1} <= set(crossed.tolist()) and crossed.max() > 1, f"tiles crossing {sorted(set(crossed.tolist()))}"
 

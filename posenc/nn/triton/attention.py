@@ -136,6 +136,14 @@ _BY_HEAD_DIM = {
                   128: Tiles(128, 32, 8, 2), 256: Tiles(32, 32, 8, 2)},
     "pieces_dq_grad": {16: Tiles(32, 32, 4, 2), 32: Tiles(32, 32, 4, 2), 64: Tiles(32, 32, 8, 2),
                        128: Tiles(32, 32, 8, 2), 256: Tiles(16, 32, 8, 2)},
+    # pieces_dq_param (the feature's one parameter summed per tile: no diagonal sums, so any BM) at bf16, causal
+    # (registers / spilled bytes / loop instructions, and per pair of keys and warp; pieces_dq_grad: 4.38 at Dh 64,
+    # 5.47 at 128): Dh 64 128x32 8 warps 223/0/657 (1.28), 64x32 4 warps 224/0/644 (1.26), 128x64 8 warps 232 B
+    # spilled, 64x64 104 B; Dh 128 128x16 8 warps 254/0/497 (1.94), 128x32 8 warps 24 B (1 stage 40 B, 3 stages
+    # 56 B), 32x64 8 warps 222/0/744 (2.91), 64x32 136-152 B; Dh 16, 32 128x32 8 warps 237/0 and 216/0 (1.23, 1.26;
+    # 128x64 8-48 B); Dh 256 32x32 8 warps 232/0/833 (6.51; 64x16 584 B).
+    "pieces_dq_param": {16: Tiles(128, 32, 8, 2), 32: Tiles(128, 32, 8, 2), 64: Tiles(128, 32, 8, 2),
+                        128: Tiles(128, 16, 8, 2), 256: Tiles(32, 32, 8, 2)},
 }
 # float32 runs as TF32 (4-byte operands: half the tile of a 16-bit type for the same shared memory), and only up to
 # Dh 128: at 256 every tile spilled 100-2800 B. Sweeps with TF32 (registers / spilled bytes): forward 128x32 8 warps
@@ -159,6 +167,11 @@ _FP32_BY_HEAD_DIM = {
     "pieces_dq": {16: Tiles(64, 32, 8, 2), 32: Tiles(64, 32, 8, 2), 64: Tiles(64, 32, 8, 2), 128: Tiles(32, 32, 8, 2)},
     "pieces_dq_grad": {16: Tiles(32, 32, 4, 2), 32: Tiles(32, 32, 4, 2), 64: Tiles(32, 32, 4, 2),
                        128: Tiles(32, 32, 8, 2)},
+    # pieces_dq_param with TF32 (pieces_dq_grad: 3.11 instructions per pair and warp at Dh 64, 7.13 at 128): Dh 64
+    # 128x16 8 warps 253/0/513 (2.00; 128x32 16 B spilled, 64x32 4 warps 72 B); Dh 128 32x64 8 warps 248/0/987
+    # (3.86; 128x16 168 B, 64x16 4 warps 392 B); Dh 16, 32 128x32 8 warps 223/0 and 238/0 (1.35, 1.39).
+    "pieces_dq_param": {16: Tiles(128, 32, 8, 2), 32: Tiles(128, 32, 8, 2), 64: Tiles(128, 16, 8, 2),
+                        128: Tiles(32, 64, 8, 2)},
 }
 FP32_MAX_HEAD_DIM = 128
 TILES = {(kernel, dim, dtype): t

@@ -9,8 +9,11 @@ the form the native CPU kernel reads (posenc.nn.fused_attention.attend_piecewise
 row kernel (attention.py): the feature must cover every key a query sees and must not grow with its index
 (posenc.nn.row_paths builds it so); the divisor must be positive. Gradients reach q, k, v, the feature, the
 divisor, the slopes and the intercepts, so FIRE's c, L and MLP weights train through them (relu_mlp_pieces and
-the scheme's own formulas carry them on in autograd). Every sum over pairs is written once per program and added
-up in a fixed order: no atomics, results repeat bit for bit.
+the scheme's own formulas carry them on in autograd). A feature of one parameter theta (PiecewiseBias.feature_param,
+FIRE's c) whose derivative d feature / d theta comes with it sends its gradient to theta instead: dQ's kernel sums
+it per tile (pieces_dq_param), where the feature's own gradient takes diagonal sums and a reduction (pieces_dq_grad).
+Every sum over pairs is written once per program and added up in a fixed order: no atomics, results repeat bit for
+bit.
 
 Tiles, warps and stages: attention.TILES (the "pieces_*" kernels), chosen by the static table
 (benchmarks/gpu_static.py); launches go through attention.launch, which the static check replaces.
@@ -27,7 +30,7 @@ from posenc.nn.triton import attention, cdiv, next_power_of_2
 from posenc.nn.triton import attention_kernels as row_kernels
 from posenc.nn.triton import piecewise_kernels as kernels
 
-KERNELS = ("pieces_forward", "pieces_dkdv", "pieces_dq", "pieces_dq_grad")
+KERNELS = ("pieces_forward", "pieces_dkdv", "pieces_dq", "pieces_dq_grad", "pieces_dq_param")
 MAX_FAST_CROSSINGS = 1  # knots a tile of the kernels' FAST loops may cross (a static, predicated step each)
 
 
@@ -85,6 +88,7 @@ class KernelPieces:
     slopes: Tensor  # (H,K+1) float32 in base-2 units (times log2 e)
     intercepts: Tensor  # (H,K+1)
     padded: Tensor  # (S + 2 pad,) the feature in float32, padded with its end values
+    derivative: Tensor | None  # (S + 2 pad,) d feature / d feature_param likewise, where the pieces give it
     knots: Tensor  # (K,) float32, ascending
     extended: Tensor  # (K+1,) the knots, then +inf: "no knot"
     e: Tensor  # (B,) int64: r at query 0, key 0 of each batch row
@@ -103,12 +107,17 @@ class KernelPieces:
 
 @torch.no_grad()
 def kernel_pieces(feature: Tensor, divisor: Tensor, knots: Tensor, slopes: Tensor, intercepts: Tensor, e: Tensor,
-                  shape: tuple[int, int, int, int], device: torch.device, dtype: torch.dtype) -> KernelPieces:
+                  shape: tuple[int, int, int, int], device: torch.device, dtype: torch.dtype,
+                  derivative: Tensor | None = None) -> KernelPieces:
     """The pieces (attend_pieces' arguments) for q of shape (B,H,Tq,Dh) on device in dtype: checked, in float32,
-    the lines in base-2 units, the feature padded for every tile the kernels form."""
+    the lines in base-2 units, the feature (and derivative, (S,) d feature / d feature_param) padded for every tile
+    the kernels form."""
     b, h, tq, d = shape
     if feature.dim() != 1 or feature.shape[0] < 1:
         raise ValueError(f"piecewise feature {tuple(feature.shape)}: expected (S,) with S >= 1")
+    if derivative is not None and derivative.shape != feature.shape:
+        raise ValueError(f"piecewise feature derivative {tuple(derivative.shape)}: expected the feature's shape "
+                         f"{tuple(feature.shape)}")
     if divisor.dim() != 2 or divisor.shape[0] not in (1, b) or divisor.shape[1] != tq:
         raise ValueError(f"piecewise divisor {tuple(divisor.shape)}: expected (B|1, Tq) = ({b}|1, {tq})")
     if knots.dim() != 1 or slopes.shape != (h, knots.shape[0] + 1) or intercepts.shape != slopes.shape:
@@ -122,16 +131,18 @@ def kernel_pieces(feature: Tensor, divisor: Tensor, knots: Tensor, slopes: Tenso
     extended = torch.cat((knots, knots.new_full((1,), float("inf"))))
     slopes, intercepts = (t.float().contiguous() * row_kernels.LOG2E for t in (slopes, intercepts))
     return KernelPieces((1.0 / divisor.float()).contiguous(), slopes, intercepts,
-                        _padded_feature(feature.float(), pad), knots, extended,
+                        _padded_feature(feature.float(), pad),
+                        None if derivative is None else _padded_feature(derivative.float(), pad), knots, extended,
                         e.to(device=device, dtype=torch.int64).expand(b).contiguous(), pad, tile_sets, {})
 
 
 class _PiecewiseAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, feature: Tensor, divisor: Tensor, slopes: Tensor,
-                intercepts: Tensor, pieces: KernelPieces, causal: bool) -> Tensor:
-        """feature (S,), divisor (B|1,Tq), slopes, intercepts (H,K+1): the pieces whose gradients the backward
-        gives (autograd sees them); the kernels read pieces, their float32, base-2 form."""
+                intercepts: Tensor, feature_param: Tensor | None, pieces: KernelPieces, causal: bool) -> Tensor:
+        """feature (S,), divisor (B|1,Tq), slopes, intercepts (H,K+1), feature_param (the feature's one parameter,
+        or None): the pieces whose gradients the backward gives (autograd sees them; the feature's goes to
+        feature_param where one is given); the kernels read pieces, their float32, base-2 form."""
         q, k, v = attention._dense_last(q), attention._dense_last(k), attention._dense_last(v)
         attention._check_sizes(q, k, v)
         b, h, tq, d = q.shape
@@ -142,7 +153,7 @@ class _PiecewiseAttention(torch.autograd.Function):
         # Trained pieces in 16 bits: the output stays in float32 for the backward's rowsum(dO * O). Rounded, it
         # leaves sum_j dS = 0 by ~2^-9 per query, and the slopes' and intercepts' gradients add dS over whole
         # segments, where that error adds up (6x the materialised bf16 path's error on FIRE's MLP, measured).
-        exact_out = q.dtype != torch.float32 and any(ctx.needs_input_grad[3:7])
+        exact_out = q.dtype != torch.float32 and any(ctx.needs_input_grad[3:8])
         out = torch.empty(q.shape, device=q.device, dtype=torch.float32 if exact_out else q.dtype)  # (B,H,Tq,Dh)
         lse = torch.empty(b, h, tq, device=q.device, dtype=torch.float32)  # base 2
         attention.launch(kernels._forward, (cdiv(tq, t.bm), h, b),
@@ -153,6 +164,7 @@ class _PiecewiseAttention(torch.autograd.Function):
                          BD=attention.padded_head_dim(d), **attention._options(t, q.dtype, q.device))
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.causal, ctx.pieces, ctx.feature_len = causal, pieces, feature.shape[0]
+        ctx.by_parameter, ctx.param_shape = feature_param is not None, getattr(feature_param, "shape", None)
         return out if out.dtype == q.dtype else out.to(q.dtype)
 
     @staticmethod
@@ -181,52 +193,73 @@ class _PiecewiseAttention(torch.autograd.Function):
         if group > 1:
             dk = dk_heads.view(b, hkv, group, tk, d).sum(2).to(k.dtype)
             dv = dv_heads.view(b, hkv, group, tk, d).sum(2).to(v.dtype)
-        param_grad = any(ctx.needs_input_grad[3:7])
-        name = "pieces_dq_grad" if param_grad else "pieces_dq"
+        param_grad = any(ctx.needs_input_grad[3:8])
+        by_parameter = param_grad and ctx.by_parameter
+        name = "pieces_dq_param" if by_parameter else "pieces_dq_grad" if param_grad else "pieces_dq"
         t = pieces.tile_sets[name]
         segs, split = pieces.table(name, tq, tk, keys_outer=False)
-        q_blocks, diag_len = cdiv(tq, t.bm), cdiv(tk, t.bn) * t.bn + t.bn
+        q_blocks, diag_len = cdiv(tq, t.bm), (cdiv(tk, t.bn) * t.bn + t.bn if param_grad and not by_parameter else 1)
         segments = next_power_of_2(n_knots + 1)
-        diag = torch.zeros(b * h, q_blocks, diag_len if param_grad else 1, device=q.device, dtype=torch.float32)
+        # by parameter: one sum per program, each written (the diagonal sums leave entries no program writes)
+        diag = (torch.empty if by_parameter else torch.zeros)(b * h, q_blocks, diag_len, device=q.device,
+                                                              dtype=torch.float32)
         d_inv = torch.empty(b, h, tq, device=q.device, dtype=torch.float32) if param_grad else diag
         sums = torch.empty(b, h, q_blocks, 2 * segments if param_grad else 1, device=q.device, dtype=torch.float32)
         dq = torch.empty(b, h, tq, d, device=q.device, dtype=q.dtype)
-        attention.launch(kernels._dq, (q_blocks, h, b), q, k, v, dout, lse, delta, dq, padded[pad:], e, inv, segs,
-                         split, extended, slopes, intercepts, diag, d_inv, sums, *strides, h, group, tq, tk,
-                         _batch_stride(inv), segs.shape[1], segs.shape[2], n_knots, diag.shape[-1], *scales,
-                         PARAM_GRAD=param_grad, BM=t.bm, BN=t.bn, SEGMENTS=segments, **shape,
-                         **attention._options(t, q.dtype, q.device))
+        derivative = pieces.derivative if by_parameter else padded
+        attention.launch(kernels._dq, (q_blocks, h, b), q, k, v, dout, lse, delta, dq, padded[pad:], derivative[pad:],
+                         e, inv, segs, split, extended, slopes, intercepts, diag, d_inv, sums, *strides, h, group, tq,
+                         tk, _batch_stride(inv), segs.shape[1], segs.shape[2], n_knots, diag_len, *scales,
+                         PARAM_GRAD=param_grad, BY_PARAMETER=by_parameter, BM=t.bm, BN=t.bn, SEGMENTS=segments,
+                         **shape, **attention._options(t, q.dtype, q.device))
         if not param_grad:
-            return dq, dk, dv, None, None, None, None, None, None
+            return dq, dk, dv, None, None, None, None, None, None, None
         # The kernels' sums are of dS, the gradient of the bias in base-2 units (times log2 e): the feature's and the
         # divisor's take ln 2; the slopes' and intercepts' none, as the kernels read them times log2 e.
         ln2 = 1.0 / row_kernels.LOG2E
-        d_feature = torch.empty(h, ctx.feature_len, device=q.device, dtype=torch.float32)
-        attention.launch(row_kernels._row_reduce, (h, cdiv(ctx.feature_len, attention.REDUCE_BLOCK)), diag,
-                         e, d_feature, b, h, q_blocks, diag_len, ctx.feature_len, BM=t.bm, BR=attention.REDUCE_BLOCK)
+        d_feature = d_param = None
+        if by_parameter:
+            d_param = diag.sum().mul_(ln2).reshape(ctx.param_shape)  # programs added in a fixed order
+        else:
+            d_feature = torch.empty(h, ctx.feature_len, device=q.device, dtype=torch.float32)
+            attention.launch(row_kernels._row_reduce, (h, cdiv(ctx.feature_len, attention.REDUCE_BLOCK)), diag, e,
+                             d_feature, b, h, q_blocks, diag_len, ctx.feature_len, BM=t.bm, BR=attention.REDUCE_BLOCK)
+            d_feature = d_feature.sum(0).mul_(ln2)
         d_inv = d_inv.sum(1) if inv.shape[0] > 1 else d_inv.sum((0, 1))[None]  # (B|1,Tq)
         d_divisor = d_inv.mul_(inv.square()).mul_(-ln2)  # inv = 1 / divisor: d inv / d divisor = -inv^2
         sums = sums.view(b, h, q_blocks, 2, segments).sum((0, 2))[..., : n_knots + 1]  # (H,2,K+1)
-        return dq, dk, dv, d_feature.sum(0).mul_(ln2), d_divisor, sums[:, 1], sums[:, 0], None, None
+        return dq, dk, dv, d_feature, d_divisor, sums[:, 1], sums[:, 0], d_param, None, None
 
 
 def attend_kernel_pieces(q: Tensor, k: Tensor, v: Tensor, feature: Tensor, divisor: Tensor, slopes: Tensor,
-                         intercepts: Tensor, pieces: KernelPieces, causal: bool) -> Tensor:
+                         intercepts: Tensor, pieces: KernelPieces, causal: bool,
+                         feature_param: Tensor | None = None) -> Tensor:
     """q (B,H,Tq,Dh), k/v (B,Hkv,Tk,Dh) in bf16, fp16 or fp32 (one dtype); feature, divisor, slopes, intercepts as
     attend_pieces takes them, pieces = kernel_pieces of them for q's shape, device and dtype -> (B,H,Tq,Dh) in q's
-    dtype, accumulated in float32. Causal needs Tq <= Tk."""
+    dtype, accumulated in float32. Causal needs Tq <= Tk. feature_param: the one parameter the feature reads (a
+    scalar tensor; pieces must hold d feature / d feature_param): the feature's gradient goes to it, none to the
+    feature."""
     attention.check_qkv(q, k, v, causal)
-    return _PiecewiseAttention.apply(q, k, v, feature, divisor, slopes, intercepts, pieces, causal)
+    if feature_param is not None:
+        if pieces.derivative is None or feature_param.numel() != 1:
+            raise ValueError(f"feature_param {tuple(feature_param.shape)}: expected one value, with the feature's "
+                             "derivative in the kernel pieces (kernel_pieces(..., derivative=...))")
+        feature = feature.detach()
+    return _PiecewiseAttention.apply(q, k, v, feature, divisor, slopes, intercepts, feature_param, pieces, causal)
 
 
 def attend_pieces(q: Tensor, k: Tensor, v: Tensor, feature: Tensor, divisor: Tensor, knots: Tensor, slopes: Tensor,
-                  intercepts: Tensor, e: Tensor, causal: bool) -> Tensor:
+                  intercepts: Tensor, e: Tensor, causal: bool, feature_param: Tensor | None = None,
+                  derivative: Tensor | None = None) -> Tensor:
     """q (B,H,Tq,Dh), k/v (B,Hkv,Tk,Dh) in bf16, fp16 or fp32 (one dtype), feature (S,) not growing with its
     index, divisor (B|1,Tq) positive, knots (K,) ascending, slopes/intercepts (H,K+1), e (B|1,) -> (B,H,Tq,Dh) in
-    q's dtype, accumulated in float32. Causal needs Tq <= Tk (queries are the last keys)."""
+    q's dtype, accumulated in float32. Causal needs Tq <= Tk (queries are the last keys). feature_param and
+    derivative (S,) = d feature / d feature_param: the feature's gradient goes to feature_param
+    (attend_kernel_pieces)."""
     attention.check_qkv(q, k, v, causal)  # before the pieces are built
-    pieces = kernel_pieces(feature, divisor, knots, slopes, intercepts, e, tuple(q.shape), q.device, q.dtype)
-    return attend_kernel_pieces(q, k, v, feature, divisor, slopes, intercepts, pieces, causal)
+    pieces = kernel_pieces(feature, divisor, knots, slopes, intercepts, e, tuple(q.shape), q.device, q.dtype,
+                           derivative)
+    return attend_kernel_pieces(q, k, v, feature, divisor, slopes, intercepts, pieces, causal, feature_param)
 
 
 __all__ = ["KERNELS", "KernelPieces", "attend_kernel_pieces", "attend_pieces", "kernel_pieces"]

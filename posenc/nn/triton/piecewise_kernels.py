@@ -21,9 +21,12 @@ kernels call): the feature comes padded on both sides with its own end values, s
 and the padding keeps the feature non-increasing (the corner bounds stay bounds). Backward without atomics:
   _dkdv: dK, dV per key block and query head (the bias recomputed in the transposed tile);
   _dq:   dQ, and (PARAM_GRAD) the bias's own gradients, each written once per program: dx * inv summed along
-         the tile's diagonals (the feature's gradient, reduced by attention_kernels._row_reduce), dx * x summed
-         per query row (inv's gradient, times 1 / inv), and dS and dS * x summed per segment (the slopes' and
-         intercepts' gradients; the host adds up programs in a fixed order). dx = dS * slope[h, s].
+         the tile's diagonals (the feature's gradient, reduced by attention_kernels._row_reduce), or, for a feature
+         of one parameter theta whose derivative the host gives (BY_PARAMETER: FIRE's c), dx * inv * d feature /
+         d theta summed over the block's pairs (one product and a row sum per tile: no diagonal sums, no
+         reduction); dx * x summed per query row (inv's gradient, times 1 / inv), and dS and dS * x summed per
+         segment (the slopes' and intercepts' gradients; the host adds up programs in a fixed order).
+         dx = dS * slope[h, s].
 All gradients here are per unit of the natural logit: dS = p (dP - delta), as in the row kernel.
 """
 
@@ -288,12 +291,13 @@ def _segment_sums(seg_ds, seg_dsx, ds, dsx, x, s_lo, s_hi, KNOTS, SEGMENTS: tl.c
 
 
 @triton.jit
-def _dq_tiles(dq, carry, d_inv, seg_ds, seg_dsx, q, do, lse, delta, k_ptrs, v_ptrs, feature_base, inv, segs,
-              KNOTS, slope_row, intercept_row, diag, i, n_start, n_end, TQ, TK, qk_scale, skt, svt, d_ok,
-              CAUSAL: tl.constexpr, MASKED: tl.constexpr, FAST: tl.constexpr, PARAM_GRAD: tl.constexpr,
-              EVEN_D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SEGMENTS: tl.constexpr,
-              PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """Key tiles [n_start, n_end) of one query block: dQ and (PARAM_GRAD) the bias's gradient sums."""
+def _dq_tiles(dq, feature_sums, d_inv, seg_ds, seg_dsx, q, do, lse, delta, k_ptrs, v_ptrs, feature_base,
+              derivative_base, inv, segs, KNOTS, slope_row, intercept_row, diag, i, n_start, n_end, TQ, TK, qk_scale,
+              skt, svt, d_ok, CAUSAL: tl.constexpr, MASKED: tl.constexpr, FAST: tl.constexpr,
+              PARAM_GRAD: tl.constexpr, BY_PARAMETER: tl.constexpr, EVEN_D: tl.constexpr, BM: tl.constexpr,
+              BN: tl.constexpr, SEGMENTS: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """Key tiles [n_start, n_end) of one query block: dQ and (PARAM_GRAD) the bias's gradient sums; feature_sums:
+    the diagonal sums' carry (BN,), or (BY_PARAMETER) dx * d feature / d theta summed per query row (BM,)."""
     k_ptrs += n_start * skt
     v_ptrs += n_start * svt
     for n0 in range(n_start, n_end, BN):
@@ -316,22 +320,30 @@ def _dq_tiles(dq, carry, d_inv, seg_ds, seg_dsx, q, do, lse, delta, k_ptrs, v_pt
             dx = ds * a  # base-2 slopes: the host multiplies every sum here by ln 2
             dsx = ds * x
             d_inv += tl.sum(dx * x, 1)
-            carry = _store_diagonals(diag, n0, dx * inv[:, None], carry, BM, BN)
+            if BY_PARAMETER:  # times inv once per row, at the end
+                derivative = _bias(derivative_base + n0 + (tl.arange(0, BN)[None, :] - tl.arange(0, BM)[:, None]),
+                                   UPCAST)
+                feature_sums += tl.sum(dx * derivative, 1)
+            else:
+                feature_sums = _store_diagonals(diag, n0, dx * inv[:, None], feature_sums, BM, BN)
             seg_ds, seg_dsx = _segment_sums(seg_ds, seg_dsx, ds, dsx, x, s_lo, s_hi, KNOTS, SEGMENTS, FAST, UPCAST)
         k_ptrs += BN * skt
         v_ptrs += BN * svt
-    return dq, carry, d_inv, seg_ds, seg_dsx
+    return dq, feature_sums, d_inv, seg_ds, seg_dsx
 
 
 @triton.jit(do_not_specialize=["n_knots"])  # 1 knot would make it a constant
-def _dq(Q, K, V, DO, LSE, DELTA, DQ, FEATURE, E, INV, SEGS, SPLIT, KNOTS, SLOPE, INTERCEPT, DIAG, DINV, SEG,
-        sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdob, sdoh, sdot,
+def _dq(Q, K, V, DO, LSE, DELTA, DQ, FEATURE, DERIVATIVE, E, INV, SEGS, SPLIT, KNOTS, SLOPE, INTERCEPT, DIAG, DINV,
+        SEG, sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdob, sdoh, sdot,
         H, GROUP, TQ, TK, inv_stride_b, NQ, NK, n_knots, diag_len, qk_scale, scale,
-        D: tl.constexpr, CAUSAL: tl.constexpr, PARAM_GRAD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-        BD: tl.constexpr, SEGMENTS: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """dQ of one query block (DQ contiguous (B,H,Tq,Dh)) and, if PARAM_GRAD: DIAG[b, h, block, c] as the row
-    kernel's (of dx * inv), DINV[b, h, i] = sum_j dx x / inv, SEG[b, h, block, 0 or 1, s] = the sums of dS and
-    dS x over segment s (BM <= BN for the diagonal sums)."""
+        D: tl.constexpr, CAUSAL: tl.constexpr, PARAM_GRAD: tl.constexpr, BY_PARAMETER: tl.constexpr,
+        BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, SEGMENTS: tl.constexpr, PRECISION: tl.constexpr,
+        UPCAST: tl.constexpr):
+    """dQ of one query block (DQ contiguous (B,H,Tq,Dh)) and, if PARAM_GRAD: the feature's gradient, as
+    DIAG[b, h, block, c] the row kernel's diagonal sums of dx * inv (BM <= BN), or (BY_PARAMETER) as
+    DIAG[b, h, block, 0] = sum over the block's pairs of dx * inv * DERIVATIVE[r] (the feature's one parameter's;
+    DERIVATIVE indexed and padded as FEATURE); DINV[b, h, i] = sum_j dx x / inv; SEG[b, h, block, 0 or 1, s] = the
+    sums of dS and dS x over segment s."""
     m0 = tl.program_id(0) * BM
     h = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
@@ -345,14 +357,16 @@ def _dq(Q, K, V, DO, LSE, DELTA, DQ, FEATURE, E, INV, SEGS, SPLIT, KNOTS, SLOPE,
     q, do, lse, delta = _dq_rows(Q, DO, LSE, DELTA, b, h, bh, i, d, i_ok, q_mask, TQ, sqb, sqh, sqt, sdob, sdoh, sdot)
     k_ptrs = K + b * skb + hk * skh + jl[None, :] * skt + d[:, None]  # (BD,BN) at key 0
     v_ptrs = V + b * svb + hk * svh + jl[None, :] * svt + d[:, None]
-    feature_base = FEATURE + tl.load(E + b) - m0  # the feature at query m0, key 0
+    e = tl.load(E + b)
+    feature_base = FEATURE + e - m0  # the feature at query m0, key 0
+    derivative_base = DERIVATIVE + e - m0  # its derivative likewise
     inv = tl.load(INV + b * inv_stride_b + tl.minimum(i, TQ - 1))  # (BM,)
     block = b * NQ + tl.program_id(0)
     segs = SEGS + block * NK * 2
     slope_row, intercept_row = SLOPE + h * (n_knots + 1), INTERCEPT + h * (n_knots + 1)
     program = bh * tl.num_programs(0) + tl.program_id(0)
     diag = DIAG + program * diag_len
-    carry = tl.zeros((BN,), tl.float32)
+    feature_sums = tl.zeros((BM,) if BY_PARAMETER else (BN,), tl.float32)
     d_inv = tl.zeros((BM,), tl.float32)
     seg_ds = tl.zeros((SEGMENTS,), tl.float32)
     seg_dsx = tl.zeros((SEGMENTS,), tl.float32)
@@ -360,20 +374,23 @@ def _dq(Q, K, V, DO, LSE, DELTA, DQ, FEATURE, E, INV, SEGS, SPLIT, KNOTS, SLOPE,
     interior = _interior_end(m0, TQ, TK, CAUSAL, BM, BN)
     end = _key_end(m0, TQ, TK, CAUSAL, BM)
     fast_end = tl.minimum(tl.load(SPLIT + block) * BN, interior)
-    dq, carry, d_inv, seg_ds, seg_dsx = _dq_tiles(
-        dq, carry, d_inv, seg_ds, seg_dsx, q, do, lse, delta, k_ptrs, v_ptrs, feature_base, inv, segs, KNOTS,
-        slope_row, intercept_row, diag, i, 0, fast_end, TQ, TK, qk_scale, skt, svt, d_ok, CAUSAL, False, True,
-        PARAM_GRAD, BD == D, BM, BN, SEGMENTS, PRECISION, UPCAST)
-    dq, carry, d_inv, seg_ds, seg_dsx = _dq_tiles(
-        dq, carry, d_inv, seg_ds, seg_dsx, q, do, lse, delta, k_ptrs, v_ptrs, feature_base, inv, segs, KNOTS,
-        slope_row, intercept_row, diag, i, fast_end, interior, TQ, TK, qk_scale, skt, svt, d_ok, CAUSAL, False, False,
-        PARAM_GRAD, BD == D, BM, BN, SEGMENTS, PRECISION, UPCAST)
-    dq, carry, d_inv, seg_ds, seg_dsx = _dq_tiles(
-        dq, carry, d_inv, seg_ds, seg_dsx, q, do, lse, delta, k_ptrs, v_ptrs, feature_base, inv, segs, KNOTS,
-        slope_row, intercept_row, diag, i, interior, end, TQ, TK, qk_scale, skt, svt, d_ok, CAUSAL, True, False,
-        PARAM_GRAD, BD == D, BM, BN, SEGMENTS, PRECISION, UPCAST)
+    dq, feature_sums, d_inv, seg_ds, seg_dsx = _dq_tiles(
+        dq, feature_sums, d_inv, seg_ds, seg_dsx, q, do, lse, delta, k_ptrs, v_ptrs, feature_base, derivative_base,
+        inv, segs, KNOTS, slope_row, intercept_row, diag, i, 0, fast_end, TQ, TK, qk_scale, skt, svt, d_ok, CAUSAL,
+        False, True, PARAM_GRAD, BY_PARAMETER, BD == D, BM, BN, SEGMENTS, PRECISION, UPCAST)
+    dq, feature_sums, d_inv, seg_ds, seg_dsx = _dq_tiles(
+        dq, feature_sums, d_inv, seg_ds, seg_dsx, q, do, lse, delta, k_ptrs, v_ptrs, feature_base, derivative_base,
+        inv, segs, KNOTS, slope_row, intercept_row, diag, i, fast_end, interior, TQ, TK, qk_scale, skt, svt, d_ok,
+        CAUSAL, False, False, PARAM_GRAD, BY_PARAMETER, BD == D, BM, BN, SEGMENTS, PRECISION, UPCAST)
+    dq, feature_sums, d_inv, seg_ds, seg_dsx = _dq_tiles(
+        dq, feature_sums, d_inv, seg_ds, seg_dsx, q, do, lse, delta, k_ptrs, v_ptrs, feature_base, derivative_base,
+        inv, segs, KNOTS, slope_row, intercept_row, diag, i, interior, end, TQ, TK, qk_scale, skt, svt, d_ok, CAUSAL,
+        True, False, PARAM_GRAD, BY_PARAMETER, BD == D, BM, BN, SEGMENTS, PRECISION, UPCAST)
     if PARAM_GRAD:
-        tl.store(diag + tl.cdiv(end, BN) * BN + tl.arange(0, BN), carry)
+        if BY_PARAMETER:  # padded rows summed nothing (their p is 0)
+            tl.store(diag, tl.sum(feature_sums * inv, 0))
+        else:
+            tl.store(diag + tl.cdiv(end, BN) * BN + tl.arange(0, BN), feature_sums)
         tl.store(DINV + bh * TQ + i, d_inv / inv, mask=i_ok)
         segments = SEG + program * 2 * SEGMENTS + tl.arange(0, SEGMENTS)
         tl.store(segments, seg_ds)
