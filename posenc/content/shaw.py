@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as F
 
 from posenc.errors import bad_value
 from posenc.scheme import Dims, RelativeRows, RelativeTable, Scheme, cast
@@ -68,7 +69,8 @@ class Shaw(Scheme):
 
     def relative_rows(self, q: Tensor, low: int, high: int) -> RelativeRows:
         """Both terms as rows at clip(n - m, -k, k): q . a^K (B,H,Tq,2k+1) scaled, and P_V for the values."""
-        rows = (q @ cast(self.key_table, q.dtype).T) * q.shape[-1] ** -0.5  # (B,H,Tq,2k+1)
+        # F.linear: q . a^K as one call (a decode step makes this in every layer; .T and @ were two more)
+        rows = F.linear(q, cast(self.key_table, q.dtype)) * q.shape[-1] ** -0.5  # (B,H,Tq,2k+1)
         return RelativeRows(rows, -self.max_relative_position, cast(self.value_table, q.dtype))
 
     def relative_table(self, low: int, high: int, like: Tensor) -> RelativeTable:
