@@ -31,10 +31,14 @@ PART_KILL_AFTER=5  # the parts' limits (90 + 160 + 90 + 75 + 50 + 20) and 5 s to
 source "$(dirname "$0")/gpu_parts.sh"
 
 part kernels 90 "${KERNELS[@]}" "$PY" -m pytest -q -p no:cacheprovider "${CASES[@]}" "${KERNEL_TESTS[@]}"
-part attention 160 "$PY" -m benchmarks.gpu "${BENCH[@]}" --sections attention --schemes fire,shaw,transformer_xl,cope \
-  --no-peers "${SIZES[@]}" --out "$OUT/attention"
-part maps 90 "$PY" -m benchmarks.gpu "${BENCH[@]}" --sections maps --out "$OUT/maps"
-part graphs 75 "$PY" -m benchmarks.gpu "${BENCH[@]}" --sections graphs --graph-models smollm2 --out "$OUT/graphs"
+# A session times what it changed: ATTENTION_SCHEMES (default all four), MAP_LENGTHS (e.g. 32768,65536: the targets
+# hold at 64k too), GRAPH_CONTEXTS (e.g. 4096,32768,65536); each part's time limit stays as it is.
+part attention 160 "$PY" -m benchmarks.gpu "${BENCH[@]}" --sections attention \
+  --schemes "${ATTENTION_SCHEMES:-fire,shaw,transformer_xl,cope}" --no-peers "${SIZES[@]}" --out "$OUT/attention"
+part maps 90 "$PY" -m benchmarks.gpu "${BENCH[@]}" --sections maps ${MAP_LENGTHS:+--map-lengths "$MAP_LENGTHS"} \
+  --out "$OUT/maps"
+part graphs 75 "$PY" -m benchmarks.gpu "${BENCH[@]}" --sections graphs --graph-models smollm2 \
+  ${GRAPH_CONTEXTS:+--graph-contexts "$GRAPH_CONTEXTS"} --out "$OUT/graphs"
 part profile 50 "$PY" -m benchmarks.gpu_profile "${PROFILE[@]}"
 # the host's Python time of the launch-bound calls (RoPE fwd+bwd on the H200: 0.045 ms of kernels in 0.563 ms)
 part host 20 "$PY" -m benchmarks.gpu_profile "${PROFILE[@]}" --python --cases rope_backward,alibi_1k
