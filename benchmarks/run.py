@@ -45,7 +45,7 @@ def plan(quick: bool) -> dict:
     return {"train": ALL_SCHEMES, "train_shapes": [(64, 32), (256, 8), (1024, 2), (2048, 1)], "train_repeats": 7,
             "forward": FORWARD_SCHEMES, "forward_lengths": [2048, 4096, 8192], "forward_repeats": 3,
             "attention_lengths": [2048, 4096, 8192], "attention_repeats": 3, "decode": ALL_SCHEMES,
-            "contexts": [4096], "new_tokens": 100, "maps": MAPS,
+            "contexts": [4096], "new_tokens": 200, "maps": MAPS,
             "rope": [(1, 8, 512, 64), (1, 16, 2048, 64), (4, 32, 4096, 128), (2, 8, 8192, 64)], "rope_repeats": 5}
 
 
