@@ -102,6 +102,8 @@ def slot_case(kind: str, form: str, slots: int):
         scorer = torch.randint(0, maps, (1, 1, 1, 1, n), device=device)  # each slot under one map drawn at random
         mask = torch.full((1, 1, 1, maps + 1, n), float("-inf"), device=device, dtype=dtype).scatter_(3, scorer, 0.0)
         attend = dispatch.SLOT_KERNELS[kind](queries, keys, v, mask)
+        if attend is None and quick:  # the code paths only: the dispatch's choice where the kernel does not serve
+            attend = dispatch.slot_attention_for(queries, keys, v, mask)
         if attend is None:
             raise RuntimeError(f"{kind} does not serve {dtype} on {device}")
         return lambda: attend(queries, keys, v, mask)

@@ -81,7 +81,7 @@ on keys outside a layer's window); a rotating scheme also gives its tables (Sche
     plain       0                                                    a class that rotates without rotation_tables
     distance    rows_decode's row (where it declines: bias()'s); head_distance likewise
     piecewise   pieces_decode's row (where it declines: bias()'s)
-    mapped      map_rotate, map_slot_attention (static_attention):   a scheme under the map whose rotation does
+    mapped      map_rotate, then SLOT_RULES' attention (below):      a scheme under the map whose rotation does
                 per map the query's rotation, the new key rotated    not turn pairs of dims (no rot_dim and
                 per key table as the cache keeps it, the selector    interleaved: it cannot be read off as
                 as a mask over every slot (static_map_refusal)       multipliers); it stays on the eager path
@@ -213,7 +213,7 @@ FORMS = ("mapped", "attends", "plain", "contextual", "head_distance", "distance"
 # The static decode step (docstring): form -> the decode kernels whose bias row it reads, then bias()'s.
 STATIC_ROWS: dict[str, tuple[str, ...]] = {"plain": (), "distance": ("rows_decode",), "head_distance": ("rows_decode",),
                                            "piecewise": ("pieces_decode",)}
-STATIC_FORMS = (*STATIC_ROWS, "mapped")  # the mapped form: map_slot_attention, refused per instance
+STATIC_FORMS = (*STATIC_ROWS, "mapped")  # the mapped form: SLOT_RULES' attention, refused per instance
 STEP_ROWS: dict[str, Callable[[Call], Tensor | None]] = {
     "rows_decode": decode_paths.distance_step_row, "pieces_decode": decode_paths.pieces_step_row}
 # The static step under a map (docstring): (device, dtypes) -> its attentions over every slot, first match; each a
@@ -295,7 +295,7 @@ def static_map_refusal(scheme: MappedScheme) -> str | None:
 
 
 def static_by_map(cls: type[Scheme]) -> bool:
-    """The static step runs the scheme class's attention under a map (map_slot_attention), not by a row."""
+    """The static step runs the scheme class's attention under a map (SLOT_RULES), not by a row."""
     return form_of(cls) == "mapped"
 
 
