@@ -299,7 +299,8 @@ SLOT_MAPS = {"self_extend": (2, 2), "dual_chunk": (3, 1), "lm_infinite": (2, 2),
 def slot_launches(dtype: torch.dtype, head_dim: int, rule: str = "self_extend", *, batch: int = 1, heads: int = 9,
                   kv_heads: int = 3, slots: int = 32768) -> list[_Launch]:
     """The static decode step's attention under a map on meta tensors (its pass over the shares of the slots and
-    their merge), SmolLM2-135M's heads (9 query heads on 3 KV heads) at a 32k cache by default."""
+    their merge), SmolLM2-135M's heads (9 query heads on 3 KV heads) at a 32k cache by default; none where the
+    kernel declines the shapes (slot_torch runs them)."""
     from posenc.nn.triton import slots as slot_module
 
     maps, tables = SLOT_MAPS[rule]
@@ -309,7 +310,9 @@ def slot_launches(dtype: torch.dtype, head_dim: int, rule: str = "self_extend", 
         keys = torch.empty(batch, kv_heads, slots, width, device="meta", dtype=dtype)
         v = torch.empty(batch, kv_heads, slots, head_dim, device="meta", dtype=dtype)
         mask = torch.empty(batch, 1, 1, maps + 1, slots, device="meta", dtype=dtype)
-        slot_module.attend(slot_module.plan(queries, keys, v, mask), queries, keys, v, mask)
+        plan = slot_module.plan(queries, keys, v, mask)
+        if plan is not None:
+            slot_module.attend(plan, queries, keys, v, mask)
     return launches
 
 

@@ -4,9 +4,9 @@ step, the shares' pass and their merge, with nothing read back by the host and n
 a CUDA graph captures both. Notation as in posenc.nn.static_attention.
 
 Tiles: one program's rows are R = GP * MP (>= 16), its key block (BW, BN) with BW the padded W; BN 64, 4 warps, 3
-stages in 16-bit types, 8 warps and 2 stages in float32 (the static table, benchmarks/gpu_static.py slot_records).
-float32 multiplies exactly ("ieee", as the PyTorch path's float32 product without TF32); float64 stays on the PyTorch
-path (map_slot_attention).
+stages in 16-bit types (8 warps for keys 256 wide or more), 8 warps and 2 stages in float32 (the static table,
+benchmarks/gpu_static.py slot_records). float32 multiplies exactly ("ieee", as the PyTorch path's float32 product
+without TF32); float64 stays on the PyTorch path (map_slot_attention).
 """
 
 from __future__ import annotations
@@ -26,7 +26,12 @@ from posenc.nn.triton.attention import GRID_AXIS_LIMIT, Tiles
 # stages' 15.6, which halves the shares a 4k cache can take); 16x64 8 warps 3 stages 31.8, 16x32 4 warps 3 stages
 # 30.6. float32 (exact products, on CUDA cores: no HMMA, so no loop count): 16x32 4 warps 2 stages spilled 160 B at
 # Dh 64, 16x64 3 stages 16 B at Dh 128 (219 KB shared); 16x64 8 warps 2 stages 70/0/61, 48/0/41, 80/0/117, 68/0/77.
+# Keys 256 wide or more (padded): 16x64 4 warps spilled 8 B at Dh 80 and 96 with two tables (their masked loads);
+# 8 warps 3 stages 128/0/106/360 there, and at Dh 128 100/0/106/307 (Self-Extend), 78/0/70/271 (DCA), Dh 256
+# 126/0/210/455 and 102/0/138/346.
 GPU_TILES = Tiles(16, 64, 4, 3)  # bm: the least rows per program (tl.dot's 16)
+WIDE_TILES = Tiles(16, 64, 8, 3)
+WIDE = 256
 FP32_TILES = Tiles(16, 64, 8, 2)
 INTERPRETED_TILES = Tiles(16, 16, 1, 1)
 # The query rows a program holds, R x BW (R = GP * MP, BW the padded W), per dtype: (most rows, most elements).
@@ -95,7 +100,8 @@ def plan(queries: Tensor, keys: Tensor, v: Tensor, mask: Tensor, shares: int | N
     if gp * mp > most_rows or gp * mp * padded(w) > most_elements:
         return None
     interpreted = queries.device.type == "cpu"
-    t = INTERPRETED_TILES if interpreted else FP32_TILES if dtype == torch.float32 else GPU_TILES
+    t = (INTERPRETED_TILES if interpreted else FP32_TILES if dtype == torch.float32
+         else WIDE_TILES if padded(w) >= WIDE else GPU_TILES)
     wanted = shares if shares is not None else shares_for(b * hkv, slots, t.bn, queries.device)
     share = cdiv(cdiv(slots, max(1, wanted)), t.bn) * t.bn  # a multiple of BN: only the last share is ragged
     return SlotPlan(b, h, hkv, maps, w, dh, slots, dtype, cdiv(slots, share), share, t, interpreted)
