@@ -161,6 +161,28 @@ def test_the_static_decoder_on_the_kernel_decodes_as_the_float64_cached_decoding
                                    msg=f"step {step}")
 
 
+@pytest.mark.skipif(INTERPRETED, reason="a CUDA graph needs a CUDA device")
+@torch.no_grad()
+def test_the_captured_step_on_the_kernel_replays_the_eager_step_bit_for_bit(served):
+    """On CUDA in bf16 (the benchmark's form): the graph captured at the first step and replayed at every other runs
+    the planned kernel and its merge, with no host read, and gives the eager static step's logits exactly."""
+    from posenc.models.static_decode import StaticDecoder
+    from tests.position_maps.tiny import tiny_llama, token_ids
+
+    spec = {"type": "self_extend", "group_size": 3, "window": 5}
+    model = tiny_llama(attention_extension=spec, dtype=torch.bfloat16).to(DEVICE)
+    prompt = token_ids(1, 12).to(DEVICE)
+    # 1008 slots: 16 blocks of 64, four shares on any GPU (SPLIT_MIN_BLOCKS each)
+    graphed, eager = StaticDecoder(model, 1, 1000), StaticDecoder(model, 1, 1000, cuda_graph=False)
+    token = graphed.prefill(prompt).argmax(-1, keepdim=True)
+    eager.prefill(prompt)
+    for step in range(6):
+        got, want = graphed.step(token), eager.step(token)
+        torch.testing.assert_close(got, want, rtol=0, atol=0, msg=f"step {step}")
+        token = want.argmax(-1, keepdim=True)
+    assert graphed._graph is not None and len(served) == 2 * model.cfg.n_layer, served
+
+
 def test_shapes_past_the_limits_decline_to_the_pytorch_path():
     inputs = [t.to(DEVICE) for t in _inputs(1, 1, 1, 2, 16, 1, 20)]
     assert slots.plan(*(t.double() for t in inputs)) is None  # float64: PyTorch's
