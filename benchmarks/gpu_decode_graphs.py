@@ -133,7 +133,23 @@ def three_ways(model: nn.Module, cache, decoder: StaticDecoder, device, steps: i
     if device.type == "cuda":
         decoder.graphed = True
         graphed = _cell(lambda: per_token(lambda: decoder.step(token), device, steps))
-    return {"eager ms": ordinary, "static ms": static, "graphed ms": graphed, "x eager": _ratio(graphed, ordinary)}
+    return {"eager ms": ordinary, "static ms": static, "graphed ms": graphed, "x eager": _ratio(graphed, ordinary),
+            "slots": slot_kernels(decoder)}
+
+
+def slot_kernels(decoder: StaticDecoder) -> str:
+    """The attention the map layers of the decoder's step ran (the dispatch's SLOT_RULES): slot_triton with its
+    shares of the slots, slot_torch (map_slot_attention), or "-" for a model without a map."""
+    import functools
+
+    names = set()
+    for layer in decoder._layers or ():
+        attend = getattr(layer, "slots", None)
+        if isinstance(attend, functools.partial):  # slot_triton: the plan bound to slots.attend
+            names.add(f"slot_triton ({attend.args[0].shares} shares)")
+        elif attend is not None:
+            names.add("slot_torch")
+    return ", ".join(sorted(names)) or "-"
 
 
 def _ratio(value: float | str, base: float | str) -> float:

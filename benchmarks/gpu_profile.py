@@ -8,9 +8,11 @@ that take the time.
 Cases (bf16 on a GPU): rope_backward (RoPE forward+backward, 1x32x4096x128), kerple_backward and alibi_backward
 (attention forward+backward, B=4, T=4096, Dh 64, 16 heads), alibi_1k (the forward at B=16, T=1024: the launch-bound
 end), decode_none (the ordinary eager decode step of the 12 x 768 GPT against a 4k cache), self_extend_prompt and
-lm_infinite_prompt_32k (a 16k / 32k prompt's attention under the map, Dh 128, GQA 32:8), static_step_rope_32k and
-static_step_self_extend_32k (the SmolLM2-shaped static decode step at a 32k cache, run eagerly: the kernels its
-graph replays).
+lm_infinite_prompt_32k (a 16k / 32k prompt's attention under the map, Dh 128, GQA 32:8), static_step_rope_32k,
+static_step_self_extend_32k and static_step_dual_chunk_32k (the SmolLM2-shaped static decode step at a 32k cache, run
+eagerly: the kernels its graph replays), slot_triton_* and slot_torch_* (one layer's attention of that step under
+Self-Extend's and DCA's forms: the Triton kernel against map_slot_attention's PyTorch ops) and slot_sdpa_rope_32k
+(RoPE's, SDPA over as many slots).
 """
 
 from __future__ import annotations
@@ -75,6 +77,39 @@ def static_step(name: str, context: int):
     return case
 
 
+# The static step's attention of one layer under a map, SmolLM2's shapes (9:3 heads, Dh 64): (maps M, key tables)
+SLOT_FORMS = {"self_extend": (2, 2), "dual_chunk": (3, 1)}
+
+
+def slot_case(kind: str, form: str, slots: int):
+    """One layer's attention of the static step over `slots` slots, SmolLM2's shapes: kind slot_triton (the kernel
+    and its merge) or slot_torch (map_slot_attention's PyTorch ops), planned as the dispatch plans a layer (the
+    graphed map step at 32k: ~60 us a layer over RoPE's, H200 2026-11-27); kind sdpa with form "rope": RoPE's
+    slot_attention over as many slots (SDPA's flash-decoding), the bar."""
+    def case(device, dtype, quick):
+        from posenc.nn.static_attention import slot_attention
+
+        n, heads, kv, dh = (64, 4, 2, 16) if quick else (slots, 9, 3, 64)
+        if kind == "sdpa":
+            q = torch.randn(1, heads, 1, dh, device=device, dtype=dtype)
+            k, v = (torch.randn(1, kv, n, dh, device=device, dtype=dtype) for _ in range(2))
+            row = torch.zeros(1, 1, 1, n, device=device, dtype=dtype)
+            return lambda: slot_attention(q, k, v, row)
+        maps, tables = SLOT_FORMS[form]
+        queries = torch.randn(1, heads, maps + 1, tables * dh, device=device, dtype=dtype)
+        keys = torch.randn(1, kv, n, tables * dh, device=device, dtype=dtype)
+        v = torch.randn(1, kv, n, dh, device=device, dtype=dtype)
+        scorer = torch.randint(0, maps, (1, 1, 1, 1, n), device=device)  # each slot under one map drawn at random
+        mask = torch.full((1, 1, 1, maps + 1, n), float("-inf"), device=device, dtype=dtype).scatter_(3, scorer, 0.0)
+        attend = dispatch.SLOT_KERNELS[kind](queries, keys, v, mask)
+        if attend is None and quick:  # the code paths only: the dispatch's choice where the kernel does not serve
+            attend = dispatch.slot_attention_for(queries, keys, v, mask)
+        if attend is None:
+            raise RuntimeError(f"{kind} does not serve {dtype} on {device}")
+        return lambda: attend(queries, keys, v, mask)
+    return case
+
+
 def map_prompt(spec: dict, t: int):
     """A prompt's attention under the map `spec` (gpu_sections.MAP_SPECS, defaults from a trained t/4), Dh 128, GQA
     32:8: the maps' prompt kernel (H200 2026-11-27, at 32k: Self-Extend 0.97x RoPE + SDPA, LM-Infinite 2.11x)."""
@@ -111,6 +146,12 @@ CASES: dict[str, Callable] = {
     "lm_infinite_prompt_32k": map_prompt({"type": "lm_infinite"}, 32768),
     "static_step_rope_32k": static_step("smollm2-shaped", 32768),
     "static_step_self_extend_32k": static_step("smollm2-shaped self_extend", 32768),
+    "static_step_dual_chunk_32k": static_step("smollm2-shaped dual_chunk", 32768),
+    # one layer's attention of the static step at 32k slots: the map kernel alone against map_slot_attention's ops
+    # and RoPE's SDPA (bytes: Self-Extend's keys are twice RoPE's, DCA's as RoPE's)
+    **{f"{kind}_{form}_32k": slot_case(kind, form, 32768) for form in SLOT_FORMS
+       for kind in ("slot_triton", "slot_torch")},
+    "slot_sdpa_rope_32k": slot_case("sdpa", "rope", 32768),
 }
 
 

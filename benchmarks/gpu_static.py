@@ -137,20 +137,20 @@ class _Launch:
 @contextlib.contextmanager
 def recorded_launches() -> Iterator[list[_Launch]]:
     """Replace posenc's Triton launch() with a recorder while the host code runs on meta tensors."""
-    from posenc.nn.triton import attention, cope, mapped, rotary
+    from posenc.nn.triton import attention, cope, mapped, rotary, slots
 
     launches: list[_Launch] = []
     record = lambda kernel, grid, *args, **options: launches.append(_Launch(kernel, grid, args, options))
-    saved = attention.launch, rotary.launch, mapped.launch
+    saved = attention.launch, rotary.launch, mapped.launch, slots.launch
     saved_tiles = attention.tiles, cope.tiles, mapped.tiles
-    attention.launch = rotary.launch = mapped.launch = record
+    attention.launch = rotary.launch = mapped.launch = slots.launch = record
     attention.tiles = lambda kernel, head_dim, device, dtype: attention.gpu_tiles(kernel, head_dim, dtype)
     cope.tiles = lambda kernel, head_dim, device, dtype: cope.gpu_tiles(kernel, head_dim, dtype)
     mapped.tiles = lambda decode, head_dim, device, dtype: mapped.gpu_tiles(decode, head_dim, dtype)
     try:
         yield launches
     finally:
-        attention.launch, rotary.launch, mapped.launch = saved
+        attention.launch, rotary.launch, mapped.launch, slots.launch = saved
         attention.tiles, cope.tiles, mapped.tiles = saved_tiles
 
 
@@ -292,6 +292,31 @@ def mapped_launches(dtype: torch.dtype, head_dim: int, decode: bool, rule: str =
         key_maps = tuple(min(m, n_keys - 1) for m in range(n_maps))
         attend_mapped(q, k, v, q_rows, q_rows, (k_rows, k_rows) if keys_in_kernel else None, key_maps, q_pos, k_pos,
                       PairRule(kind, 64, 4), True, 1.0, False)
+    return launches
+
+
+# The static step's attention under a map (posenc.nn.triton.slots): (maps M, key tables Mk) per map, as
+# static_map_terms keeps them (W = Mk * Dh; STRING's two maps share one table as DCA's three do).
+SLOT_MAPS = {"self_extend": (2, 2), "dual_chunk": (3, 1), "lm_infinite": (2, 2), "attention_sinks": (2, 1)}
+
+
+def slot_launches(dtype: torch.dtype, head_dim: int, rule: str = "self_extend", *, batch: int = 1, heads: int = 9,
+                  kv_heads: int = 3, slots: int = 32768) -> list[_Launch]:
+    """The static decode step's attention under a map on meta tensors (its pass over the shares of the slots and
+    their merge), SmolLM2-135M's heads (9 query heads on 3 KV heads) at a 32k cache by default; none where the
+    kernel declines the shapes (slot_torch runs them)."""
+    from posenc.nn.triton import slots as slot_module
+
+    maps, tables = SLOT_MAPS[rule]
+    width = tables * head_dim
+    with recorded_launches() as launches:
+        queries = torch.empty(batch, heads, maps + 1, width, device="meta", dtype=dtype)
+        keys = torch.empty(batch, kv_heads, slots, width, device="meta", dtype=dtype)
+        v = torch.empty(batch, kv_heads, slots, head_dim, device="meta", dtype=dtype)
+        mask = torch.empty(batch, 1, 1, maps + 1, slots, device="meta", dtype=dtype)
+        plan = slot_module.plan(queries, keys, v, mask)
+        if plan is not None:
+            slot_module.attend(plan, queries, keys, v, mask)
     return launches
 
 
@@ -461,6 +486,18 @@ def mapped_records(dtypes: list[str], head_dims: list[int], workdir: Path) -> li
     return records
 
 
+def slot_records(dtypes: list[str], head_dims: list[int], workdir: Path) -> list[dict]:
+    """The static step's attention under each map's width (one and two key tables, three and four query rows per
+    head), SmolLM2's heads at a 32k cache."""
+    records = []
+    for dtype, head_dim in _served(dtypes, head_dims, lambda dtype, head_dim: head_dim <= 256):
+        for rule in SLOT_MAPS:
+            setting = f"{dtype} Dh={head_dim} {rule} static step, 9:3 heads, 32k slots"
+            for launch in slot_launches(DTYPES[dtype], head_dim, rule):
+                records.append(asdict(analyse(launch, setting, workdir)))
+    return records
+
+
 COLUMNS = ("kernel", "setting", "tiles", "registers", "spilled_bytes", "shared_bytes", "loop_instructions",
            "plain_loop_instructions", "bias_ratio", "no_knot_ratio")
 
@@ -497,6 +534,7 @@ def main(argv: list[str] | None = None) -> int:
         records += cope_records(dtypes, head_dims, Path(workdir))
         records += rotary_records(dtypes, Path(workdir))
         records += mapped_records(dtypes, head_dims, Path(workdir))
+        records += slot_records(dtypes, head_dims, Path(workdir))
     text = markdown(records)
     print(text)
     if args.markdown:

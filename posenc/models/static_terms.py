@@ -23,7 +23,7 @@ from posenc.models.static_map_terms import MapTerms
 from posenc.nn import dispatch
 from posenc.nn.call import Call
 from posenc.nn.kv_cache import KVCache
-from posenc.nn.static_attention import MapSlots, map_rotate, map_slot_attention, slot_attention
+from posenc.nn.static_attention import MapSlots, SlotAttention, map_rotate, slot_attention
 from posenc.nn.static_cache import StaticKVCache
 from posenc.rotary import apply_rotary
 from posenc.scheme import Dims, RotationTables, Scheme
@@ -73,18 +73,22 @@ class StepScheme(Scheme):
 class MapStepScheme(Scheme):
     """One layer's scheme under a position map during the captured step: rotate() gives every map's query (B,H,M,W)
     and the new key rotated for every key table (B,Hkv,1,W), which the static cache keeps; attend() scores every slot
-    under the map that takes it (posenc.nn.static_attention)."""
+    under the map that takes it, by the kernel the dispatch picks for the layer (dispatch.slot_attention_for:
+    static_attention.map_slot_attention, or its Triton form on CUDA)."""
 
     def __init__(self, dims: Dims, terms: MapSlots) -> None:
         super().__init__(dims)
         self.terms = terms
+        self.slots: SlotAttention | None = None  # the dispatch's choice for this layer, at its first step
 
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
         return map_rotate(q, k, self.terms)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, k_pos: Tensor, causal: bool,
                dropout: float = 0.0) -> Tensor:
-        return map_slot_attention(q, k, v, self.terms.mask)  # (B,H,1,Dh)
+        if self.slots is None:  # planned once: fixed shapes, so every step (and a CUDA graph) runs the same launches
+            self.slots = dispatch.slot_attention_for(q, k, v, self.terms.mask)
+        return self.slots(q, k, v, self.terms.mask)  # (B,H,1,Dh)
 
 
 def _buffer_like(t: Tensor, batch: int) -> Tensor:

@@ -82,11 +82,24 @@ on keys outside a layer's window); a rotating scheme also gives its tables (Sche
     plain       0                                                    a class that rotates without rotation_tables
     distance    rows_decode's row (where it declines: bias()'s); head_distance likewise
     piecewise   pieces_decode's row (where it declines: bias()'s)
-    mapped      map_rotate, map_slot_attention (static_attention):   a scheme under the map whose rotation does
+    mapped      map_rotate, then SLOT_RULES' attention (below):      a scheme under the map whose rotation does
                 per map the query's rotation, the new key rotated    not turn pairs of dims (no rot_dim and
                 per key table as the cache keeps it, the selector    interleaved: it cannot be read off as
                 as a mask over every slot (static_map_refusal)       multipliers); it stays on the eager path
     the rest    refused (rows per query, content, the scheme's own attention: q or k decides the terms)
+
+A layer under a map attends over every slot through SLOT_RULES, keyed by (device, dtype) as the table below: the
+first kernel of its row that serves the layer's shapes is planned once, at the layer's first step (slot_attention_for:
+a Triton plan fixes its shares of the slots from the cache's size and the device's SM count), and runs at every step.
+slot_triton (static_attention.slot_triton, triton/slots.py) is map_slot_attention's math as one flash-decoding pass
+over shares of the slots and a merge, in float32 inside; it declines shapes past its limits (slots.plan). slot_torch
+is map_slot_attention itself (the reference), for every dtype:
+
+    device  dtypes                      the static step's attention under a map
+    ------  --------------------------  ---------------------------------------
+    cuda    bfloat16 float16 float32    slot_triton > slot_torch
+    cuda    float64                     slot_torch
+    cpu     (every dtype)               slot_torch
 
 Every map of posenc (Self-Extend, DCA, LM-Infinite, attention sinks, STRING, and a sliding window over any of them)
 is served: each maps a key's position from its own position alone (PositionMap.key_positions), so a key is rotated
@@ -128,7 +141,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from posenc.nn import bias_paths, decode_paths, mapped_attention, mapped_decode, mapped_gpu, row_paths
+from posenc.nn import bias_paths, decode_paths, mapped_attention, mapped_decode, mapped_gpu, row_paths, static_attention
 from posenc.nn import triton as gpu
 from posenc.nn.call import Call, needs_grad
 from posenc.position_map import MappedScheme
@@ -204,9 +217,19 @@ FORMS = ("mapped", "attends", "plain", "contextual", "head_distance", "distance"
 # The static decode step (docstring): form -> the decode kernels whose bias row it reads, then bias()'s.
 STATIC_ROWS: dict[str, tuple[str, ...]] = {"plain": (), "distance": ("rows_decode",), "head_distance": ("rows_decode",),
                                            "piecewise": ("pieces_decode",)}
-STATIC_FORMS = (*STATIC_ROWS, "mapped")  # the mapped form: map_slot_attention, refused per instance
+STATIC_FORMS = (*STATIC_ROWS, "mapped")  # the mapped form: SLOT_RULES' attention, refused per instance
 STEP_ROWS: dict[str, Callable[[Call], Tensor | None]] = {
     "rows_decode": decode_paths.distance_step_row, "pieces_decode": decode_paths.pieces_step_row}
+# The static step under a map (docstring): (device, dtypes) -> its attentions over every slot, first match; each a
+# planner (queries, keys, v, mask) -> the attention it runs at every step, or None where it does not serve them.
+SLOT_KERNELS: dict[str, Callable[[Tensor, Tensor, Tensor, Tensor], static_attention.SlotAttention | None]] = {
+    "slot_triton": static_attention.slot_triton,  # triton/slots.py: flash-decoding over shares of the slots, merged
+    "slot_torch": static_attention.slot_torch,  # map_slot_attention: one product, the max over maps, softmax, @ v
+}
+SLOT_RULES: tuple[tuple[str, tuple[torch.dtype, ...], tuple[str, ...]], ...] = (
+    ("cuda", HALF_AND_FLOAT, ("slot_triton", "slot_torch")),
+)
+SLOT_DEFAULT = ("slot_torch",)
 
 # RoPE's rotation: (device, dtypes, the dtype it computes in (None: x's own), kernels without autograd), first match.
 ROTATION_RULES: tuple[tuple[str, tuple[torch.dtype, ...], torch.dtype | None, tuple[str, ...]], ...] = (
@@ -276,8 +299,29 @@ def static_map_refusal(scheme: MappedScheme) -> str | None:
 
 
 def static_by_map(cls: type[Scheme]) -> bool:
-    """The static step runs the scheme class's attention under a map (map_slot_attention), not by a row."""
+    """The static step runs the scheme class's attention under a map (SLOT_RULES), not by a row."""
     return form_of(cls) == "mapped"
+
+
+@functools.cache
+def slot_plan(device: str, dtype: torch.dtype) -> tuple[str, ...]:
+    """The static step's attentions under a map tried in order for (device, dtype) (SLOT_RULES)."""
+    return next((kernels for rule_device, dtypes, kernels in SLOT_RULES if rule_device == device and dtype in dtypes),
+                SLOT_DEFAULT)
+
+
+def slot_attention_for(queries: Tensor, keys: Tensor, v: Tensor, mask: Tensor) -> static_attention.SlotAttention:
+    """The attention a layer under a map runs at every static step, for these tensors' device, dtype and shapes
+    (queries (B,H,M+1,W), keys (B,Hkv,L,W), v (B,Hkv,L,Dh), mask (B,1,1,M+1,L)): the first of slot_plan's kernels
+    that serves them. Asked once per layer; a CPU tensor under Triton's interpreter counts as cuda."""
+    first = queries
+    device = "cuda" if first.is_cuda or (first.is_cpu and gpu.interpreting()) else first.device.type
+    for name in slot_plan(device, first.dtype):
+        attend = SLOT_KERNELS[name](queries, keys, v, mask)
+        if attend is not None:
+            return attend
+    raise RuntimeError(f"no static slot attention served {first.dtype} on {device} (tried "
+                       f"{', '.join(slot_plan(device, first.dtype))}); slot_torch always serves")
 
 
 def step_bias_row(call: Call) -> Tensor | None:
@@ -419,5 +463,5 @@ def render(rows: list[tuple]) -> str:
 
 
 __all__ = ["KERNELS", "Call", "attention", "fast_attention", "form_of", "map_plan", "needs_grad", "plan",
-           "rotation_plan", "rotation_table", "static_by_map", "static_map_refusal", "static_refusal", "step_bias_row",
-           "table"]
+           "rotation_plan", "rotation_table", "slot_attention_for", "slot_plan", "static_by_map", "static_map_refusal",
+           "static_refusal", "step_bias_row", "table"]

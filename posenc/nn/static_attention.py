@@ -5,24 +5,36 @@ and on keys outside a sliding window. Fixed shapes, no host reads: a CUDA graph 
 Under a position map (map_rotate, map_slot_attention) the step's terms are per map: each map's query rotation, each
 key table's rotation of the step's new key (a key's mapped position depends on its own position alone, so every key
 is rotated once, when it arrives, and the cache keeps it so), and a mask saying which map scores each slot.
+The attention over every slot under a map is planned once per layer by the dispatch (posenc.nn.dispatch.SLOT_RULES):
+slot_triton (posenc/nn/triton/slots.py, flash-decoding over shares of the slots) on CUDA in 16-bit types and float32,
+else slot_torch, map_slot_attention below, which is also its reference.
 Notation as in attention.py; L the cache's slots, M the map's maps, Mk its key tables (maps that share one key
 position tensor share its table: DCA's three maps one table, Self-Extend's two maps two), W = Mk * Dh, g = H // Hkv.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from posenc.nn.decoder_attention import masked_attention
+from posenc.nn import triton as gpu
+
+# queries (B,H,M+1,W), keys (B,Hkv,L,W), v (B,Hkv,L,Dh), mask (B,1,1,M+1,L) -> (B,H,1,Dh): a layer's attention under a
+# map over every slot, as planned once for its shapes (posenc.nn.dispatch.slot_attention_for)
+SlotAttention = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
 def slot_attention(q: Tensor, k: Tensor, v: Tensor, row: Tensor, softcap: float | None = None) -> Tensor:
     """q (B,H,1,Dh), k/v (B,Hkv,L,Dh), row (B|1,H|1,1,L) in q's dtype -> (B,H,1,Dh)."""
     if softcap is not None:  # Gemma 2: the eager form, scores capped before the row is added
+        # imported here: decoder_attention imports the dispatch, which imports this module (slot_torch, slot_triton)
+        from posenc.nn.decoder_attention import masked_attention
+
         return masked_attention(q, k, v, row, row > float("-inf"), softcap)
     b, h = q.shape[:2]
     hkv, slots = k.shape[1], k.shape[2]
@@ -81,4 +93,22 @@ def map_slot_attention(queries: Tensor, keys: Tensor, v: Tensor, mask: Tensor) -
     return (torch.softmax(picked, dim=-1) @ v).reshape(b, h, 1, dh)  # (B,Hkv,g,Dh) -> (B,H,1,Dh)
 
 
-__all__ = ["MapSlots", "map_rotate", "map_slot_attention", "slot_attention"]
+def slot_torch(queries: Tensor, keys: Tensor, v: Tensor, mask: Tensor) -> SlotAttention:
+    """The dispatch's slot_torch: map_slot_attention, for every device and dtype (the reference of slot_triton)."""
+    return map_slot_attention
+
+
+def slot_triton(queries: Tensor, keys: Tensor, v: Tensor, mask: Tensor) -> SlotAttention | None:
+    """The dispatch's slot_triton: map_slot_attention's math as one Triton flash-decoding pass and a merge
+    (posenc/nn/triton/slots.py), planned for these shapes (shares of the slots from L and the device's SMs); None
+    where it does not serve them (no triton, another dtype, shapes past its limits)."""
+    if not gpu.serves(queries, keys, v, mask):
+        return None
+    from posenc.nn.triton import slots  # imports triton: only for tensors it may serve
+
+    plan = slots.plan(queries, keys, v, mask)
+    return None if plan is None else functools.partial(slots.attend, plan)
+
+
+__all__ = ["MapSlots", "SlotAttention", "map_rotate", "map_slot_attention", "slot_attention", "slot_torch",
+           "slot_triton"]

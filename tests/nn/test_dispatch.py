@@ -287,3 +287,24 @@ def test_float64_under_a_map_on_cuda_plans_no_kernel_that_refuses_it(decode, mon
     assert len(takes) == 1, takes  # the docstring's one sentence covers every kernel the table names
     dtypes = " ".join(sorted(str(d).removeprefix("torch.") for d in takes.pop()))
     assert f"On cuda, {names} take {dtypes} only" in " ".join(dispatch.__doc__.split())
+
+
+def test_the_static_step_under_a_map_plans_its_slot_attention_from_a_table_drawn_in_the_docstring():
+    """SLOT_RULES: each row's kernels exist and the docstring draws it; float64 on cuda and every dtype on the CPU
+    plan slot_torch alone; on the CPU (no interpreter) a layer's planned attention is map_slot_attention itself."""
+    from posenc.nn.static_attention import map_slot_attention
+
+    doc = " ".join(dispatch.__doc__.split())
+    for device, dtypes, kernels in dispatch.SLOT_RULES:
+        assert all(callable(dispatch.SLOT_KERNELS[k]) for k in kernels), kernels
+        line = f"{device} {' '.join(str(d).removeprefix('torch.') for d in dtypes)} {' > '.join(kernels)}"
+        assert line in doc, f"the docstring's table lacks the rule {line!r}"
+        assert all(dispatch.slot_plan(device, dtype) == kernels for dtype in dtypes)
+    assert dispatch.slot_plan("cuda", torch.float64) == dispatch.slot_plan("cpu", torch.bfloat16) == ("slot_torch",)
+    assert "cuda float64 slot_torch" in doc and "cpu (every dtype) slot_torch" in doc
+    used = {k for _, _, kernels in dispatch.SLOT_RULES for k in kernels} | set(dispatch.SLOT_DEFAULT)
+    assert used == set(dispatch.SLOT_KERNELS)
+    queries, keys, v = torch.randn(1, 6, 3, 32), torch.randn(1, 2, 10, 32), torch.randn(1, 2, 10, 16)
+    mask = torch.zeros(1, 1, 1, 3, 10)
+    if not gpu.interpreting():
+        assert dispatch.slot_attention_for(queries, keys, v, mask) is map_slot_attention
