@@ -72,7 +72,7 @@ class Tiles(NamedTuple):
 # Transformer-XL dQ 16x32 4 warps 255/0 (TF32: 8 B, as before).
 RELATIVE_BY_HEAD_DIM = {
     "relative_forward": {16: Tiles(64, 64, 4, 1), 32: Tiles(64, 64, 4, 1), 64: Tiles(64, 64, 4, 1),
-                         128: Tiles(32, 32, 8, 2)},
+                         128: Tiles(64, 32, 4, 1)},
     "relative_dkdv": {16: Tiles(32, 32, 4, 2), 32: Tiles(32, 32, 4, 2), 64: Tiles(32, 32, 4, 2),
                       128: Tiles(32, 32, 8, 2)},
     "relative_dq": {16: Tiles(32, 32, 4, 2), 32: Tiles(16, 32, 4, 2), 64: Tiles(32, 32, 4, 1),
