@@ -9,10 +9,13 @@ qc and qr are two queries of one head (Transformer-XL: q + u and q + v; Shaw: q 
 c0 = n0 - m0 + e, so it multiplies qr by two chunks of BN table rows, [c0 - BN, c0) and [c0, c0 + BN) (BM <= BN),
 and reads each pair's product at its distance with a gather (_rotated). Along a query block's key loop the chunks
 move by BN per tile, so the forward and dQ carry the upper chunk over as the next tile's lower one: one product
-qr . R per tile, as many as q . k. The table's rows are read clamped, which is Shaw's clipping (many distances
-of a tile collapse onto the first or last row) and costs nothing for Transformer-XL (its table covers every
-distance). The value term goes the other way: the probabilities regrouped by distance (_unrotated) times the
-value table's two chunks.
+qr . R per tile, as many as q . k. A forward query block may be two key tiles tall (BM = 2 BN, Transformer-XL at
+Dh 128: 64 rows, the wgmma's height, where 32 x 32 ran mma.sync at 4x Dh 64's instructions per pair): its rows span
+three chunks, two carried (_rotated_stacked). dK/dV recomputes both chunks per query tile (qr changes with it);
+where BM <= BN / 4 the lower one is BM rows wide (_rotated_narrow). The table's rows are read clamped, which is
+Shaw's clipping (many distances of a tile collapse onto the first or last row) and costs nothing for Transformer-XL
+(its table covers every distance). The value term goes the other way: the probabilities regrouped by distance
+(_unrotated) times the value table's two chunks.
 
 Far tiles (FAR, a clipped table: Shaw): where every pair of a tile lies at c <= 0 (causal attention away from the
 diagonal: most tiles at long T), every pair reads row 0, so the bias is one number per query and the value term
@@ -25,7 +28,8 @@ bias and delta less dO . VT[0]. Each program here skips exactly the far tiles of
 Gradients: dK, dV in _dkdv (one program per key block, like attention_kernels._dkdv); dQc, dQr, and the tables'
 gradients in _dq (one program per query block). A table row gathers from every query block, so those add up with
 float32 atomics (_add_rows: distances past either end of the table summed in registers first). Loops, masks,
-base-2 softmax, offsets: as attention_kernels (its helpers are reused here).
+base-2 softmax: as attention_kernels (its helpers are reused here). Offsets: the (b, h) base once per program, each
+tile's addresses formed in its loop from int32 offsets (distances in int32 too).
 """
 
 from __future__ import annotations
@@ -79,6 +83,17 @@ def _rotated(low, high, BM: tl.constexpr, BN: tl.constexpr, zero=0):
     r_il = tl.arange(0, BN)[None, :] + tl.arange(0, BM)[:, None]  # r + il
     t = tl.arange(0, BN)[None, :] - tl.arange(0, BM)[:, None] + zero  # jl - il
     return tl.gather(tl.where(r_il < BN, high, low), tl.where(t >= 0, t, t + BN), 1)
+
+
+@triton.jit
+def _rotated_narrow(low, high, BM: tl.constexpr, BN: tl.constexpr):
+    """_rotated with the lower chunk only as wide as the tile is tall: low (BM,BM) over [c0 - BM, c0), high (BM,BN)
+    over [c0, c0 + BN); entry (il, jl) is high[il, jl - il] where jl >= il, else low[il, BM + jl - il]. Two gathers,
+    one product of BM x BM instead of BM x BN (a key block's tile in dK/dV: BM < BN)."""
+    t = tl.arange(0, BN)[None, :] - tl.arange(0, BM)[:, None]  # jl - il
+    upper = tl.gather(high, tl.maximum(t, 0), 1)
+    lower = tl.gather(low, tl.minimum(t + BM, BM - 1), 1)
+    return tl.where(t >= 0, upper, lower)
 
 
 @triton.jit
@@ -239,9 +254,14 @@ def _dkdv_tiles(dk, dv, k, v, Q, QR, DO, LSE, DELTA, R, VT, j, c_base, m_start, 
         delta = tl.load(DELTA + i, mask=i_ok, other=0.0)
         c0 = c_base - m0  # the distance index of key n0 at query m0
         # qr changes with the query tile: both chunks' products per tile (the forward and dQ carry one over)
-        low = _dot(qr, _chunk_t(R, c0 - BN, S, srow, d, d_ok, BN), PRECISION, UPCAST)
-        high = _dot(qr, _chunk_t(R, c0, S, srow, d, d_ok, BN), PRECISION, UPCAST)
-        bias_t = tl.trans(_rotated(low, high, BM, BN)) * bias_scale  # (BN,BM), in units of qk_scale
+        if BM * 4 <= BN:  # a narrow lower chunk: BM x BM products, and a second gather
+            low = _dot(qr, _chunk_t(R, c0 - BM, S, srow, d, d_ok, BM), PRECISION, UPCAST)  # (BM,BM)
+            high = _dot(qr, _chunk_t(R, c0, S, srow, d, d_ok, BN), PRECISION, UPCAST)  # (BM,BN)
+            bias_t = tl.trans(_rotated_narrow(low, high, BM, BN)) * bias_scale  # (BN,BM), in units of qk_scale
+        else:
+            low = _dot(qr, _chunk_t(R, c0 - BN, S, srow, d, d_ok, BN), PRECISION, UPCAST)
+            high = _dot(qr, _chunk_t(R, c0, S, srow, d, d_ok, BN), PRECISION, UPCAST)
+            bias_t = tl.trans(_rotated(low, high, BM, BN)) * bias_scale
         s_t = _dot_into(k, q_t, bias_t, PRECISION, UPCAST) * qk_scale
         p_t = _probabilities(s_t, lse[None, :], i[None, :], j[:, None], TQ, TK, CAUSAL, MASKED)  # (BN,BM)
         dv += _dot(p_t.to(do.dtype), do, PRECISION, UPCAST)
