@@ -355,7 +355,7 @@ def _add_rows(G, c0, x, S, d, d_ok, D: tl.constexpr, BN: tl.constexpr, CLIPPED: 
 
 
 @triton.jit
-def _dq_tiles(dq, dqr, prev, prev_v, rot_ds, rot_p, ds_sum, p_sum, q, qr, do, lse, delta, K, V, R, VT, DR,
+def _dq_tiles(dq, dqr, prev, prev_v, rot_ds, rot_p, ds_sum, p_sum, c_last, q, qr, do, lse, delta, K, V, R, VT, DR,
               DVT, i, c_base, n_start, n_end, TQ, TK, S, srow, svrow, qk_scale, bias_scale, skt, svt, d, d_ok,
               CAUSAL: tl.constexpr, MASKED: tl.constexpr, HAS_VALUES: tl.constexpr, FAR: tl.constexpr,
               D: tl.constexpr, BN: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
@@ -371,6 +371,7 @@ def _dq_tiles(dq, dqr, prev, prev_v, rot_ds, rot_p, ds_sum, p_sum, q, qr, do, ls
         v_ptrs = V + j[None, :] * svt + d[:, None]
         k_t, v_t = _key_tile(k_ptrs, v_ptrs, j, TK, d_ok, MASKED, False)  # (BD,BN) each
         c0 = c_base + n0
+        c_last = c0
         cur = _dot(qr, _chunk_t(R, c0, S, srow, d, d_ok, BN), PRECISION, UPCAST) * bias_scale
         s = _dot_into(q, k_t, _rotated(prev, cur, BM, BN), PRECISION, UPCAST) * qk_scale
         prev = cur
@@ -395,7 +396,7 @@ def _dq_tiles(dq, dqr, prev, prev_v, rot_ds, rot_p, ds_sum, p_sum, q, qr, do, ls
         rot_ds = rotated
         dqr += _dot(lower, tl.trans(_chunk_t(R, c0 - BN, S, srow, d, d_ok, BN)), PRECISION, UPCAST)
         _add_rows(DR, c0 - BN, _dot(tl.trans(lower), qr, PRECISION, UPCAST), S, d, d_ok, D, BN, FAR)
-    return dq, dqr, prev, prev_v, rot_ds, rot_p, ds_sum, p_sum
+    return dq, dqr, prev, prev_v, rot_ds, rot_p, ds_sum, p_sum, c_last
 
 
 @triton.jit
@@ -465,18 +466,18 @@ def _dq(Q, QR, K, V, DO, LSE, DELTA, DQ_FAR, DQ, DQR, R, VT, DR, DVT, E,
     rot_p = tl.zeros((BM, BN), tl.float32)
     ds_sum = tl.zeros((BM,), tl.float32)
     p_sum = tl.zeros((BM,), tl.float32)
-    dq, dqr, prev, prev_v, rot_ds, rot_p, ds_sum, p_sum = _dq_tiles(
-        dq, dqr, prev, prev_v, rot_ds, rot_p, ds_sum, p_sum, q, qr, do, lse, delta, K, V, R, VT, DR, DVT, i,
+    c_last = c_base + far - BN  # the last tile's distance index of its first key, carried out of the loops
+    dq, dqr, prev, prev_v, rot_ds, rot_p, ds_sum, p_sum, c_last = _dq_tiles(
+        dq, dqr, prev, prev_v, rot_ds, rot_p, ds_sum, p_sum, c_last, q, qr, do, lse, delta, K, V, R, VT, DR, DVT, i,
         c_base, far, interior, TQ, TK, S, srow, svrow, qk_scale, bias_scale, skt, svt, d, d_ok, CAUSAL, False,
         HAS_VALUES, FAR, D, BN, PRECISION, UPCAST)
     key_end = _key_end(m0, TQ, TK, CAUSAL, BM)
-    dq, dqr, prev, prev_v, rot_ds, rot_p, ds_sum, p_sum = _dq_tiles(
-        dq, dqr, prev, prev_v, rot_ds, rot_p, ds_sum, p_sum, q, qr, do, lse, delta, K, V, R, VT, DR, DVT, i,
+    dq, dqr, prev, prev_v, rot_ds, rot_p, ds_sum, p_sum, c_last = _dq_tiles(
+        dq, dqr, prev, prev_v, rot_ds, rot_p, ds_sum, p_sum, c_last, q, qr, do, lse, delta, K, V, R, VT, DR, DVT, i,
         c_base, interior, key_end, TQ, TK, S, srow, svrow, qk_scale, bias_scale, skt, svt, d, d_ok, CAUSAL, True,
         HAS_VALUES, FAR, D, BN, PRECISION, UPCAST)
-    end = interior + tl.cdiv(tl.maximum(key_end - interior, 0), BN) * BN  # one past the last tile
-    dqr = _dq_last_chunk(dqr, rot_ds, rot_p, qr, do, R, VT, DR, DVT, c_base + end - BN, S, srow, svrow, d, d_ok,
-                         HAS_VALUES, FAR, D, PRECISION, UPCAST)
+    dqr = _dq_last_chunk(dqr, rot_ds, rot_p, qr, do, R, VT, DR, DVT, c_last, S, srow, svrow, d, d_ok, HAS_VALUES,
+                         FAR, D, PRECISION, UPCAST)
     if FAR:
         far_ds = tl.where(i_ok & (far > 0), -ds_sum, 0.0)  # (BM,): the far tiles' dS, all at row 0
         dqr += far_ds[:, None] * tl.load(R + d, mask=d_ok, other=0.0).to(tl.float32)[None, :]
