@@ -43,6 +43,12 @@ def test_shaw_kernels_compile_fit_and_do_not_spill():
     check_relative("bf16", 64, True, values=True)
 
 
+def test_transformer_xl_kernels_compile_fit_and_do_not_spill():
+    """Transformer-XL's launch at bf16 Dh 128, causal: the forward's query block two key tiles tall (64 x 32, three
+    chunks carried), dK/dV over 128 keys with the narrow lower chunk; the other settings are in the static table."""
+    check_relative("bf16", 128, True, values=False)
+
+
 def test_cope_kernels_compile_fit_and_do_not_spill():
     """CoPE's forward, dQ and dK/dV at bf16, Dh 128 (python -m benchmarks.gpu_static reads every setting)."""
     check_cope("bf16", 128)

@@ -128,6 +128,20 @@ def test_gpu_tiles_equal_the_float64_formula_with_gradients(case, monkeypatch):
     _check(case, torch.float32, out, leaves, params, e, causal, shaw)
 
 
+def test_transformer_xl_at_the_head_dim_128_tiles(monkeypatch):
+    """Dh 128's tiles at a small head dim (the tile logic does not read Dh): the forward's query block two key tiles
+    tall (three chunks of products carried across key tiles), dK/dV's narrow lower chunk. 16-bit tiles: bf16 on a
+    GPU (TF32 has no Dh 128 tiles), float32 under the interpreter."""
+    from posenc.nn.triton import attention
+
+    monkeypatch.setattr(attention, "tiles", lambda kernel, head_dim, device, dtype: attention.gpu_tiles(
+        kernel, 128, torch.bfloat16))
+    dtype = torch.float32 if INTERPRETED else torch.bfloat16
+    leaves, params, e, causal, shaw = _case("xl_gpu_tiles", dtype, dim=32)
+    out = relative.attend_relative(*leaves, _relative(params, shaw), e, causal)
+    _check("xl_gpu_tiles", dtype, out, leaves, params, e, causal, shaw)
+
+
 def scheme_reference(scheme, q, k, v, q_pos, k_pos, causal):
     """The scheme's own reference path in q's dtype: its (B,H,Tq,Tk) bias, and its value term from the weights.
     A float64 copy of the scheme and float64 leaves give the exact reference; the scheme itself the low one."""

@@ -70,27 +70,44 @@ class Tiles(NamedTuple):
 # relative_values_*. Dh 32 (and TF32 Dh 16), where dQ spilled before these changes too (Shaw 128 B at bf16, 216 B at
 # TF32 Dh 32): Shaw dK/dV 32x32 8 warps 255/0, Shaw dQ 16x32 8 warps 40 B (TF32: 176 B at Dh 32, 24 B at 16),
 # Transformer-XL dQ 16x32 4 warps 255/0 (TF32: 8 B, as before).
+# Transformer-XL at Dh 128 ran 32x32 tiles on 8 warps: mma.sync (wgmma needs 64 rows per warpgroup) and 128 pairs
+# per warp, 4x Dh 64's instructions per pair. Since (relative_kernels.py): a forward query block two key tiles tall
+# (BM = 2 BN: three chunks carried), distances in int32, and each tile's addresses formed from the head's base in
+# the loop (pointer tensors carried from outside held 64-bit offsets across both loops: 48 B spilled at 64x32); dK/dV
+# with a lower chunk BM wide where BM <= BN / 4 (_rotated_narrow). Sweeps at bf16, causal (registers / spilled bytes
+# / instructions per pair and warp): Dh 128 forward 64x32 4 warps 244/0/0.94 (2.96 before; 64x64 4 warps 104 B,
+# 128x64 8 warps 248 B, 32x32 4 warps 1.68), dkdv 16x128 8 warps 2 stages 252/0/1.88 (3.11 before; 32x128 8 B,
+# 32x32 4 warps 1.93), dq 32x32 8 warps 234/0/3.13 (3.70 before; 4 warps 80 B, 64x32: 424-704 B: two (BM,Dh)
+# accumulators, dQc and dQr); Dh 64 forward 64x64 4 warps 0.67, dkdv 32x64 4 warps 1 stage 254/0/0.85, dq 32x32 4
+# warps 1.48; Dh 16 and 32 the same shapes (0.58-0.62, 0.65-0.70, 1.29-1.50). TF32: Dh 64 forward 64x32 4 warps
+# 211/0/1.05 (1.84 before), dkdv 32x32 4 warps 1 stage 2.04 (5.27), dq 16x32 4 warps 3.41 (3.95); Dh 16 and 32
+# forward 64x64 4 warps 0.76-0.82, dkdv 32x64 4 warps 0.90-1.05, dq 32x32 4 warps 1.79 (16) and 16x64 8 warps 2.58
+# (32; 32x32: 80 B). Shaw's kernels share the code: where its old tiles spilled after it (8 B in dK/dV at bf16 Dh 32
+# and TF32 Dh 32), bf16 Dh 32 dK/dV 32x32 4 warps (0 B, 1.96 against 3.79), TF32 Dh 32 16x32 8 warps 2 stages (0 B);
+# its dQ, which spilled before at Dh 32 and TF32 16 (24-184 B), bf16 Dh 32 16x32 8 warps 1 stage (16-24 B against
+# 24-40 B), TF32 Dh 16 2 stages (0 B against 24 B); TF32 Dh 32 dQ spills 208-224 B (176-184 B before; every tile of
+# the sweep 192-368 B).
 RELATIVE_BY_HEAD_DIM = {
     "relative_forward": {16: Tiles(64, 64, 4, 1), 32: Tiles(64, 64, 4, 1), 64: Tiles(64, 64, 4, 1),
-                         128: Tiles(32, 32, 8, 2)},
-    "relative_dkdv": {16: Tiles(32, 32, 4, 2), 32: Tiles(32, 32, 4, 2), 64: Tiles(32, 32, 4, 2),
-                      128: Tiles(32, 32, 8, 2)},
-    "relative_dq": {16: Tiles(32, 32, 4, 2), 32: Tiles(16, 32, 4, 2), 64: Tiles(32, 32, 4, 1),
+                         128: Tiles(64, 32, 4, 1)},
+    "relative_dkdv": {16: Tiles(32, 64, 4, 1), 32: Tiles(32, 64, 4, 1), 64: Tiles(32, 64, 4, 1),
+                      128: Tiles(16, 128, 8, 2)},
+    "relative_dq": {16: Tiles(32, 32, 4, 1), 32: Tiles(32, 32, 4, 1), 64: Tiles(32, 32, 4, 1),
                     128: Tiles(32, 32, 8, 1)},
     "relative_values_forward": {16: Tiles(32, 32, 4, 2), 32: Tiles(32, 32, 4, 2), 64: Tiles(32, 32, 4, 2),
                                 128: Tiles(32, 32, 8, 2)},
-    "relative_values_dkdv": {16: Tiles(32, 32, 4, 2), 32: Tiles(32, 32, 8, 2), 64: Tiles(32, 32, 4, 2),
+    "relative_values_dkdv": {16: Tiles(32, 32, 4, 2), 32: Tiles(32, 32, 4, 2), 64: Tiles(32, 32, 4, 2),
                              128: Tiles(16, 32, 8, 2)},
-    "relative_values_dq": {16: Tiles(16, 32, 4, 2), 32: Tiles(16, 32, 8, 2), 64: Tiles(16, 32, 4, 2),
+    "relative_values_dq": {16: Tiles(16, 32, 4, 2), 32: Tiles(16, 32, 8, 1), 64: Tiles(16, 32, 4, 2),
                            128: Tiles(16, 32, 8, 2)},
 }
 RELATIVE_FP32_BY_HEAD_DIM = {
-    "relative_forward": dict.fromkeys((16, 32, 64), Tiles(32, 32, 4, 1)),
-    "relative_dkdv": dict.fromkeys((16, 32, 64), Tiles(16, 32, 8, 1)),
-    "relative_dq": {16: Tiles(32, 32, 8, 1), 32: Tiles(16, 32, 8, 1), 64: Tiles(32, 32, 8, 1)},
+    "relative_forward": {16: Tiles(64, 64, 4, 1), 32: Tiles(64, 64, 4, 1), 64: Tiles(64, 32, 4, 1)},
+    "relative_dkdv": {16: Tiles(32, 64, 4, 1), 32: Tiles(32, 64, 4, 2), 64: Tiles(32, 32, 4, 1)},
+    "relative_dq": {16: Tiles(32, 32, 4, 1), 32: Tiles(16, 64, 8, 1), 64: Tiles(16, 32, 4, 1)},
     "relative_values_forward": dict.fromkeys((16, 32, 64), Tiles(32, 32, 4, 1)),
-    "relative_values_dkdv": dict.fromkeys((16, 32, 64), Tiles(16, 32, 8, 1)),
-    "relative_values_dq": {16: Tiles(16, 32, 8, 1), 32: Tiles(16, 32, 8, 2), 64: Tiles(16, 32, 8, 1)},
+    "relative_values_dkdv": {16: Tiles(16, 32, 8, 1), 32: Tiles(16, 32, 8, 2), 64: Tiles(16, 32, 8, 1)},
+    "relative_values_dq": {16: Tiles(16, 32, 8, 2), 32: Tiles(16, 32, 8, 2), 64: Tiles(16, 32, 8, 1)},
 }
 # (kernel, padded head dim) -> Tiles on a GPU, chosen by the static table (benchmarks/gpu_static.py, BENCHMARKS-gpu.md):
 # the largest tiles that spill no register in bf16/fp16 and fit the H100's 227 KB of shared memory per block, the

@@ -10,7 +10,8 @@ values, hence (through autograd, outside the kernels) the shifts and whatever th
 row kernel (attention.py) they do not repeat bit for bit between runs.
 
 Launches go through the row kernel's launch(), with tiles from its table (attention.TILES, the relative_* kernels:
-a tile reads two chunks of BN distances, so BM <= BN), chosen by the static table (benchmarks/gpu_static.py).
+a tile reads two chunks of BN distances, so BM <= BN, except the forward's BM = 2 BN without a value table), chosen
+by the static table (benchmarks/gpu_static.py).
 """
 
 from __future__ import annotations

@@ -9,10 +9,13 @@ qc and qr are two queries of one head (Transformer-XL: q + u and q + v; Shaw: q 
 c0 = n0 - m0 + e, so it multiplies qr by two chunks of BN table rows, [c0 - BN, c0) and [c0, c0 + BN) (BM <= BN),
 and reads each pair's product at its distance with a gather (_rotated). Along a query block's key loop the chunks
 move by BN per tile, so the forward and dQ carry the upper chunk over as the next tile's lower one: one product
-qr . R per tile, as many as q . k. The table's rows are read clamped, which is Shaw's clipping (many distances
-of a tile collapse onto the first or last row) and costs nothing for Transformer-XL (its table covers every
-distance). The value term goes the other way: the probabilities regrouped by distance (_unrotated) times the
-value table's two chunks.
+qr . R per tile, as many as q . k. A forward query block may be two key tiles tall (BM = 2 BN, Transformer-XL at
+Dh 128: 64 rows, the wgmma's height, where 32 x 32 ran mma.sync at 4x Dh 64's instructions per pair): its rows span
+three chunks, two carried (_rotated_stacked). dK/dV recomputes both chunks per query tile (qr changes with it);
+where BM <= BN / 4 the lower one is BM rows wide (_rotated_narrow). The table's rows are read clamped, which is
+Shaw's clipping (many distances of a tile collapse onto the first or last row) and costs nothing for Transformer-XL
+(its table covers every distance). The value term goes the other way: the probabilities regrouped by distance
+(_unrotated) times the value table's two chunks.
 
 Far tiles (FAR, a clipped table: Shaw): where every pair of a tile lies at c <= 0 (causal attention away from the
 diagonal: most tiles at long T), every pair reads row 0, so the bias is one number per query and the value term
@@ -25,7 +28,8 @@ bias and delta less dO . VT[0]. Each program here skips exactly the far tiles of
 Gradients: dK, dV in _dkdv (one program per key block, like attention_kernels._dkdv); dQc, dQr, and the tables'
 gradients in _dq (one program per query block). A table row gathers from every query block, so those add up with
 float32 atomics (_add_rows: distances past either end of the table summed in registers first). Loops, masks,
-base-2 softmax, offsets: as attention_kernels (its helpers are reused here).
+base-2 softmax: as attention_kernels (its helpers are reused here). Offsets: the (b, h) base once per program, each
+tile's addresses formed in its loop from int32 offsets (distances in int32 too).
 """
 
 from __future__ import annotations
@@ -82,6 +86,30 @@ def _rotated(low, high, BM: tl.constexpr, BN: tl.constexpr, zero=0):
 
 
 @triton.jit
+def _rotated_narrow(low, high, BM: tl.constexpr, BN: tl.constexpr):
+    """_rotated with the lower chunk only as wide as the tile is tall: low (BM,BM) over [c0 - BM, c0), high (BM,BN)
+    over [c0, c0 + BN); entry (il, jl) is high[il, jl - il] where jl >= il, else low[il, BM + jl - il]. Two gathers,
+    one product of BM x BM instead of BM x BN (a key block's tile in dK/dV: BM < BN)."""
+    t = tl.arange(0, BN)[None, :] - tl.arange(0, BM)[:, None]  # jl - il
+    upper = tl.gather(high, tl.maximum(t, 0), 1)
+    lower = tl.gather(low, tl.minimum(t + BM, BM - 1), 1)
+    return tl.where(t >= 0, upper, lower)
+
+
+@triton.jit
+def _rotated_stacked(lowest, low, high, BM: tl.constexpr, BN: tl.constexpr, zero=0):
+    """_rotated for a tile of two stacked BN x BN blocks (BM = 2 BN): rows il = a BN + b span BM + BN - 1
+    distances, three chunks: [c0 - 2 BN, c0 - BN) (lowest), [c0 - BN, c0) (low), [c0, c0 + BN) (high). Row il reads
+    column r of the chunk a below high's where r + b < BN, of the one below that elsewhere, rotated by b."""
+    b = tl.arange(0, BM)[:, None] % BN
+    top = tl.arange(0, BM)[:, None] < BN  # a = 0
+    r_b = tl.arange(0, BN)[None, :] + b  # r + b
+    t = tl.arange(0, BN)[None, :] - b + zero  # jl - b
+    chunk = tl.where(r_b < BN, tl.where(top, high, low), tl.where(top, low, lowest))
+    return tl.gather(chunk, tl.where(t >= 0, t, t + BN), 1)
+
+
+@triton.jit
 def _opaque_zero(x, BM: tl.constexpr, BN: tl.constexpr, UPCAST: tl.constexpr):
     """A (BM,BN) int32 zero the compiler cannot see through, made from x (a loop's variable): added to a gather's
     index, it keeps the index (and the gather's per-element lane arithmetic) inside the loop. Hoisted, they held
@@ -113,15 +141,18 @@ def _unrotated(x, BM: tl.constexpr, BN: tl.constexpr):
 
 
 @triton.jit
-def _fwd_tiles(acc, best, total, prev, q, qr, k_ptrs, v_ptrs, R, VT, i, c_base, n_start, n_end, TQ, TK, S, srow,
-               svrow, qk_scale, row_scale, skt, svt, d, d_ok, CAUSAL: tl.constexpr, MASKED: tl.constexpr,
+def _fwd_tiles(acc, best, total, prev, prev2, q, qr, K, V, R, VT, i, c_base, n_start, n_end, TQ, TK, S,
+               srow, svrow, qk_scale, row_scale, skt, svt, d, d_ok, CAUSAL: tl.constexpr, MASKED: tl.constexpr,
                HAS_VALUES: tl.constexpr, BN: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """Key tiles [n_start, n_end) of one query block; prev: qr . R over the distances below the first tile's."""
+    """Key tiles [n_start, n_end) of one query block (K, V: the head's first key and value); prev: qr . R over the
+    BN distances below the first tile's, prev2 (BM = 2 BN) over the BN below those."""
     BM: tl.constexpr = q.shape[0]
-    k_ptrs += n_start * skt
-    v_ptrs += n_start * svt
     for n0 in range(n_start, n_end, BN):
         j = n0 + tl.arange(0, BN)
+        # the tiles' addresses from the head's base and int32 offsets formed here: pointer tensors carried from
+        # outside the loops held 64-bit offsets per thread across both loops (spilled at 64 x 32, Dh 128)
+        k_ptrs = K + j[None, :] * skt + d[:, None]  # (BD,BN)
+        v_ptrs = V + j[:, None] * svt + d[None, :]  # (BN,BD)
         # k loaded before the table's chunk and q . k after qr . R, as before the helpers: _key_scores' order (load
         # and product after the chunk) cost up to 15 registers and 31 loop instructions, q . k first up to 68
         # registers (sm_90, Shaw bf16 Dh 128: 187 -> 255). EVEN_D False: the head dim masked, as ever (at BD == Dh the
@@ -130,7 +161,12 @@ def _fwd_tiles(acc, best, total, prev, q, qr, k_ptrs, v_ptrs, R, VT, i, c_base, 
         c0 = c_base + n0
         cur = _dot(qr, _chunk_t(R, c0, S, srow, d, d_ok, BN), PRECISION, UPCAST) * (row_scale / qk_scale)
         zero = _opaque_zero(c0, BM, BN, UPCAST)
-        s = _dot_into(q, k_t, _rotated(prev, cur, BM, BN, zero), PRECISION, UPCAST) * qk_scale  # (BM,BN), base 2
+        if BM > BN:
+            bias = _rotated_stacked(prev2, prev, cur, BM, BN, zero)
+            prev2 = prev
+        else:
+            bias = _rotated(prev, cur, BM, BN, zero)
+        s = _dot_into(q, k_t, bias, PRECISION, UPCAST) * qk_scale  # (BM,BN), base 2
         prev = cur
         acc, best, total, p = _online_softmax(acc, best, total, s, v_ptrs, i, j, TQ, TK, d_ok, CAUSAL, MASKED, False,
                                               PRECISION, UPCAST)
@@ -139,9 +175,7 @@ def _fwd_tiles(acc, best, total, prev, q, qr, k_ptrs, v_ptrs, R, VT, i, c_base, 
             value_type = v_ptrs.dtype.element_ty
             acc += _dot(low.to(value_type), _chunk(VT, c0 - BN, S, svrow, d, d_ok, BN), PRECISION, UPCAST)
             acc += _dot(high.to(value_type), _chunk(VT, c0, S, svrow, d, d_ok, BN), PRECISION, UPCAST)
-        k_ptrs += BN * skt
-        v_ptrs += BN * svt
-    return acc, best, total, prev
+    return acc, best, total, prev, prev2
 
 
 @triton.jit
@@ -159,16 +193,15 @@ def _forward(Q, QR, K, V, R, VT, OUT, LSE, O_FAR, LSE_FAR, E,
     b = tl.program_id(2).to(tl.int64)
     hk = h // GROUP
     i = m0 + tl.arange(0, BM)
-    jl = tl.arange(0, BN)
     d = tl.arange(0, BD)
     d_ok = d < D
     q_mask = (i < TQ)[:, None] & d_ok[None, :]
     q = tl.load(Q + b * sqb + h * sqh + i[:, None] * sqt + d[None, :], mask=q_mask, other=0.0)  # (BM,BD)
     qr = tl.load(QR + b * srb + h * srh + i[:, None] * srt + d[None, :], mask=q_mask, other=0.0)
-    k_ptrs = K + b * skb + hk * skh + jl[None, :] * skt + d[:, None]  # (BD,BN) at key 0
-    v_ptrs = V + b * svb + hk * svh + jl[:, None] * svt + d[None, :]  # (BN,BD)
+    K += b * skb + hk * skh
+    V += b * svb + hk * svh
     R += h * s_table_h
-    c_base = tl.load(E + b) - m0  # the distance index of key 0 at query m0
+    c_base = tl.load(E + b).to(tl.int32) - m0  # the distance index of key 0 at query m0
     best = tl.full((BM,), float("-inf"), tl.float32)
     total = tl.zeros((BM,), tl.float32)
     acc = tl.zeros((BM, BD), tl.float32)
@@ -185,44 +218,50 @@ def _forward(Q, QR, K, V, R, VT, OUT, LSE, O_FAR, LSE_FAR, E,
         best += tl.sum(qr.to(tl.float32) * row0[None, :], 1) * row_scale
         if HAS_VALUES:  # their value term: the mass so far times VT[0]
             acc += total[:, None] * tl.load(VT + d, mask=d_ok, other=0.0).to(tl.float32)[None, :]
+    tl.static_assert(BM == BN or (BM == 2 * BN and not HAS_VALUES), "tiles: BM = BN, or 2 BN without values")
     prev = _dot(qr, _chunk_t(R, c_base + far - BN, S, srow, d, d_ok, BN), PRECISION, UPCAST) * (row_scale / qk_scale)
-    acc, best, total, prev = _fwd_tiles(acc, best, total, prev, q, qr, k_ptrs, v_ptrs, R, VT, i, c_base, far,
-                                        interior, TQ, TK, S, srow, svrow, qk_scale, row_scale, skt, svt, d, d_ok,
-                                        CAUSAL, False, HAS_VALUES, BN, PRECISION, UPCAST)
-    acc, best, total, prev = _fwd_tiles(acc, best, total, prev, q, qr, k_ptrs, v_ptrs, R, VT, i, c_base, interior,
-                                        _key_end(m0, TQ, TK, CAUSAL, BM), TQ, TK, S, srow, svrow, qk_scale,
-                                        row_scale, skt, svt, d, d_ok, CAUSAL, True, HAS_VALUES, BN, PRECISION,
-                                        UPCAST)
+    prev2 = prev
+    if BM > BN:
+        prev2 = _dot(qr, _chunk_t(R, c_base + far - 2 * BN, S, srow, d, d_ok, BN), PRECISION, UPCAST) * (
+            row_scale / qk_scale)
+    acc, best, total, prev, prev2 = _fwd_tiles(acc, best, total, prev, prev2, q, qr, K, V, R, VT, i,
+                                               c_base, far, interior, TQ, TK, S, srow, svrow, qk_scale, row_scale,
+                                               skt, svt, d, d_ok, CAUSAL, False, HAS_VALUES, BN, PRECISION, UPCAST)
+    acc, best, total, prev, prev2 = _fwd_tiles(acc, best, total, prev, prev2, q, qr, K, V, R, VT, i,
+                                               c_base, interior, _key_end(m0, TQ, TK, CAUSAL, BM), TQ, TK, S, srow,
+                                               svrow, qk_scale, row_scale, skt, svt, d, d_ok, CAUSAL, True,
+                                               HAS_VALUES, BN, PRECISION, UPCAST)
     acc = acc / total[:, None]
     tl.store(OUT + b * sob + h * soh + i[:, None] * sot + d[None, :], acc.to(OUT.dtype.element_ty), mask=q_mask)
     tl.store(LSE + (b * H + h) * TQ + i, best + tl.log2(total), mask=i < TQ)  # base 2
 
 
 @triton.jit
-def _dkdv_tiles(dk, dv, k, v, q_ptrs, qr_ptrs, do_ptrs, lse_ptrs, delta_ptrs, R, VT, j, c_base, m_start, m_end,
+def _dkdv_tiles(dk, dv, k, v, Q, QR, DO, LSE, DELTA, R, VT, j, c_base, m_start, m_end,
                 TQ, TK, S, srow, svrow, qk_scale, bias_scale, sqt, srt, sdot, d, d_ok, CAUSAL: tl.constexpr,
                 MASKED: tl.constexpr, HAS_VALUES: tl.constexpr, BM: tl.constexpr, PRECISION: tl.constexpr,
                 UPCAST: tl.constexpr):
-    """Query tiles [m_start, m_end) against one key block, in the transposed tile (keys x queries)."""
+    """Query tiles [m_start, m_end) against one key block, in the transposed tile (keys x queries); Q, QR, DO, LSE,
+    DELTA at the head's first query (addresses formed per tile, as _fwd_tiles)."""
     BN: tl.constexpr = k.shape[0]
-    q_ptrs += m_start * sqt
-    qr_ptrs += m_start * srt
-    do_ptrs += m_start * sdot
-    lse_ptrs += m_start
-    delta_ptrs += m_start
     for m0 in range(m_start, m_end, BM):
         i = m0 + tl.arange(0, BM)
         i_ok = (i < TQ) if MASKED else (i >= 0)
-        q_t = tl.load(q_ptrs, mask=i_ok[None, :] & d_ok[:, None], other=0.0)  # (BD,BM)
-        qr = tl.load(qr_ptrs, mask=i_ok[:, None] & d_ok[None, :], other=0.0)  # (BM,BD)
-        do = tl.load(do_ptrs, mask=i_ok[:, None] & d_ok[None, :], other=0.0)  # (BM,BD)
-        lse = tl.load(lse_ptrs, mask=i_ok, other=float("inf"))  # padded queries: probability 0
-        delta = tl.load(delta_ptrs, mask=i_ok, other=0.0)
+        q_t = tl.load(Q + i[None, :] * sqt + d[:, None], mask=i_ok[None, :] & d_ok[:, None], other=0.0)  # (BD,BM)
+        qr = tl.load(QR + i[:, None] * srt + d[None, :], mask=i_ok[:, None] & d_ok[None, :], other=0.0)  # (BM,BD)
+        do = tl.load(DO + i[:, None] * sdot + d[None, :], mask=i_ok[:, None] & d_ok[None, :], other=0.0)  # (BM,BD)
+        lse = tl.load(LSE + i, mask=i_ok, other=float("inf"))  # padded queries: probability 0
+        delta = tl.load(DELTA + i, mask=i_ok, other=0.0)
         c0 = c_base - m0  # the distance index of key n0 at query m0
         # qr changes with the query tile: both chunks' products per tile (the forward and dQ carry one over)
-        low = _dot(qr, _chunk_t(R, c0 - BN, S, srow, d, d_ok, BN), PRECISION, UPCAST)
-        high = _dot(qr, _chunk_t(R, c0, S, srow, d, d_ok, BN), PRECISION, UPCAST)
-        bias_t = tl.trans(_rotated(low, high, BM, BN)) * bias_scale  # (BN,BM), in units of qk_scale
+        if BM * 4 <= BN:  # a narrow lower chunk: BM x BM products, and a second gather
+            low = _dot(qr, _chunk_t(R, c0 - BM, S, srow, d, d_ok, BM), PRECISION, UPCAST)  # (BM,BM)
+            high = _dot(qr, _chunk_t(R, c0, S, srow, d, d_ok, BN), PRECISION, UPCAST)  # (BM,BN)
+            bias_t = tl.trans(_rotated_narrow(low, high, BM, BN)) * bias_scale  # (BN,BM), in units of qk_scale
+        else:
+            low = _dot(qr, _chunk_t(R, c0 - BN, S, srow, d, d_ok, BN), PRECISION, UPCAST)
+            high = _dot(qr, _chunk_t(R, c0, S, srow, d, d_ok, BN), PRECISION, UPCAST)
+            bias_t = tl.trans(_rotated(low, high, BM, BN)) * bias_scale
         s_t = _dot_into(k, q_t, bias_t, PRECISION, UPCAST) * qk_scale
         p_t = _probabilities(s_t, lse[None, :], i[None, :], j[:, None], TQ, TK, CAUSAL, MASKED)  # (BN,BM)
         dv += _dot(p_t.to(do.dtype), do, PRECISION, UPCAST)
@@ -234,11 +273,6 @@ def _dkdv_tiles(dk, dv, k, v, q_ptrs, qr_ptrs, do_ptrs, lse_ptrs, delta_ptrs, R,
             dp_t = _dot(v, tl.trans(do), PRECISION, UPCAST)  # (BN,BM)
         ds_t = p_t * (dp_t - delta[None, :])
         dk += _dot(ds_t.to(q_t.dtype), tl.trans(q_t), PRECISION, UPCAST)
-        q_ptrs += BM * sqt
-        qr_ptrs += BM * srt
-        do_ptrs += BM * sdot
-        lse_ptrs += BM
-        delta_ptrs += BM
     return dk, dv
 
 
@@ -258,20 +292,19 @@ def _dkdv(Q, QR, K, V, DO, LSE, DELTA, DK_FAR, DV_FAR, DK, DV, R, VT, E,
     b = tl.program_id(2).to(tl.int64)
     hk = h // GROUP
     j = n0 + tl.arange(0, BN)
-    il = tl.arange(0, BM)
     d = tl.arange(0, BD)
     d_ok = d < D
     kv_mask = (j < TK)[:, None] & d_ok[None, :]
     k = tl.load(K + b * skb + hk * skh + j[:, None] * skt + d[None, :], mask=kv_mask, other=0.0)  # (BN,BD)
     v = tl.load(V + b * svb + hk * svh + j[:, None] * svt + d[None, :], mask=kv_mask, other=0.0)
     bh = b * H + h
-    q_ptrs = Q + b * sqb + h * sqh + il[None, :] * sqt + d[:, None]  # (BD,BM) at query 0
-    qr_ptrs = QR + b * srb + h * srh + il[:, None] * srt + d[None, :]  # (BM,BD)
-    do_ptrs = DO + b * sdob + h * sdoh + il[:, None] * sdot + d[None, :]
-    lse_ptrs = LSE + bh * TQ + il
-    delta_ptrs = DELTA + bh * TQ + il
+    Q += b * sqb + h * sqh
+    QR += b * srb + h * srh
+    DO += b * sdob + h * sdoh
+    LSE += bh * TQ
+    DELTA += bh * TQ
     R += h * s_table_h
-    c_base = tl.load(E + b) + n0
+    c_base = tl.load(E + b).to(tl.int32) + n0
     dk = tl.zeros((BN, BD), tl.float32)
     dv = tl.zeros((BN, BD), tl.float32)
     first, full, last = _query_phases(n0, TQ, TK, CAUSAL, BM, BN)
@@ -286,14 +319,14 @@ def _dkdv(Q, QR, K, V, DO, LSE, DELTA, DK_FAR, DV_FAR, DK, DV, R, VT, E,
         dk = tl.load(DK_FAR + out, mask=kv_mask, other=0.0)
         dv = tl.load(DV_FAR + out, mask=kv_mask, other=0.0)
     bias_scale = row_scale / qk_scale  # the bias enters k . q's product as its accumulator
-    dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, qr_ptrs, do_ptrs, lse_ptrs, delta_ptrs, R, VT, j, c_base, first,
+    dk, dv = _dkdv_tiles(dk, dv, k, v, Q, QR, DO, LSE, DELTA, R, VT, j, c_base, first,
                          full, TQ, TK, S, srow, svrow, qk_scale, bias_scale, sqt, srt, sdot, d, d_ok, CAUSAL, True,
                          HAS_VALUES, BM, PRECISION, UPCAST)
-    dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, qr_ptrs, do_ptrs, lse_ptrs, delta_ptrs, R, VT, j, c_base, full,
+    dk, dv = _dkdv_tiles(dk, dv, k, v, Q, QR, DO, LSE, DELTA, R, VT, j, c_base, full,
                          far_start, TQ, TK, S, srow, svrow, qk_scale, bias_scale, sqt, srt, sdot, d, d_ok, CAUSAL,
                          False, HAS_VALUES, BM, PRECISION, UPCAST)
     # after the far queries: less than one far tile of whole tiles, then the ragged last (masked: right for both)
-    dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, qr_ptrs, do_ptrs, lse_ptrs, delta_ptrs, R, VT, j, c_base, far_end,
+    dk, dv = _dkdv_tiles(dk, dv, k, v, Q, QR, DO, LSE, DELTA, R, VT, j, c_base, far_end,
                          TQ, TQ, TK, S, srow, svrow, qk_scale, bias_scale, sqt, srt, sdot, d, d_ok, CAUSAL, True,
                          HAS_VALUES, BM, PRECISION, UPCAST)
     out = (bh * TK + j[:, None]) * D + d[None, :]
@@ -322,7 +355,7 @@ def _add_rows(G, c0, x, S, d, d_ok, D: tl.constexpr, BN: tl.constexpr, CLIPPED: 
 
 
 @triton.jit
-def _dq_tiles(dq, dqr, prev, prev_v, rot_ds, rot_p, ds_sum, p_sum, q, qr, do, lse, delta, k_ptrs, v_ptrs, R, VT, DR,
+def _dq_tiles(dq, dqr, prev, prev_v, rot_ds, rot_p, ds_sum, p_sum, c_last, q, qr, do, lse, delta, K, V, R, VT, DR,
               DVT, i, c_base, n_start, n_end, TQ, TK, S, srow, svrow, qk_scale, bias_scale, skt, svt, d, d_ok,
               CAUSAL: tl.constexpr, MASKED: tl.constexpr, HAS_VALUES: tl.constexpr, FAR: tl.constexpr,
               D: tl.constexpr, BN: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
@@ -332,12 +365,13 @@ def _dq_tiles(dq, dqr, prev, prev_v, rot_ds, rot_p, ds_sum, p_sum, q, qr, do, ls
     (_rotate_back), whose upper part reads the chunk this tile's lower part reads: one product per tile for both."""
     BM: tl.constexpr = q.shape[0]
     r_il = tl.arange(0, BM)[:, None] + tl.arange(0, BN)[None, :]  # il + t: >= BN is this tile's lower chunk
-    k_ptrs += n_start * skt
-    v_ptrs += n_start * svt
     for n0 in range(n_start, n_end, BN):
         j = n0 + tl.arange(0, BN)
+        k_ptrs = K + j[None, :] * skt + d[:, None]  # (BD,BN): addresses formed per tile, as _fwd_tiles
+        v_ptrs = V + j[None, :] * svt + d[:, None]
         k_t, v_t = _key_tile(k_ptrs, v_ptrs, j, TK, d_ok, MASKED, False)  # (BD,BN) each
         c0 = c_base + n0
+        c_last = c0
         cur = _dot(qr, _chunk_t(R, c0, S, srow, d, d_ok, BN), PRECISION, UPCAST) * bias_scale
         s = _dot_into(q, k_t, _rotated(prev, cur, BM, BN), PRECISION, UPCAST) * qk_scale
         prev = cur
@@ -362,9 +396,7 @@ def _dq_tiles(dq, dqr, prev, prev_v, rot_ds, rot_p, ds_sum, p_sum, q, qr, do, ls
         rot_ds = rotated
         dqr += _dot(lower, tl.trans(_chunk_t(R, c0 - BN, S, srow, d, d_ok, BN)), PRECISION, UPCAST)
         _add_rows(DR, c0 - BN, _dot(tl.trans(lower), qr, PRECISION, UPCAST), S, d, d_ok, D, BN, FAR)
-        k_ptrs += BN * skt
-        v_ptrs += BN * svt
-    return dq, dqr, prev, prev_v, rot_ds, rot_p, ds_sum, p_sum
+    return dq, dqr, prev, prev_v, rot_ds, rot_p, ds_sum, p_sum, c_last
 
 
 @triton.jit
@@ -402,7 +434,6 @@ def _dq(Q, QR, K, V, DO, LSE, DELTA, DQ_FAR, DQ, DQR, R, VT, DR, DVT, E,
     hk = h // GROUP
     bh = b * H + h
     i = m0 + tl.arange(0, BM)
-    jl = tl.arange(0, BN)
     d = tl.arange(0, BD)
     d_ok = d < D
     i_ok = i < TQ
@@ -412,12 +443,12 @@ def _dq(Q, QR, K, V, DO, LSE, DELTA, DQ_FAR, DQ, DQR, R, VT, DR, DVT, E,
     do = tl.load(DO + b * sdob + h * sdoh + i[:, None] * sdot + d[None, :], mask=q_mask, other=0.0)
     lse = tl.load(LSE + bh * TQ + i, mask=i_ok, other=float("inf"))
     delta = tl.load(DELTA + bh * TQ + i, mask=i_ok, other=0.0)
-    k_ptrs = K + b * skb + hk * skh + jl[None, :] * skt + d[:, None]  # (BD,BN) at key 0
-    v_ptrs = V + b * svb + hk * svh + jl[None, :] * svt + d[:, None]
+    K += b * skb + hk * skh
+    V += b * svb + hk * svh
     R += h * s_table_h
     DR += h * S * D
     DVT += h * S * D
-    c_base = tl.load(E + b) - m0
+    c_base = tl.load(E + b).to(tl.int32) - m0
     dq = tl.zeros((BM, BD), tl.float32)
     dqr = tl.zeros((BM, BD), tl.float32)
     interior = _interior_end(m0, TQ, TK, CAUSAL, BM, BN)
@@ -435,18 +466,18 @@ def _dq(Q, QR, K, V, DO, LSE, DELTA, DQ_FAR, DQ, DQR, R, VT, DR, DVT, E,
     rot_p = tl.zeros((BM, BN), tl.float32)
     ds_sum = tl.zeros((BM,), tl.float32)
     p_sum = tl.zeros((BM,), tl.float32)
-    dq, dqr, prev, prev_v, rot_ds, rot_p, ds_sum, p_sum = _dq_tiles(
-        dq, dqr, prev, prev_v, rot_ds, rot_p, ds_sum, p_sum, q, qr, do, lse, delta, k_ptrs, v_ptrs, R, VT, DR, DVT, i,
+    c_last = c_base + far - BN  # the last tile's distance index of its first key, carried out of the loops
+    dq, dqr, prev, prev_v, rot_ds, rot_p, ds_sum, p_sum, c_last = _dq_tiles(
+        dq, dqr, prev, prev_v, rot_ds, rot_p, ds_sum, p_sum, c_last, q, qr, do, lse, delta, K, V, R, VT, DR, DVT, i,
         c_base, far, interior, TQ, TK, S, srow, svrow, qk_scale, bias_scale, skt, svt, d, d_ok, CAUSAL, False,
         HAS_VALUES, FAR, D, BN, PRECISION, UPCAST)
     key_end = _key_end(m0, TQ, TK, CAUSAL, BM)
-    dq, dqr, prev, prev_v, rot_ds, rot_p, ds_sum, p_sum = _dq_tiles(
-        dq, dqr, prev, prev_v, rot_ds, rot_p, ds_sum, p_sum, q, qr, do, lse, delta, k_ptrs, v_ptrs, R, VT, DR, DVT, i,
+    dq, dqr, prev, prev_v, rot_ds, rot_p, ds_sum, p_sum, c_last = _dq_tiles(
+        dq, dqr, prev, prev_v, rot_ds, rot_p, ds_sum, p_sum, c_last, q, qr, do, lse, delta, K, V, R, VT, DR, DVT, i,
         c_base, interior, key_end, TQ, TK, S, srow, svrow, qk_scale, bias_scale, skt, svt, d, d_ok, CAUSAL, True,
         HAS_VALUES, FAR, D, BN, PRECISION, UPCAST)
-    end = interior + tl.cdiv(tl.maximum(key_end - interior, 0), BN) * BN  # one past the last tile
-    dqr = _dq_last_chunk(dqr, rot_ds, rot_p, qr, do, R, VT, DR, DVT, c_base + end - BN, S, srow, svrow, d, d_ok,
-                         HAS_VALUES, FAR, D, PRECISION, UPCAST)
+    dqr = _dq_last_chunk(dqr, rot_ds, rot_p, qr, do, R, VT, DR, DVT, c_last, S, srow, svrow, d, d_ok, HAS_VALUES,
+                         FAR, D, PRECISION, UPCAST)
     if FAR:
         far_ds = tl.where(i_ok & (far > 0), -ds_sum, 0.0)  # (BM,): the far tiles' dS, all at row 0
         dqr += far_ds[:, None] * tl.load(R + d, mask=d_ok, other=0.0).to(tl.float32)[None, :]
