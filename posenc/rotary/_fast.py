@@ -113,28 +113,26 @@ def rotate_pair_native(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor,
     """q (B,H,T,Dh) and k (B,Hkv,T,Dh) float32 on CPU rotated by the same tables (B|1,1,T,R/2) into one new tensor
     (B,H+Hkv,T,Dh), returned as its two views; None where rotate_native would not serve either. A decode step
     rotates its own row of q and k in every layer: this is rotate_native without the concatenation, with every
-    check of the layout made once per layout (_pair_layout), and two kernel calls into one output."""
+    check of the layout made once per layout (_pair_layout), and one kernel call for both into one output."""
     if not (q.is_cpu and k.is_cpu and cos.is_cpu) or (lib := native.library()) is None:
         return None
     layout = _pair_layout(q.shape, q.stride(), q.dtype, k.shape, k.stride(), k.dtype, cos.shape, cos.stride(),
                           sin.shape, sin.stride(), cos.dtype, sin.dtype)
     if layout is None:
         return None
-    shape, (q_strides, k_strides), k_offset, split = layout
+    shape, arrays, split = layout
     out = torch.empty(shape)
-    threads, c, s = torch.get_num_threads(), cos.data_ptr(), sin.data_ptr()
-    lib.posenc_rotate(q.data_ptr(), q_strides[0], out.data_ptr(), q_strides[1], c, s, q_strides[2], q_strides[3],
-                      int(interleaved), 1.0, threads)
-    lib.posenc_rotate(k.data_ptr(), k_strides[0], out.data_ptr() + k_offset, k_strides[1], c, s, k_strides[2],
-                      k_strides[3], int(interleaved), 1.0, threads)
-    return out.split(split, dim=1)
+    lib.posenc_rotate_pair(q.data_ptr(), k.data_ptr(), out.data_ptr(), cos.data_ptr(), sin.data_ptr(), arrays,
+                           int(interleaved), torch.get_num_threads())
+    return out.split_with_sizes(split, 1)  # (Tensor.split's Python wrapper cost as much again)
 
 
 @functools.lru_cache(maxsize=64)
 def _pair_layout(q_shape, q_strides, q_dtype, k_shape, k_strides, k_dtype, cos_shape, cos_strides, sin_shape,
                  sin_strides, cos_dtype, sin_dtype) -> tuple | None:
-    """For rotate_pair_native: (the output's shape, q's and k's kernel arrays, k's byte offset in it, the split), or
-    None where a layout or dtype is not the kernel's. Raises (check_rotary) for tables wider than the head."""
+    """For rotate_pair_native: (the output's shape, the kernel's layout array: q's and k's strides and shapes and k's
+    first element in the output, the split), or None where a layout or dtype is not the kernel's. Raises
+    (check_rotary) for tables wider than the head."""
     if q_dtype != torch.float32 or k_dtype != torch.float32 or len(q_shape) != 4 or len(k_shape) != 4:
         return None
     if cos_shape != sin_shape or len(cos_shape) < 1 or 2 * cos_shape[-1] > q_shape[-1]:
@@ -148,9 +146,10 @@ def _pair_layout(q_shape, q_strides, q_dtype, k_shape, k_strides, k_dtype, cos_s
         return None
     shape = (b, h + hkv, t, d)
     out_strides = (shape[1] * t * d, t * d, d, 1)  # torch.empty(shape)'s
-    arrays = (_native_strides(q_shape, q_strides, out_strides, cos_shape, cos_strides),
-              _native_strides(k_shape, k_strides, out_strides, cos_shape, cos_strides))
-    return shape, arrays, 4 * h * t * d, (h, hkv)  # k's rows start after q's: 4 bytes per float32
+    arrays = (*_native_strides(q_shape, q_strides, out_strides, cos_shape, cos_strides),
+              *_native_strides(k_shape, k_strides, out_strides, cos_shape, cos_strides))
+    layout = native.int64s(*(n for array in arrays for n in array), h * t * d)  # k's rows start after q's
+    return shape, layout, (h, hkv)
 
 
 @functools.lru_cache(maxsize=256)

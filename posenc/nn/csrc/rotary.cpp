@@ -62,3 +62,13 @@ extern "C" void posenc_rotate(const float* x, const int64_t* x_strides, float* o
         for (int64_t bh = 0; bh < tasks; ++bh) rows(bh);
     }
 }
+
+// A decode step's q and k rotated by the same tables into one output, in one call (a decode step pays every call
+// from Python in every layer). layout (27): q's x strides (3), out strides (3), cos/sin strides (2), shape (5),
+// then k's thirteen, then k's first element in out.
+extern "C" void posenc_rotate_pair(const float* q, const float* k, float* out, const float* cos, const float* sin,
+                                   const int64_t* layout, int interleaved, int threads) {
+    posenc_rotate(q, layout, out, layout + 3, cos, sin, layout + 6, layout + 8, interleaved, 1.0f, threads);
+    posenc_rotate(k, layout + 13, out + layout[26], layout + 16, cos, sin, layout + 19, layout + 21, interleaved, 1.0f,
+                  threads);
+}
