@@ -22,6 +22,7 @@ falls back to the chunked or reference path, which every fast path here is teste
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import weakref
 from typing import NamedTuple
 
@@ -33,7 +34,7 @@ from posenc.nn import fused_attention, kept_tables, recomputed
 from posenc.nn import triton as gpu
 from posenc.nn.attention_core import sdpa
 from posenc.nn.call import Call
-from posenc.nn.kv_cache import leading_entries
+from posenc.nn.kv_cache import AppendOnly, leading_entries
 from posenc.scheme import HeadBias, PiecewiseBias, Scheme, cast
 
 QUERY_CHUNK = 256  # queries per chunk for rows per query (Transformer-XL's span every key the chunk sees)
@@ -58,6 +59,11 @@ def _steps_not_one(pos: Tensor) -> Tensor | None:
     return (rows.diff(dim=1) != 1).sum()
 
 
+def _steps_not_one_on_host(pos: Tensor) -> int:
+    """_steps_not_one of a few CPU positions (B,T), counted in Python."""
+    return sum(b - a != 1 for row in pos.tolist() for a, b in itertools.pairwise(row))
+
+
 def _offsets(q_pos: Tensor, k_pos: Tensor) -> Offsets | None:
     """Both checks and delta's extremes in one read of the device (each read waits for every queued kernel). Keys
     that are a KV cache's positions are checked once each: only the entries new since the last check are read."""
@@ -65,8 +71,10 @@ def _offsets(q_pos: Tensor, k_pos: Tensor) -> Offsets | None:
         return None
     delta = q_pos[:, 0] - k_pos[:, 0]
     delta = delta if delta.dtype == torch.int64 else delta.to(torch.int64)
-    lowest, highest = delta.aminmax()
     cached, tk = leading_entries(k_pos), k_pos.shape[1]
+    if q_pos.shape[1] == 1 and q_pos.is_cpu and k_pos.is_cpu and cached is not None and 0 < cached.counted <= tk:
+        return _decode_offsets(delta, k_pos, cached)
+    lowest, highest = delta.aminmax()
     if cached is not None and cached.counted >= tk and cached.not_one:
         cached = None  # an older, shorter view of keys known to break somewhere: count these afresh
     known = 0 if cached is None else cached.not_one
@@ -79,6 +87,20 @@ def _offsets(q_pos: Tensor, k_pos: Tensor) -> Offsets | None:
     if cached is not None and tk > cached.counted:
         cached.counted, cached.not_one = tk, known + (not_one[-1] if keys is not None else 0)
     return None if any(not_one) or known else Offsets(delta, low, high)
+
+
+def _decode_offsets(delta: Tensor, k_pos: Tensor, cached: AppendOnly) -> Offsets | None:
+    """_offsets of a decode step on the CPU (one query per row, keys a cache's positions counted before): the few
+    values it needs read as Python numbers, a handful of operators where the general path runs a dozen (each costs
+    ~10-15 us in a decode step, whose caches stream the keys through every layer)."""
+    known, counted, tk = cached.not_one, cached.counted, k_pos.shape[1]
+    if tk > counted:  # the new entries, from the last one counted
+        known += _steps_not_one_on_host(k_pos[:, counted - 1 :])
+        cached.counted, cached.not_one = tk, known
+    if known:
+        return None
+    values = delta.tolist()
+    return Offsets(delta, min(values), max(values))
 
 
 # (B,Tq), (B,Tk) -> Offsets when every row of both counts up by one, else None; once per forward

@@ -43,8 +43,9 @@ def test_a_decode_step_allocates_nothing_as_long_as_the_cache_for_its_positions(
 
 def test_the_offsets_check_of_a_step_reads_the_new_key_positions_only(monkeypatch):
     read = []
-    original = row_paths._steps_not_one
-    monkeypatch.setattr(row_paths, "_steps_not_one", lambda pos: read.append(pos.shape[1]) or original(pos))
+    for counter in ("_steps_not_one", "_steps_not_one_on_host"):  # on a device / on the CPU's decode path
+        counted = getattr(row_paths, counter)
+        monkeypatch.setattr(row_paths, counter, lambda pos, counted=counted: read.append(pos.shape[1]) or counted(pos))
     model, ids, cache = _prefilled("alibi")
     with torch.no_grad():
         for t in range(PROMPT, PROMPT + STEPS):
@@ -61,6 +62,25 @@ def test_a_break_in_the_prompt_positions_is_remembered_by_every_later_step(name)
     model = tiny_gpt(name)
     ids = torch.randint(0, VOCAB, (2, PROMPT + STEPS), generator=torch.Generator().manual_seed(1))
     positions = torch.cat((torch.arange(20), torch.arange(30, 30 + PROMPT - 20 + STEPS))).expand(2, -1)
+    cache = model.new_cache()
+    with torch.no_grad():
+        steps = [model(ids[:, :PROMPT], position_ids=positions[:, :PROMPT], cache=cache)]
+        steps += [model(ids[:, t : t + 1], position_ids=positions[:, t : t + 1], cache=cache)
+                  for t in range(PROMPT, PROMPT + STEPS)]
+        full = model(ids, position_ids=positions)
+    decoded = torch.cat(steps, dim=1)
+    torch.testing.assert_close(decoded, full, rtol=1e-4, atol=1e-4 * full.abs().max().item())
+
+
+@pytest.mark.parametrize("name", ["alibi", "fire"])
+def test_a_jump_in_a_decode_steps_position_is_counted_and_remembered(name):
+    """Positions count up by one through the prompt and the first steps, then one step jumps by 7: that step's check
+    of its new key finds the break, and every later step (whose own new key continues by one) still avoids the
+    paths that read the bias by index: decoding equals the full forward at the same positions."""
+    model = tiny_gpt(name)
+    ids = torch.randint(0, VOCAB, (2, PROMPT + STEPS), generator=torch.Generator().manual_seed(2))
+    jump = PROMPT + 2
+    positions = torch.cat((torch.arange(jump), torch.arange(jump + 7, PROMPT + STEPS + 7))).expand(2, -1)
     cache = model.new_cache()
     with torch.no_grad():
         steps = [model(ids[:, :PROMPT], position_ids=positions[:, :PROMPT], cache=cache)]
