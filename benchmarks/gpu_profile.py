@@ -11,8 +11,9 @@ end), decode_none (the ordinary eager decode step of the 12 x 768 GPT against a 
 lm_infinite_prompt_32k (a 16k / 32k prompt's attention under the map, Dh 128, GQA 32:8), static_step_rope_32k,
 static_step_self_extend_32k and static_step_dual_chunk_32k (the SmolLM2-shaped static decode step at a 32k cache, run
 eagerly: the kernels its graph replays), slot_triton_* and slot_torch_* (one layer's attention of that step under
-Self-Extend's and DCA's forms: the Triton kernel against map_slot_attention's PyTorch ops) and slot_sdpa_rope_32k
-(RoPE's, SDPA over as many slots).
+Self-Extend's, DCA's and LM-Infinite's forms: the Triton kernel against map_slot_attention's PyTorch ops),
+slot_triton_dense_lm_infinite_32k (the kernel's pass that reads every block, against the one that skips what the map
+leaves unscored) and slot_sdpa_rope_32k (RoPE's, SDPA over as many slots).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from torch.autograd import DeviceType
 from benchmarks.gpu_sections import _forward_backward, attention_cells
 from posenc.models import GPT, GPTConfig
 from posenc.nn import dispatch
+from posenc.registry import POSITION_MAPS
 from posenc.rotary._core import apply_rotary, cos_sin, inv_frequencies
 
 SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "aten::_local_scalar_dense")
@@ -78,14 +80,16 @@ def static_step(name: str, context: int):
 
 
 # The static step's attention of one layer under a map, SmolLM2's shapes (9:3 heads, Dh 64): (maps M, key tables)
-SLOT_FORMS = {"self_extend": (2, 2), "dual_chunk": (3, 1)}
+SLOT_FORMS = {"self_extend": (2, 2), "dual_chunk": (3, 1), "lm_infinite": (2, 2)}
 
 
 def slot_case(kind: str, form: str, slots: int):
     """One layer's attention of the static step over `slots` slots, SmolLM2's shapes: kind slot_triton (the kernel
     and its merge) or slot_torch (map_slot_attention's PyTorch ops), planned as the dispatch plans a layer (the
-    graphed map step at 32k: ~60 us a layer over RoPE's, H200 2026-11-27); kind sdpa with form "rope": RoPE's
-    slot_attention over as many slots (SDPA's flash-decoding), the bar."""
+    graphed map step at 32k: ~60 us a layer over RoPE's, H200 2026-11-27); kind slot_triton_dense: the kernel's pass
+    that reads every block (against slot_triton's, which skips the blocks LM-Infinite's window leaves unscored: its
+    mask scores the last quarter of the slots and the first four, as a model trained at a quarter would); kind sdpa
+    with form "rope": RoPE's slot_attention over as many slots (SDPA's flash-decoding), the bar."""
     def case(device, dtype, quick):
         from posenc.nn.static_attention import slot_attention
 
@@ -101,7 +105,11 @@ def slot_case(kind: str, form: str, slots: int):
         v = torch.randn(1, kv, n, dh, device=device, dtype=dtype)
         scorer = torch.randint(0, maps, (1, 1, 1, 1, n), device=device)  # each slot under one map drawn at random
         mask = torch.full((1, 1, 1, maps + 1, n), float("-inf"), device=device, dtype=dtype).scatter_(3, scorer, 0.0)
-        attend = dispatch.SLOT_KERNELS[kind](queries, keys, v, mask)
+        skip = POSITION_MAPS[form].scores_few_slots and kind != "slot_triton_dense"
+        if form == "lm_infinite":  # map 0 the window (the last quarter), map 1 the first four keys, the rest none
+            mask.fill_(float("-inf"))
+            mask[..., 0, n - n // 4 :], mask[..., 1, :4] = 0.0, 0.0
+        attend = dispatch.SLOT_KERNELS[kind.removesuffix("_dense")](queries, keys, v, mask, skip)
         if attend is None and quick:  # the code paths only: the dispatch's choice where the kernel does not serve
             attend = dispatch.slot_attention_for(queries, keys, v, mask)
         if attend is None:
@@ -151,6 +159,7 @@ CASES: dict[str, Callable] = {
     # and RoPE's SDPA (bytes: Self-Extend's keys are twice RoPE's, DCA's as RoPE's)
     **{f"{kind}_{form}_32k": slot_case(kind, form, 32768) for form in SLOT_FORMS
        for kind in ("slot_triton", "slot_torch")},
+    "slot_triton_dense_lm_infinite_32k": slot_case("slot_triton_dense", "lm_infinite", 32768),
     "slot_sdpa_rope_32k": slot_case("sdpa", "rope", 32768),
 }
 

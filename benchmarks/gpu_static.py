@@ -306,6 +306,7 @@ def slot_launches(dtype: torch.dtype, head_dim: int, rule: str = "self_extend", 
     their merge), SmolLM2-135M's heads (9 query heads on 3 KV heads) at a 32k cache by default; none where the
     kernel declines the shapes (slot_torch runs them)."""
     from posenc.nn.triton import slots as slot_module
+    from posenc.registry import POSITION_MAPS
 
     maps, tables = SLOT_MAPS[rule]
     width = tables * head_dim
@@ -314,7 +315,7 @@ def slot_launches(dtype: torch.dtype, head_dim: int, rule: str = "self_extend", 
         keys = torch.empty(batch, kv_heads, slots, width, device="meta", dtype=dtype)
         v = torch.empty(batch, kv_heads, slots, head_dim, device="meta", dtype=dtype)
         mask = torch.empty(batch, 1, 1, maps + 1, slots, device="meta", dtype=dtype)
-        plan = slot_module.plan(queries, keys, v, mask)
+        plan = slot_module.plan(queries, keys, v, mask, skip_unscored=POSITION_MAPS[rule].scores_few_slots)
         if plan is not None:
             slot_module.attend(plan, queries, keys, v, mask)
     return launches

@@ -48,6 +48,9 @@ class PositionMap:
 
     name: ClassVar[str]
     n_maps: ClassVar[int]
+    # Each query scores only a window of recent keys and a few first ones (LM-Infinite, attention sinks), so most of a
+    # long cache is keys no map scores: a decode kernel may skip whole blocks of them. A hint for speed only.
+    scores_few_slots: ClassVar[bool] = False
 
     @property
     def period(self) -> int | None:

@@ -57,7 +57,8 @@ class MapTerms:
                              torch.zeros(batch, 1, m + 1, w, dtype=work, device=device),
                              torch.zeros(2 * w if w > dh else w, dtype=torch.int64, device=device),
                              torch.full((batch, 1, 1, m + 1, slots), float("-inf"), dtype=dtype, device=device),
-                             torch.zeros(batch, dh, (m + 1) * w, dtype=dtype, device=device) if work != dtype else None)
+                             torch.zeros(batch, dh, (m + 1) * w, dtype=dtype, device=device) if work != dtype else None,
+                             self.position_map.scores_few_slots)
         self._ones: tuple[Tensor, Tensor] | None = None  # (1,Dh,1,W) each: 1 where dim d feeds w directly, as partner
         self._maps = torch.arange(m, dtype=torch.int8, device=device).view(1, 1, 1, m, 1)
         self._turns: tuple[Tensor, Tensor, Tensor, Tensor] | None = None  # c, s as queries, c, s as keys (P,Dh)

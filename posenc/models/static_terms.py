@@ -87,7 +87,7 @@ class MapStepScheme(Scheme):
     def attend(self, q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, k_pos: Tensor, causal: bool,
                dropout: float = 0.0) -> Tensor:
         if self.slots is None:  # planned once: fixed shapes, so every step (and a CUDA graph) runs the same launches
-            self.slots = dispatch.slot_attention_for(q, k, v, self.terms.mask)
+            self.slots = dispatch.slot_attention_for(q, k, v, self.terms.mask, self.terms.skip_unscored)
         return self.slots(q, k, v, self.terms.mask)  # (B,H,1,Dh)
 
 

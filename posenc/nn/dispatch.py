@@ -92,8 +92,9 @@ A layer under a map attends over every slot through SLOT_RULES, keyed by (device
 first kernel of its row that serves the layer's shapes is planned once, at the layer's first step (slot_attention_for:
 a Triton plan fixes its shares of the slots from the cache's size and the device's SM count), and runs at every step.
 slot_triton (static_attention.slot_triton, triton/slots.py) is map_slot_attention's math as one flash-decoding pass
-over shares of the slots and a merge, in float32 inside; it declines shapes past its limits (slots.plan). slot_torch
-is map_slot_attention itself (the reference), for every dtype:
+over shares of the slots and a merge, in float32 inside; it declines shapes past its limits (slots.plan). Under a
+map that scores few slots (LM-Infinite, attention sinks: PositionMap.scores_few_slots) its pass reads no key or value
+of a block no map scores. slot_torch is map_slot_attention itself (the reference), for every dtype:
 
     device  dtypes                      the static step's attention under a map
     ------  --------------------------  ---------------------------------------
@@ -221,8 +222,9 @@ STATIC_FORMS = (*STATIC_ROWS, "mapped")  # the mapped form: SLOT_RULES' attentio
 STEP_ROWS: dict[str, Callable[[Call], Tensor | None]] = {
     "rows_decode": decode_paths.distance_step_row, "pieces_decode": decode_paths.pieces_step_row}
 # The static step under a map (docstring): (device, dtypes) -> its attentions over every slot, first match; each a
-# planner (queries, keys, v, mask) -> the attention it runs at every step, or None where it does not serve them.
-SLOT_KERNELS: dict[str, Callable[[Tensor, Tensor, Tensor, Tensor], static_attention.SlotAttention | None]] = {
+# planner (queries, keys, v, mask, skip_unscored) -> the attention it runs at every step, or None where it does not
+# serve them.
+SLOT_KERNELS: dict[str, Callable[[Tensor, Tensor, Tensor, Tensor, bool], static_attention.SlotAttention | None]] = {
     "slot_triton": static_attention.slot_triton,  # triton/slots.py: flash-decoding over shares of the slots, merged
     "slot_torch": static_attention.slot_torch,  # map_slot_attention: one product, the max over maps, softmax, @ v
 }
@@ -310,14 +312,16 @@ def slot_plan(device: str, dtype: torch.dtype) -> tuple[str, ...]:
                 SLOT_DEFAULT)
 
 
-def slot_attention_for(queries: Tensor, keys: Tensor, v: Tensor, mask: Tensor) -> static_attention.SlotAttention:
+def slot_attention_for(queries: Tensor, keys: Tensor, v: Tensor, mask: Tensor,
+                       skip_unscored: bool = False) -> static_attention.SlotAttention:
     """The attention a layer under a map runs at every static step, for these tensors' device, dtype and shapes
     (queries (B,H,M+1,W), keys (B,Hkv,L,W), v (B,Hkv,L,Dh), mask (B,1,1,M+1,L)): the first of slot_plan's kernels
-    that serves them. Asked once per layer; a CPU tensor under Triton's interpreter counts as cuda."""
+    that serves them. Asked once per layer; a CPU tensor under Triton's interpreter counts as cuda. skip_unscored:
+    the map scores few slots (PositionMap.scores_few_slots), so a kernel that can skip blocks no map scores does."""
     first = queries
     device = "cuda" if first.is_cuda or (first.is_cpu and gpu.interpreting()) else first.device.type
     for name in slot_plan(device, first.dtype):
-        attend = SLOT_KERNELS[name](queries, keys, v, mask)
+        attend = SLOT_KERNELS[name](queries, keys, v, mask, skip_unscored)
         if attend is not None:
             return attend
     raise RuntimeError(f"no static slot attention served {first.dtype} on {device} (tried "

@@ -58,6 +58,7 @@ class MapSlots:
     # it is every dim in order), then w -> the partner of w mod Dh in its rotated pair
     mask: Tensor  # (B,1,1,M+1,L) in the model's dtype: 0 where map m scores slot j, else -inf (empty slots, row M)
     matrix: Tensor | None = None  # (B,Dh,(M+1)*W) in half precision: c and s as one matrix, rotate(x) = x @ matrix
+    skip_unscored: bool = False  # the map scores few slots (PositionMap.scores_few_slots): a kernel may skip blocks
 
 
 def map_rotate(q: Tensor, k: Tensor, terms: MapSlots) -> tuple[Tensor, Tensor]:
@@ -93,20 +94,22 @@ def map_slot_attention(queries: Tensor, keys: Tensor, v: Tensor, mask: Tensor) -
     return (torch.softmax(picked, dim=-1) @ v).reshape(b, h, 1, dh)  # (B,Hkv,g,Dh) -> (B,H,1,Dh)
 
 
-def slot_torch(queries: Tensor, keys: Tensor, v: Tensor, mask: Tensor) -> SlotAttention:
+def slot_torch(queries: Tensor, keys: Tensor, v: Tensor, mask: Tensor, skip_unscored: bool = False) -> SlotAttention:
     """The dispatch's slot_torch: map_slot_attention, for every device and dtype (the reference of slot_triton)."""
     return map_slot_attention
 
 
-def slot_triton(queries: Tensor, keys: Tensor, v: Tensor, mask: Tensor) -> SlotAttention | None:
+def slot_triton(queries: Tensor, keys: Tensor, v: Tensor, mask: Tensor,
+                skip_unscored: bool = False) -> SlotAttention | None:
     """The dispatch's slot_triton: map_slot_attention's math as one Triton flash-decoding pass and a merge
     (posenc/nn/triton/slots.py), planned for these shapes (shares of the slots from L and the device's SMs); None
-    where it does not serve them (no triton, another dtype, shapes past its limits)."""
+    where it does not serve them (no triton, another dtype, shapes past its limits). skip_unscored: the pass reads no
+    key or value of a block of slots no map scores (MapSlots.skip_unscored)."""
     if not gpu.serves(queries, keys, v, mask):
         return None
     from posenc.nn.triton import slots  # imports triton: only for tensors it may serve
 
-    plan = slots.plan(queries, keys, v, mask)
+    plan = slots.plan(queries, keys, v, mask, skip_unscored=skip_unscored)
     return None if plan is None else functools.partial(slots.attend, plan)
 
 

@@ -30,6 +30,7 @@ class AttentionSinks(PositionMap):
 
     name: ClassVar[str] = "attention_sinks"
     n_maps: ClassVar[int] = 2
+    scores_few_slots: ClassVar[bool] = True  # the window and the first keys
 
     def __post_init__(self) -> None:
         whole("n_sink", self.n_sink, 0)

@@ -29,6 +29,7 @@ class LMInfinite(PositionMap):
 
     name: ClassVar[str] = "lm_infinite"
     n_maps: ClassVar[int] = 2
+    scores_few_slots: ClassVar[bool] = True  # the window and the first keys
 
     def __post_init__(self) -> None:
         whole("n_global", self.n_global, 0)

@@ -23,11 +23,13 @@ def test_slot_kernel_under_the_interpreter():
 
 @needs_compiler
 @pytest.mark.parametrize(("dtype", "head_dim", "rule"), [("bf16", 64, "self_extend"), ("bf16", 80, "self_extend"),
-                                                       ("fp32", 64, "dual_chunk")])
+                                                       ("fp32", 64, "dual_chunk"), ("bf16", 64, "lm_infinite"),
+                                                       ("fp32", 64, "attention_sinks")])
 def test_slot_kernels_compile_for_sm90_fit_and_do_not_spill(dtype, head_dim, rule):
     """SmolLM2's 9:3 heads and a 32k cache: Self-Extend's two key tables in bf16 (the widest keys of its shape, 4
     query rows a head; at Dh 80 padded and masked, where 4 warps spilled), DCA's four rows a head in float32 (exact
-    products on CUDA cores); the merge beside each. python -m benchmarks.gpu_static reads every map at Dh 16 to 256."""
+    products on CUDA cores), LM-Infinite's and the sinks' pass that skips blocks no map scores; the merge beside
+    each. python -m benchmarks.gpu_static reads every map at Dh 16 to 256."""
     with tempfile.TemporaryDirectory() as workdir:
         launches = gpu_static.slot_launches(gpu_static.DTYPES[dtype], head_dim, rule)
         named = {gpu_static._name(launch.kernel): launch for launch in launches}

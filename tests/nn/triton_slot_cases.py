@@ -48,16 +48,16 @@ def _inputs(batch: int, kv_heads: int, group: int, rows: int, head_dim: int, tab
     return queries, keys, values, mask
 
 
-def _run(tensors, dtype: torch.dtype, shares: int) -> tuple[torch.Tensor, slots.SlotPlan]:
+def _run(tensors, dtype: torch.dtype, shares: int, skip: bool = False) -> tuple[torch.Tensor, slots.SlotPlan]:
     inputs = [t.to(device=DEVICE, dtype=dtype) for t in tensors]
-    plan = slots.plan(*inputs, shares=shares)
+    plan = slots.plan(*inputs, shares=shares, skip_unscored=skip)
     assert plan is not None, "the kernel declined"
     return slots.attend(plan, *inputs), plan
 
 
-def _check(tensors, dtype: torch.dtype, shares: int, what: str) -> slots.SlotPlan:
+def _check(tensors, dtype: torch.dtype, shares: int, what: str, skip: bool = False) -> slots.SlotPlan:
     exact = map_slot_attention(*tensors)  # float64 on the CPU
-    got, plan = _run(tensors, dtype, shares)
+    got, plan = _run(tensors, dtype, shares, skip)
     error = (got.cpu().double() - exact).abs().max().item()
     scale = max(1.0, exact.abs().max().item())
     if dtype == torch.float32:
@@ -82,9 +82,10 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_kernel_equals_map_slot_attention(case, dtype):
+@pytest.mark.parametrize("skip", [False, True], ids=["dense", "skip"])
+def test_the_kernel_equals_map_slot_attention(case, dtype, skip):
     *shape, shares = case
-    plan = _check(_inputs(*shape), dtype, shares, str(case))
+    plan = _check(_inputs(*shape), dtype, shares, str(case), skip)
     assert plan.shares == min(shares, -(-shape[-1] // plan.tiles.bn)), plan  # the shares asked, as many as fit
 
 
@@ -123,39 +124,70 @@ def test_each_slot_takes_the_map_its_mask_names():
     _check((queries, keys, values, mask), torch.float32, 3, "maps apart")
 
 
+def test_under_skip_a_block_no_map_scores_is_not_read_and_one_map_alone_is_enough():
+    """skip_unscored: slots 16-31 (a whole block of BN = 16 here) scored by no map hold NaN keys and values: a pass
+    that read them would put NaN in every output (NaN + -inf is NaN). Slots 32-47 scored by the second map only (the
+    first masks them all): a pass that skipped a block by one map's mask would drop them. Against the reference with
+    zeros in the unread block, float32 and bf16; the dense pass (no skip) reads the NaN, as it must."""
+    queries, keys, values, mask = _inputs(1, 2, 3, 3, 16, 2, 50, seed=5)
+    mask[..., 16:32] = float("-inf")
+    mask[..., 0, 32:48], mask[..., 1, 32:48] = float("-inf"), 0.0
+    exact = map_slot_attention(queries, keys, values, mask)
+    keys[:, :, 16:32], values[:, :, 16:32] = float("nan"), float("nan")
+    for dtype in (torch.float32, torch.bfloat16):
+        got, plan = _run((queries, keys, values, mask), dtype, 3, skip=True)
+        assert plan.tiles.bn == 16 or not INTERPRETED, plan
+        bound = (FLOAT32 if dtype == torch.float32 else 2e-2) * max(1.0, exact.abs().max().item())
+        assert torch.isfinite(got).all(), f"{dtype}: an unscored block was read"
+        assert (got.cpu().double() - exact).abs().max().item() <= bound, dtype
+    dense, _ = _run((queries, keys, values, mask), torch.float32, 3)
+    assert torch.isnan(dense).any()  # the case tells the two passes apart
+
+
 @pytest.fixture
-def served(monkeypatch) -> list[int]:
-    """The slots of each layer plan slot_triton made (it must serve, not decline to slot_torch)."""
-    planned: list[int] = []
+def served(monkeypatch) -> list[tuple[int, bool]]:
+    """The slots of each layer plan slot_triton made (it must serve, not decline to slot_torch), and whether the plan
+    skips blocks no map scores."""
+    planned: list[tuple[int, bool]] = []
     planner = dispatch.SLOT_KERNELS["slot_triton"]
 
-    def counted(queries, keys, v, mask):
-        attend = planner(queries, keys, v, mask)
+    def counted(queries, keys, v, mask, skip_unscored=False):
+        attend = planner(queries, keys, v, mask, skip_unscored)
         if attend is not None:
-            planned.append(keys.shape[2])
+            planned.append((keys.shape[2], skip_unscored))
         return attend
 
     monkeypatch.setitem(dispatch.SLOT_KERNELS, "slot_triton", counted)
     return planned
 
 
+# (the map, the prompt's length, the static cache's tokens, whether its plan skips unscored blocks)
+DECODERS = [
+    ({"type": "dual_chunk", "chunk_size": 8, "local_window": 2, "trained_length": 10}, 12, 24, False),
+    # LM-Infinite over 64 slots in blocks of 16: slots 16-31 fall outside the window, 48-63 stay empty: skipped
+    ({"type": "lm_infinite", "n_global": 2, "window": 6}, 40, 56, True),
+]
+
+
+@pytest.mark.parametrize(("spec", "prompt_length", "tokens", "skips"), DECODERS, ids=["dual_chunk", "lm_infinite"])
 @torch.no_grad()
-def test_the_static_decoder_on_the_kernel_decodes_as_the_float64_cached_decoding(served):
+def test_the_static_decoder_on_the_kernel_decodes_as_the_float64_cached_decoding(served, spec, prompt_length, tokens,
+                                                                                  skips):
     """The tiny Llama, one layer under DCA (three maps, m(T)^2 past its trained length; the steps cross its chunk
-    edge at 16), in float32 with its map step on slot_triton (two shares of 16 slots): every step's logits as
-    the float64 model's ordinary cached decoding (the eager map path, which the existing references check) gives
-    them, to float32's rounding. (Self-Extend's two key tables: the cases above.)"""
+    edge at 16) or LM-Infinite (whose plan skips the blocks no map scores), in float32 with its map step on
+    slot_triton (two shares): every step's logits as the float64 model's ordinary cached decoding (the eager map
+    path, which the existing references check) gives them, to float32's rounding. (Self-Extend's two key tables: the
+    cases above.)"""
     from posenc.models.static_decode import StaticDecoder
     from tests.models.static_support import cached_logits
     from tests.position_maps.tiny import tiny_llama, token_ids
 
-    spec = {"type": "dual_chunk", "chunk_size": 8, "local_window": 2, "trained_length": 10}
     exact = tiny_llama(attention_extension=spec, n_layer=1).to(DEVICE)  # float64
-    prompt = token_ids(1, 12).to(DEVICE)
-    want, tokens = cached_logits(exact, prompt, 6)
-    decoder = StaticDecoder(exact.float(), 1, 24, cuda_graph=False)  # 32 slots, two shares: the steps fill both
-    got = [decoder.prefill(prompt), *(decoder.step(token) for token in tokens)]
-    assert served == [decoder.terms.slots], served  # one plan, the layer's, for every step
+    prompt = token_ids(1, prompt_length).to(DEVICE)
+    want, steps = cached_logits(exact, prompt, 6)
+    decoder = StaticDecoder(exact.float(), 1, tokens, cuda_graph=False)
+    got = [decoder.prefill(prompt), *(decoder.step(token) for token in steps)]
+    assert served == [(decoder.terms.slots, skips)], served  # one plan, the layer's, for every step
     for step, (g, w) in enumerate(zip(got, want, strict=True)):
         torch.testing.assert_close(g.double(), w, rtol=0, atol=1e-4 * max(1.0, w.abs().max().item()),
                                    msg=f"step {step}")

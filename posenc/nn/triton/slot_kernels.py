@@ -6,7 +6,8 @@
 One program per (share of the slots, KV head, batch row) holds the g*(M+1) query rows of its KV head (every map's
 rotated query of each of its g query heads, W wide), and per block of BN slots: one product scores every slot under
 every map, the mask (0 where map m scores slot j, -inf elsewhere) picks each slot's map by the max over the maps, and
-one online softmax (FlashAttention-2's, base 2) folds the values in, in float32. Each share writes its running max,
+one online softmax (FlashAttention-2's, base 2) folds the values in, in float32. Under a map that scores few slots
+(SKIP) a block no map scores reads none of its keys and values. Each share writes its running max,
 sum and unnormalised output; _merge_shares merges them (flash-decoding: Dao et al. 2023, "Flash-Decoding for
 long-context inference").
 
@@ -31,10 +32,13 @@ def _slot_forward(Q, K, V, MASK, ACC, BEST, TOTAL,
                   sqb, sqh, sqm, skb, skh, skl, svb, svh, svl, smb, smm,
                   B, H, GROUP, MAPS, L, W, SHARE,
                   D: tl.constexpr, BW: tl.constexpr, BD: tl.constexpr, GP: tl.constexpr, MP: tl.constexpr,
-                  BN: tl.constexpr, EVEN: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+                  BN: tl.constexpr, EVEN: tl.constexpr, SKIP: tl.constexpr, PRECISION: tl.constexpr,
+                  UPCAST: tl.constexpr):
     """Q (B,H,M+1,W), K (B,Hkv,L,W), V (B,Hkv,L,D), MASK (B|1,M+1,L) in the model's dtype, each with unit stride in
     its last dim; ACC (S,B,H,D), BEST and TOTAL (S,B,H) float32: per share, the output before the division by the
-    sum, the running max (base 2) and the sum. EVEN: L is a multiple of BN and W, D fill BW, BD (no masked load)."""
+    sum, the running max (base 2) and the sum. EVEN: L is a multiple of BN and W, D fill BW, BD (no masked load).
+    SKIP: a block no map scores loads none of its keys and values, their loads masked off by the block's mask, read
+    first (the loop then keeps no software pipeline: only maps that score few slots take it, slots.plan)."""
     share = tl.program_id(0)
     hk = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
@@ -58,16 +62,20 @@ def _slot_forward(Q, K, V, MASK, ACC, BEST, TOTAL,
     end = tl.minimum(L, start + SHARE)
     for n0 in range(start, end, BN):
         j = n0 + tl.arange(0, BN)
+        j_ok = j < end
         if EVEN:
-            kt = tl.load(k_base + j[None, :] * skl + w[:, None])  # (BW,BN)
             bias = tl.load(m_base + maps[:, None] * smm + j[None, :], mask=(maps < MAPS)[:, None],
                            other=float("-inf"))  # (MP,BN)
-            v = tl.load(v_base + j[:, None] * svl + d[None, :])  # (BN,BD)
         else:
-            j_ok = j < end
-            kt = tl.load(k_base + j[None, :] * skl + w[:, None], mask=(w < W)[:, None] & j_ok[None, :], other=0.0)
             bias = tl.load(m_base + maps[:, None] * smm + j[None, :], mask=(maps < MAPS)[:, None] & j_ok[None, :],
                            other=float("-inf"))
+        if SKIP:  # the slots read: none where no map scores the block (its scores are -inf whatever the keys hold)
+            j_ok = j < tl.where(tl.max(tl.max(bias.to(tl.float32), 1), 0) > float("-inf"), end, 0)
+        if EVEN and not SKIP:
+            kt = tl.load(k_base + j[None, :] * skl + w[:, None])  # (BW,BN)
+            v = tl.load(v_base + j[:, None] * svl + d[None, :])  # (BN,BD)
+        else:
+            kt = tl.load(k_base + j[None, :] * skl + w[:, None], mask=(w < W)[:, None] & j_ok[None, :], other=0.0)
             v = tl.load(v_base + j[:, None] * svl + d[None, :], mask=j_ok[:, None] & (d < D)[None, :], other=0.0)
         s = _dot(q, kt, PRECISION, UPCAST)  # (R,BN) every map's score of every slot
         s = tl.reshape(s, (GP, MP, BN)) + bias.to(tl.float32)[None, :, :]

@@ -67,6 +67,7 @@ class SlotPlan:
     share: int
     tiles: Tiles
     interpreted: bool
+    skip_unscored: bool = False  # blocks of slots no map scores: their keys and values are not read
 
 
 def sm_count(device: torch.device) -> int:
@@ -84,7 +85,8 @@ def shares_for(programs: int, slots: int, bn: int, device: torch.device) -> int:
     return max(1, min(2 * sm_count(device) // programs, blocks // SPLIT_MIN_BLOCKS))
 
 
-def plan(queries: Tensor, keys: Tensor, v: Tensor, mask: Tensor, shares: int | None = None) -> SlotPlan | None:
+def plan(queries: Tensor, keys: Tensor, v: Tensor, mask: Tensor, shares: int | None = None,
+         skip_unscored: bool = False) -> SlotPlan | None:
     """The plan for these shapes, or None where the kernel does not serve them (another dtype, a head dim, width or
     row count past its limits, tensors on other devices). shares: the share count (tests), else shares_for's."""
     b, h, maps, w = queries.shape
@@ -104,7 +106,7 @@ def plan(queries: Tensor, keys: Tensor, v: Tensor, mask: Tensor, shares: int | N
          else WIDE_TILES if padded(w) >= WIDE else GPU_TILES)
     wanted = shares if shares is not None else shares_for(b * hkv, slots, t.bn, queries.device)
     share = cdiv(cdiv(slots, max(1, wanted)), t.bn) * t.bn  # a multiple of BN: only the last share is ragged
-    return SlotPlan(b, h, hkv, maps, w, dh, slots, dtype, cdiv(slots, share), share, t, interpreted)
+    return SlotPlan(b, h, hkv, maps, w, dh, slots, dtype, cdiv(slots, share), share, t, interpreted, skip_unscored)
 
 
 def padded(n: int) -> int:
@@ -135,7 +137,7 @@ def attend(p: SlotPlan, queries: Tensor, keys: Tensor, v: Tensor, mask: Tensor) 
     launch(kernels._slot_forward, (p.shares, p.kv_heads, p.batch), queries, keys, v, mask, acc, best, total,
            *queries.stride()[:3], *keys.stride()[:3], *v.stride()[:3], mask_b, mask.stride(3),
            p.batch, p.heads, p.heads // p.kv_heads, p.maps, p.slots, p.width, p.share,
-           D=p.head_dim, BW=bw, BD=bd, GP=gp, MP=mp, BN=t.bn, EVEN=even, **options)
+           D=p.head_dim, BW=bw, BD=bd, GP=gp, MP=mp, BN=t.bn, EVEN=even, SKIP=p.skip_unscored, **options)
     bs = min(next_power_of_2(p.shares), max(1, MERGE_ELEMENTS // bd))
     merge_options = {} if p.interpreted else {"num_warps": 4}
     launch(kernels._merge_shares, (p.batch * p.heads,), acc, best, total, out, p.batch * p.heads, p.shares,
