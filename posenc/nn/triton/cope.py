@@ -25,13 +25,15 @@ from posenc.nn.triton.attention import INTERPRETED_TILES, Tiles, _bhd, _check_si
 # 238/0, dkdv 16x32 8 warps 160/0). dq and dkdv share BN (the carries are stored per key tile of BN).
 _BY_HEAD_DIM = {
     "forward": {16: Tiles(32, 32, 8, 1), **dict.fromkeys((32, 64, 128), Tiles(64, 32, 4, 2))},
-    "dq": {16: Tiles(16, 16, 4, 1), **dict.fromkeys((32, 64, 128), Tiles(16, 32, 8, 1))},
-    "dkdv": {16: Tiles(16, 16, 4, 1), **dict.fromkeys((32, 64, 128), Tiles(16, 32, 8, 1))},
+    "dq": {16: Tiles(16, 16, 4, 1), **dict.fromkeys((32, 64, 128), Tiles(16, 32, 4, 1))},
+    "dq_far": dict.fromkeys((16, 32, 64, 128), Tiles(128, 32, 8, 2)),
+    "dkdv": {16: Tiles(16, 16, 4, 1), **dict.fromkeys((32, 64, 128), Tiles(16, 32, 4, 1))},
 }
 _FP32_BY_HEAD_DIM = {  # TF32 (attention.serves_float32): 4-byte operands
     "forward": dict.fromkeys((16, 32, 64), Tiles(32, 32, 8, 1)),
-    "dq": {16: Tiles(16, 16, 4, 1), **dict.fromkeys((32, 64), Tiles(16, 32, 8, 1))},
-    "dkdv": {16: Tiles(16, 16, 4, 1), **dict.fromkeys((32, 64), Tiles(16, 32, 8, 1))},
+    "dq": {16: Tiles(16, 16, 4, 1), **dict.fromkeys((32, 64), Tiles(16, 32, 4, 1))},
+    "dq_far": dict.fromkeys((16, 32, 64), Tiles(128, 32, 8, 2)),
+    "dkdv": {16: Tiles(16, 16, 4, 1), **dict.fromkeys((32, 64), Tiles(16, 32, 4, 1))},
 }
 # Key tiles per tile of the far loops of the forward and dQ (keys past P - 1 counted gates: no gates, one bias per
 # query). Their registers stay under the gated loop's, so a wider tile costs none: a 64 x 64 forward tile takes 553
@@ -90,21 +92,27 @@ class _ContextualAttention(torch.autograd.Function):
         group = h // hkv
         t_dq, t_kv = tiles("dq", d, q.device, q.dtype), tiles("dkdv", d, q.device, q.dtype)
         key_tiles = cdiv(tk, t_dq.bn)  # the carries' tiles: _dkdv must walk the same ones
-        carry_g = torch.zeros(b, h, tq, key_tiles, device=q.device, dtype=torch.float32)
-        carry_d = torch.zeros_like(carry_g)
+        carry_g = torch.empty(b, h, tq, key_tiles, device=q.device, dtype=torch.float32)  # gated tiles' only
+        carry_d = torch.empty_like(carry_g)
         total = torch.empty(b, h, tq, device=q.device, dtype=torch.float32)  # D_i
+        end = torch.empty(b, h, tq, device=q.device, dtype=torch.int32)  # keys j < end[i]: the far pass's
         drows = torch.zeros_like(rows)  # (B,H,Tq,P) float32
+        dq_near = torch.empty(b, h, tq, d, device=q.device, dtype=torch.float32)  # the gated pass's dQ
         dq = torch.empty(b, h, tq, d, device=q.device, dtype=q.dtype)
         strides = (*_bhd(q), *_bhd(k), *_bhd(v), *_bhd(dout))
         scalars = (*_sizes(q, k, rows), key_tiles, d**-0.5)
-        attention.launch(kernels._cope_dq, (cdiv(tq, t_dq.bm), h, b), q, k, v, dout, lse, delta, dq, rows,
+        attention.launch(kernels._cope_dq, (cdiv(tq, t_dq.bm), h, b), q, k, v, dout, lse, delta, dq_near, end, rows,
                          drows, carry_g, carry_d, total, *strides, *scalars, **_head(d), BM=t_dq.bm, BN=t_dq.bn,
-                         FAR=FAR_WIDTH, **_options(t_dq, q.dtype, q.device))
+                         **_options(t_dq, q.dtype, q.device))
+        t_far = tiles("dq_far", d, q.device, q.dtype)
+        attention.launch(kernels._cope_dq_far, (cdiv(tq, t_far.bm), h, b), q, k, v, dout, lse, delta, dq, dq_near,
+                         end, rows, drows, *strides, *_sizes(q, k, rows), d**-0.5, **_head(d), BM=t_far.bm,
+                         BN=t_far.bn, **_options(t_far, q.dtype, q.device))
         kv_dtype = k.dtype if group == 1 else torch.float32  # a GQA group's heads are added up in float32 after
         dk_heads = torch.empty(b, h, tk, d, device=q.device, dtype=kv_dtype)
         dv_heads = torch.empty(b, h, tk, d, device=q.device, dtype=kv_dtype)
         attention.launch(kernels._cope_dkdv, (key_tiles, h, b), q, k, v, dout, lse, delta, dk_heads, dv_heads, rows,
-                         carry_g, carry_d, total, *strides, *scalars, **_head(d), BM=t_kv.bm, BN=t_dq.bn,
+                         end, carry_g, carry_d, total, *strides, *scalars, **_head(d), BM=t_kv.bm, BN=t_dq.bn,
                          **_options(t_kv, q.dtype, q.device))
         dk, dv = dk_heads, dv_heads
         if group > 1:
