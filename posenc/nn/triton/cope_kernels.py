@@ -155,7 +155,7 @@ def _cope_dq(Q, K, V, DO, LSE, DELTA, DQ_NEAR, END, ROWS, DROWS, CARRY_G, CARRY_
     top = P * 1.0 - 1.0  # P may arrive as a constexpr 1
     carry = tl.zeros((BM,), tl.float32)  # gates right of the tile
     right = tl.zeros((BM,), tl.float32)  # dpos right of the tile
-    far = tl.zeros((BM,), tl.float32)  # dS of clamped pairs: all on the last entry
+    far = tl.zeros((BM, BN), tl.float32)  # dS of clamped pairs: all on the last entry, summed after the loop
     reduced = tl.zeros((BM, BD), tl.float32)  # sum (dS - R g') k
     slopes = tl.zeros((BM, BD), tl.float32)  # sum g' k
     tiles = tl.cdiv(tl.minimum(TK, m0 + BM + TK - TQ), BN)
@@ -180,13 +180,12 @@ def _cope_dq(Q, K, V, DO, LSE, DELTA, DQ_NEAR, END, ROWS, DROWS, CARRY_G, CARRY_
         reduced += _dot((ds - later * gp).to(k_t.dtype), tl.trans(k_t), PRECISION, UPCAST)
         slopes += _dot(gp.to(k_t.dtype), tl.trans(k_t), PRECISION, UPCAST)
         right += tl.sum(dpos, 1)
-        far += tl.sum(tl.where(valid & (count > top), ds, 0.0), 1)
+        far += tl.where(valid & (count > top), ds, 0.0)
         near = near & i_ok[:, None]
-        if tl.sum(near.to(tl.int32)) > 0:  # keys share floors, hence atomics
-            tl.atomic_add(drows_at[:, None] + low, ds * (1.0 - w), mask=near)
-            tl.atomic_add(drows_at[:, None] + high, ds * w, mask=near & (w > 0.0))
+        tl.atomic_add(drows_at[:, None] + low, ds * (1.0 - w), mask=near)
+        tl.atomic_add(drows_at[:, None] + high, ds * w, mask=near & (w > 0.0))
         t += 1
-    tl.atomic_add(drows_at + (P - 1), far, mask=i_ok)
+    tl.atomic_add(drows_at + (P - 1), tl.sum(far, 1), mask=i_ok)
     tl.store(DTOTAL + bh * TQ + i, right, mask=i_ok)
     # keys [0, end) are far for every query of the block; none past a query's own diagonal (P = 1: no gated tile)
     tl.store(END + bh * TQ + i, tl.minimum((tiles - t) * BN, i + 1 + (TK - TQ)), mask=i_ok)
