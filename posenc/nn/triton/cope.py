@@ -5,7 +5,8 @@ training either. The GPU twin of posenc.nn.fused_attention.attend_contextual (cs
 through CoPE.contextual_rows). Causal only, as CoPE is; the Tq queries are the last Tq of the Tk keys.
 
 The backward keeps, per query, two carries per key tile (cope_kernels' docstring): 8 Tq Tk / BN bytes per
-(b, h), the same order as the row kernel's diagonal buffer (attention.py). Launches go through
+(b, h), the same order as the row kernel's diagonal buffer (attention.py); dQ runs in two launches, the tiles with
+gates and then the far keys (its float32 part of dQ between them: 4 Tq Dh bytes per (b, h)). Launches go through
 attention.launch, so benchmarks/gpu_static.py compiles exactly what runs here.
 """
 

@@ -13,13 +13,18 @@ Backward (L the loss, dS = P (dP - delta) the logit gradient through the softmax
   dpos_ij = dS_ij (rows[i, ceil p] - rows[i, floor p]) where the clamp passes (sum <= P - 1), else 0
   dg_it   = sum_{j <= t} dpos_ij = D_i - R_it,  D_i = sum_j dpos_ij,  R_it = sum_{j > t} dpos_ij
   d z_it  = dS_it + dg_it g_it (1 - g_it);  dq = scale dz k, dk = scale dz^T q, dv = P^T dO
-The right-to-left sweep knows R but learns D only at its end, so _dq keeps two sums, (dS - R g') k and g' k, and
-adds D times the second at the end. _dkdv (one program per key tile) needs, per query, the gate and dpos carries
-at its tile: _dq stores them per (query, key tile), (B, H, Tq, Tk / BN) floats each (8 Tq Tk / BN bytes per
-(b, h): 32 MB at 16k and BN 64), with D per query. d rows: two entries per pair (floor and ceil); keys whose sum
-passed P - 1 all land on the last entry and are summed in registers; the others (the tiles within about P gates
-of the diagonal) are added with atomics into the query block's own rows, so d rows may differ in the last bit
-between runs (dq, dk, dv do not).
+The right-to-left sweep knows R but learns D only at its end, so _cope_dq keeps two sums, (dS - R g') k and g' k,
+and adds D times the second at the end. dQ runs as two passes with tiles of their own: _cope_dq walks only the
+gated tiles (until every query of its block has counted P - 1 gates; 16 queries, as the per-row scans hold the
+registers) and leaves, per query, the end of its far keys (END); _cope_dq_far runs the keys left of END as plain
+flash tiles (one bias per query, dz = dS) four times taller and twice as wide, and adds the two parts. _cope_dkdv
+(one program per key tile) needs, per query, the gate and dpos carries at its tile where the tile is gated for
+that query: _cope_dq stores them per (query, key tile), (B, H, Tq, Tk / BN) floats each (8 Tq Tk / BN bytes per
+(b, h): 32 MB at 16k and BN 64, written only at gated tiles), with D per query; a key tile left of a query's END
+is a plain tile for it. d rows: two entries per pair (floor and ceil); keys whose sum passed P - 1 all land on
+the last entry and are summed in registers; the others (the tiles within about P gates of the diagonal) are added
+with atomics into the query block's own rows, so d rows may differ in the last bit between runs (dq, dk, dv do
+not).
 """
 
 from __future__ import annotations
