@@ -86,15 +86,15 @@ def check_relative(dtype: str, head_dim: int, causal: bool, values: bool) -> Non
         check_compiled(named, label, Path(workdir))
 
 
-def check_cope(dtype: str, head_dim: int) -> None:
-    """CoPE's three kernels (forward, dQ, dK/dV) compile for sm_90, fit an H100 block's shared memory and spill
-    nothing."""
+def check_cope(dtype: str, head_dim: int) -> dict:
+    """CoPE's four kernels (forward, dQ's gated and far passes, dK/dV) compile for sm_90, fit an H100 block's
+    shared memory and spill nothing. Returns the records by kernel name."""
     with tempfile.TemporaryDirectory() as workdir:
         launches = gpu_static.cope_launches(gpu_static.DTYPES[dtype], head_dim)
         names = [gpu_static._name(launch.kernel) for launch in launches]
-        assert names == ["cope_forward", "cope_dq", "cope_dkdv"], names
+        assert names == ["cope_forward", "cope_dq", "cope_dq_far", "cope_dkdv"], names
         named = dict(zip(names, launches, strict=True))
-        check_compiled(named, f"{dtype} Dh={head_dim} cope", Path(workdir))
+        return check_compiled(named, f"{dtype} Dh={head_dim} cope", Path(workdir))
 
 
 def check_piecewise(dtype: str, head_dim: int, causal: bool) -> None:

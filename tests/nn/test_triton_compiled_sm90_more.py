@@ -8,8 +8,10 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import torch
 
 from benchmarks import gpu_static
+from posenc.nn.triton import cope
 from tests.nn.sm90_support import check_attention, check_cope, check_piecewise, check_relative, needs_compiler
 
 pytestmark = needs_compiler
@@ -50,8 +52,15 @@ def test_transformer_xl_kernels_compile_fit_and_do_not_spill():
 
 
 def test_cope_kernels_compile_fit_and_do_not_spill():
-    """CoPE's forward, dQ and dK/dV at bf16, Dh 128 (python -m benchmarks.gpu_static reads every setting)."""
-    check_cope("bf16", 128)
+    """CoPE's forward, dQ (gated and far passes) and dK/dV at bf16, Dh 128 (python -m benchmarks.gpu_static reads
+    every setting). dQ's loops stay within their static budgets, SASS instructions per pair and warp: the gated
+    pass at most 9 (8.4 at 16 x 32 and 4 warps; 14.4 when its 16 rows spanned 8 warps), the far pass's unmasked
+    tiles at most 0.5 (0.34 at 64 x 64; 2.1 when the far keys ran inside the 16-row gated program)."""
+    records = check_cope("bf16", 128)
+    for kernel, budget in (("dq", 9.0), ("dq_far", 0.5)):
+        t = cope.gpu_tiles(kernel, 128, torch.bfloat16)
+        per_pair = records[f"cope_{kernel}"].loop_instructions * t.warps / (t.bm * t.bn)
+        assert per_pair <= budget, f"cope {kernel} ({t}): {per_pair:.2f} instructions per pair, budget {budget}"
 
 
 @pytest.mark.parametrize("interleaved", [False, True])

@@ -80,6 +80,7 @@ CASES = {  # name: (B, H, Hkv, Tq, Tk, Dh, P): P = 3 clamps most pairs (whole ti
     "decode": (2, 2, 1, 1, 20, 16, 4),
     "after_cache_gqa": (1, 4, 2, 9, 41, 32, 64),
     "causal_gqa_clamped": (1, 4, 1, 33, 33, 16, 6),
+    "long_clamped": (1, 2, 1, 70, 70, 16, 4),  # most keys far: past 3 gates, about 6 keys back
 }
 # float32 GQA after a cache: test_cope_scheme_trains_through_the_kernel (the interpreter's time)
 DTYPES = [(case, torch.float32) for case in ("causal_clamped", "one_position", "decode")]
@@ -130,12 +131,15 @@ def test_cope_kernel_equals_the_float64_reference_with_gradients(case, dtype):
 
 
 def test_tiles_that_differ_per_kernel(monkeypatch):
-    """dQ's key tiles set where the carries are stored; dK/dV reads them with query tiles of another height and
-    the forward walks its own tiles: all three different here, and equal to the reference."""
-    chosen = {"forward": Tiles(32, 16, 1, 1), "dq": Tiles(16, 32, 1, 1), "dkdv": Tiles(32, 32, 1, 1)}
+    """dQ's gated pass sets where the carries are stored and where each query's far keys end (a multiple of its
+    key tile, 16 here); its far pass reads those ends with query blocks twice as tall and key tiles twice as wide
+    (a tile that some of its queries leave to the gated pass), dK/dV reads the carries with query tiles of another
+    height, and the forward walks its own tiles: all equal to the reference."""
+    chosen = {"forward": Tiles(32, 16, 1, 1), "dq": Tiles(16, 16, 1, 1), "dq_far": Tiles(32, 32, 1, 1),
+              "dkdv": Tiles(32, 16, 1, 1)}
     if INTERPRETED:
         monkeypatch.setattr(cope, "tiles", lambda kernel, *a: chosen[kernel])
-    check("causal_gqa_clamped", torch.float32)
+    check("long_clamped", torch.float32)
 
 
 def test_cope_scheme_trains_through_the_kernel(monkeypatch):

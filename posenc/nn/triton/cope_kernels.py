@@ -13,13 +13,18 @@ Backward (L the loss, dS = P (dP - delta) the logit gradient through the softmax
   dpos_ij = dS_ij (rows[i, ceil p] - rows[i, floor p]) where the clamp passes (sum <= P - 1), else 0
   dg_it   = sum_{j <= t} dpos_ij = D_i - R_it,  D_i = sum_j dpos_ij,  R_it = sum_{j > t} dpos_ij
   d z_it  = dS_it + dg_it g_it (1 - g_it);  dq = scale dz k, dk = scale dz^T q, dv = P^T dO
-The right-to-left sweep knows R but learns D only at its end, so _dq keeps two sums, (dS - R g') k and g' k, and
-adds D times the second at the end. _dkdv (one program per key tile) needs, per query, the gate and dpos carries
-at its tile: _dq stores them per (query, key tile), (B, H, Tq, Tk / BN) floats each (8 Tq Tk / BN bytes per
-(b, h): 32 MB at 16k and BN 64), with D per query. d rows: two entries per pair (floor and ceil); keys whose sum
-passed P - 1 all land on the last entry and are summed in registers; the others (the tiles within about P gates
-of the diagonal) are added with atomics into the query block's own rows, so d rows may differ in the last bit
-between runs (dq, dk, dv do not).
+The right-to-left sweep knows R but learns D only at its end, so _cope_dq keeps two sums, (dS - R g') k and g' k,
+and adds D times the second at the end. dQ runs as two passes with tiles of their own: _cope_dq walks only the
+gated tiles (until every query of its block has counted P - 1 gates; 16 queries, as the per-row scans hold the
+registers) and leaves, per query, the end of its far keys (END); _cope_dq_far runs the keys left of END as plain
+flash tiles (one bias per query, dz = dS) four times taller and twice as wide, and adds the two parts. _cope_dkdv
+(one program per key tile) needs, per query, the gate and dpos carries at its tile where the tile is gated for
+that query: _cope_dq stores them per (query, key tile), (B, H, Tq, Tk / BN) floats each (8 Tq Tk / BN bytes per
+(b, h): 32 MB at 16k and BN 64, written only at gated tiles), with D per query; a key tile left of a query's END
+is a plain tile for it. d rows: two entries per pair (floor and ceil); keys whose sum passed P - 1 all land on
+the last entry and are summed in registers; the others (the tiles within about P gates of the diagonal) are added
+with atomics into the query block's own rows, so d rows may differ in the last bit between runs (dq, dk, dv do
+not).
 """
 
 from __future__ import annotations
@@ -126,15 +131,16 @@ def _cope_forward(Q, K, V, OUT, LSE, ROWS,
 
 
 @triton.jit
-def _cope_dq(Q, K, V, DO, LSE, DELTA, DQ, ROWS, DROWS, CARRY_G, CARRY_D, DTOTAL,
+def _cope_dq(Q, K, V, DO, LSE, DELTA, DQ_NEAR, END, ROWS, DROWS, CARRY_G, CARRY_D, DTOTAL,
              sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdob, sdoh, sdot,
              H, GROUP, TQ, TK, P, KB, scale,
-             D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, FAR: tl.constexpr,
+             D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
              PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """One program per (query block, h, b), key tiles right to left: dQ (DQ contiguous (B,H,Tq,Dh)), d rows
-    (DROWS zeroed, like ROWS), the carries entering each key tile (CARRY_G, CARRY_D: (B,H,Tq,KB)) and D per
-    query (DTOTAL (B,H,Tq)) for _dkdv. Past the tiles with gates (_all_far), dz = dS and dS lands on the last
-    entry of d rows."""
+    """dQ's gated pass, one program per (query block, h, b), key tiles right to left until every query has counted
+    P - 1 gates (_all_far): dQ of those tiles in float32 (DQ_NEAR contiguous (B,H,Tq,Dh)), d rows (DROWS zeroed,
+    like ROWS), the carries entering each of those key tiles (CARRY_G, CARRY_D: (B,H,Tq,KB)), D per query (DTOTAL
+    (B,H,Tq)) and the far keys' end per query (END (B,H,Tq) int32: keys j < END[i] are _cope_dq_far's, their
+    carries never stored: _cope_dkdv reads END first)."""
     m0 = tl.program_id(0) * BM
     h = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
@@ -154,7 +160,7 @@ def _cope_dq(Q, K, V, DO, LSE, DELTA, DQ, ROWS, DROWS, CARRY_G, CARRY_D, DTOTAL,
     top = P * 1.0 - 1.0  # P may arrive as a constexpr 1
     carry = tl.zeros((BM,), tl.float32)  # gates right of the tile
     right = tl.zeros((BM,), tl.float32)  # dpos right of the tile
-    far = tl.zeros((BM,), tl.float32)  # dS of clamped pairs: all on the last entry
+    far = tl.zeros((BM, BN), tl.float32)  # dS of clamped pairs: all on the last entry, summed after the loop
     reduced = tl.zeros((BM, BD), tl.float32)  # sum (dS - R g') k
     slopes = tl.zeros((BM, BD), tl.float32)  # sum g' k
     tiles = tl.cdiv(tl.minimum(TK, m0 + BM + TK - TQ), BN)
@@ -179,41 +185,74 @@ def _cope_dq(Q, K, V, DO, LSE, DELTA, DQ, ROWS, DROWS, CARRY_G, CARRY_D, DTOTAL,
         reduced += _dot((ds - later * gp).to(k_t.dtype), tl.trans(k_t), PRECISION, UPCAST)
         slopes += _dot(gp.to(k_t.dtype), tl.trans(k_t), PRECISION, UPCAST)
         right += tl.sum(dpos, 1)
-        far += tl.sum(tl.where(valid & (count > top), ds, 0.0), 1)
+        far += tl.where(valid & (count > top), ds, 0.0)
         near = near & i_ok[:, None]
-        if tl.sum(near.to(tl.int32)) > 0:  # keys share floors, hence atomics
-            tl.atomic_add(drows_at[:, None] + low, ds * (1.0 - w), mask=near)
-            tl.atomic_add(drows_at[:, None] + high, ds * w, mask=near & (w > 0.0))
+        tl.atomic_add(drows_at[:, None] + low, ds * (1.0 - w), mask=near)
+        tl.atomic_add(drows_at[:, None] + high, ds * w, mask=near & (w > 0.0))
         t += 1
-    last = tl.load(rows_at + (P - 1), mask=i_ok, other=0.0) * _LOG2E  # the far pairs' bias, base 2
-    # The far keys [0, end): plain tiles FAR times as wide, as in the forward
-    end = (tiles - t) * BN
-    jf = tl.arange(0, BN * FAR)
-    for chunk in range(0, tl.cdiv(end, BN * FAR)):
-        j = end - (chunk + 1) * (BN * FAR) + jf  # the last chunk reaches below key 0: masked
-        seen = (j >= 0) & (j < TK)
-        kv_mask = seen[None, :] & d_ok[:, None]
-        k_t = tl.load(k_base + j[None, :] * skt, mask=kv_mask, other=0.0)  # (BD,BN*FAR)
-        v_t = tl.load(v_base + j[None, :] * svt, mask=kv_mask, other=0.0)
-        kb = (end // BN) - (chunk + 1) * FAR + tl.arange(0, FAR)  # the chunk's key tiles
-        at = carry_at[:, None] + kb[None, :]
-        stored = i_ok[:, None] & (kb[None, :] >= 0)
-        tl.store(CARRY_G + at, carry[:, None] + tl.zeros((BM, FAR), tl.float32), mask=stored)  # >= P - 1: all
-        tl.store(CARRY_D + at, right[:, None] + tl.zeros((BM, FAR), tl.float32), mask=stored)  # _dkdv needs
-        s = tl.fma(_dot(q, k_t, PRECISION, UPCAST), scale * _LOG2E, last[:, None])
-        valid = seen[None, :] & (j[None, :] <= i[:, None] + (TK - TQ))
-        p = tl.where(valid, tl.exp2(s - lse[:, None]), 0.0)
-        ds = p * (_dot(do, v_t, PRECISION, UPCAST) - delta[:, None])
-        reduced += _dot(ds.to(k_t.dtype), tl.trans(k_t), PRECISION, UPCAST)
-        far += tl.sum(ds, 1)
-    tl.atomic_add(drows_at + (P - 1), far, mask=i_ok)
+    tl.atomic_add(drows_at + (P - 1), tl.sum(far, 1), mask=i_ok)
     tl.store(DTOTAL + bh * TQ + i, right, mask=i_ok)
+    # keys [0, end) are far for every query of the block; none past a query's own diagonal (P = 1: no gated tile)
+    tl.store(END + bh * TQ + i, tl.minimum((tiles - t) * BN, i + 1 + (TK - TQ)), mask=i_ok)
     dq = (reduced + right[:, None] * slopes) * scale
-    tl.store(DQ + (bh * TQ + i[:, None]) * D + d[None, :], dq.to(DQ.dtype.element_ty), mask=q_mask)
+    tl.store(DQ_NEAR + (bh * TQ + i[:, None]) * D + d[None, :], dq, mask=q_mask)
 
 
 @triton.jit
-def _cope_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, ROWS, CARRY_G, CARRY_D, DTOTAL,
+def _cope_dq_far(Q, K, V, DO, LSE, DELTA, DQ, DQ_NEAR, END, ROWS, DROWS,
+                 sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdob, sdoh, sdot,
+                 H, GROUP, TQ, TK, P, scale,
+                 D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
+                 PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """dQ's far pass, after _cope_dq, one program per (query block, h, b) with tiles of its own: the keys j < END[i]
+    (past P - 1 gates: one bias per query, the last entry, dz = dS) as plain flash dQ tiles, left to right; adds
+    _cope_dq's part (DQ_NEAR) into DQ (contiguous (B,H,Tq,Dh)) and the tiles' dS to the last entry of d rows.
+    Keys below every query's END need no mask; the tiles between the smallest and the largest END mask by row."""
+    m0 = tl.program_id(0) * BM
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    hk = h // GROUP
+    bh = b * H + h
+    i = m0 + tl.arange(0, BM)
+    jl = tl.arange(0, BN)
+    d = tl.arange(0, BD)
+    i_ok, d_ok = i < TQ, d < D
+    q_mask = i_ok[:, None] & d_ok[None, :]
+    q, do, lse, delta = _dq_rows(Q, DO, LSE, DELTA, b, h, bh, i, d, i_ok, q_mask, TQ, sqb, sqh, sqt, sdob, sdoh, sdot)
+    k_base = K + b * skb + hk * skh + d[:, None]
+    v_base = V + b * svb + hk * svh + d[:, None]
+    end = tl.load(END + bh * TQ + i, mask=i_ok, other=0)  # (BM,) <= TK
+    last = tl.load(ROWS + (bh * TQ + i) * P + (P - 1), mask=i_ok, other=0.0) * _LOG2E - lse  # bias - lse, base 2
+    inner = tl.min(tl.where(i_ok, end, TK)) // BN  # whole tiles far for every query
+    outer = tl.cdiv(tl.max(end), BN)
+    reduced = tl.zeros((BM, BD), tl.float32)  # sum dS k
+    far = tl.zeros((BM,), tl.float32)  # sum dS: the last entry of d rows
+    for kb in range(0, inner):
+        j = kb * BN + jl
+        k_t = tl.load(k_base + j[None, :] * skt, mask=d_ok[:, None], other=0.0)  # (BD,BN)
+        v_t = tl.load(v_base + j[None, :] * svt, mask=d_ok[:, None], other=0.0)
+        p = tl.exp2(tl.fma(_dot(q, k_t, PRECISION, UPCAST), scale * _LOG2E, last[:, None]))  # (BM,BN)
+        ds = p * (_dot(do, v_t, PRECISION, UPCAST) - delta[:, None])
+        reduced += _dot(ds.to(k_t.dtype), tl.trans(k_t), PRECISION, UPCAST)
+        far += tl.sum(ds, 1)
+    for kb in range(inner, outer):
+        j = kb * BN + jl
+        kv_mask = (j[None, :] < TK) & d_ok[:, None]
+        k_t = tl.load(k_base + j[None, :] * skt, mask=kv_mask, other=0.0)
+        v_t = tl.load(v_base + j[None, :] * svt, mask=kv_mask, other=0.0)
+        s = tl.fma(_dot(q, k_t, PRECISION, UPCAST), scale * _LOG2E, last[:, None])
+        p = tl.where(j[None, :] < end[:, None], tl.exp2(s), 0.0)  # the gated pass's keys: 0
+        ds = p * (_dot(do, v_t, PRECISION, UPCAST) - delta[:, None])
+        reduced += _dot(ds.to(k_t.dtype), tl.trans(k_t), PRECISION, UPCAST)
+        far += tl.sum(ds, 1)
+    tl.atomic_add(DROWS + (bh * TQ + i) * P + (P - 1), far, mask=i_ok)
+    at = (bh * TQ + i[:, None]) * D + d[None, :]
+    dq = tl.load(DQ_NEAR + at, mask=q_mask, other=0.0) + reduced * scale
+    tl.store(DQ + at, dq.to(DQ.dtype.element_ty), mask=q_mask)
+
+
+@triton.jit
+def _cope_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, ROWS, END, CARRY_G, CARRY_D, DTOTAL,
                sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdob, sdoh, sdot,
                H, GROUP, TQ, TK, P, KB, scale,
                D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
@@ -245,18 +284,21 @@ def _cope_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, ROWS, CARRY_G, CARRY_D, DTOTAL,
         do = tl.load(DO + b * sdob + h * sdoh + i[:, None] * sdot + d[None, :], mask=q_mask, other=0.0)
         lse = tl.load(LSE + bh * TQ + i, mask=i_ok, other=float("inf"))
         delta = tl.load(DELTA + bh * TQ + i, mask=i_ok, other=0.0)
-        carry_at = (bh * TQ + i) * KB + kb
-        carry = tl.load(CARRY_G + carry_at, mask=i_ok, other=0.0)
-        right = tl.load(CARRY_D + carry_at, mask=i_ok, other=0.0)
-        total = tl.load(DTOTAL + bh * TQ + i, mask=i_ok, other=0.0)
+        # the rows that see the tile and hold it among _dq's gated tiles: the carries stored there
+        far = n0 < tl.load(END + bh * TQ + i, mask=i_ok, other=0)
+        gated = i_ok & (n0 <= i + (TK - TQ)) & ~far
         qk = _dot(q, k_t, PRECISION, UPCAST)  # (BM,BN)
-        if _all_far(carry, i_ok, P):  # a plain tile: one bias per query, dz = dS
+        if tl.max(gated.to(tl.int32)) == 0:  # a plain tile: one bias per query, dz = dS
             last = tl.load(ROWS + (bh * TQ + i) * P + (P - 1), mask=i_ok, other=0.0) * _LOG2E
             valid = (j[None, :] < TK) & (j[None, :] <= i[:, None] + (TK - TQ))
             p = tl.where(valid, tl.exp2(tl.fma(qk, scale * _LOG2E, last[:, None]) - lse[:, None]), 0.0)
             dv += _dot(tl.trans(p).to(do.dtype), do, PRECISION, UPCAST)
             dz = p * (_dot(do, v_t, PRECISION, UPCAST) - delta[:, None])
-        else:
+        else:  # a far row here counts more than P - 1 gates and has no dpos left: R = D, dz = dS
+            carry_at = (bh * TQ + i) * KB + kb
+            total = tl.load(DTOTAL + bh * TQ + i, mask=i_ok, other=0.0)
+            carry = tl.where(far, P * 1.0, tl.load(CARRY_G + carry_at, mask=gated, other=0.0))
+            right = tl.where(far, total, tl.load(CARRY_D + carry_at, mask=gated, other=0.0))
             logit, g, count, _, _, _, r_low, r_high, valid = _contextual(qk, carry, i, j, ROWS + (bh * TQ + i) * P,
                                                                          TQ, TK, P, scale)
             p = tl.exp2(logit * _LOG2E - lse[:, None])  # (BM,BN)
