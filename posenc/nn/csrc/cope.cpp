@@ -54,6 +54,25 @@ float logits_row(const Row& row, float scale, const float* rows, int64_t P, floa
     return carry;
 }
 
+// logits_row for the forward, which needs no gate or count afterwards: keys right to left in chunks, and once the
+// carry reaches P - 1 every key left of it clamps to the last entry, s = scale * s + rows[P - 1] (the value
+// logits_row gives it: its weight on the upper entry is 0), without a gate. A decode step against 4k keys and
+// P = 64 computes ~130 gates a head instead of 4k.
+float forward_logits_row(const Row& row, float scale, const float* rows, int64_t P, float carry) {
+    constexpr int64_t CHUNK = 64;
+    const float top = static_cast<float>(P - 1);
+    int64_t end = row.n;
+    for (; end > 0 && carry < top; end -= CHUNK) {
+        const int64_t start = std::max<int64_t>(0, end - CHUNK);
+        carry = logits_row(Row{row.s + start, row.gate, row.count, end - start}, scale, rows, P, carry);
+    }
+    float* s = row.s;
+    const float last = rows[P - 1];
+#pragma omp simd
+    for (int64_t j = 0; j < std::max<int64_t>(end, 0); ++j) s[j] = s[j] * scale + last;
+    return carry;
+}
+
 struct Scratch {
     std::vector<float> s, dp, acc, max, sum, carry, gate, count, dpos, delta, total, right;
     explicit Scratch(const Attention& a)
@@ -83,7 +102,7 @@ void forward_block(const Attention& a, const CopeArgs& c, int64_t b, int64_t h, 
             const int64_t i = q0 + r, n = a.valid(i, k0, kn);
             float* sr = s + r * kn;
             const float* rows = c.rows + ((b * a.H + h) * a.Tq + i) * P;
-            w.carry[r] = logits_row(w.row(sr, n), a.scale, rows, P, w.carry[r]);
+            w.carry[r] = forward_logits_row(w.row(sr, n), a.scale, rows, P, w.carry[r]);
             const float alpha = online_softmax_block(sr, n, kn, row_max(sr, n), w.max[r], w.sum[r]);
             if (alpha < 0.0f) continue;  // no key yet for this query
             if (alpha != 1.0f)
