@@ -134,7 +134,7 @@ _CTYPES = {"p": ctypes.c_void_p, "a": ctypes.POINTER(ctypes.c_int64), "i": ctype
 SIGNATURES = {
     "posenc_set_blas": (None, *"pp"),
     "posenc_rotate": (None, *"papappaaifi"),
-    "posenc_rotate_pair": (None, *"pppppaii"),
+    "posenc_rotate_pair": (None, *"pppppppaii"),
     "posenc_attention_rows_forward": (ctypes.c_int, *"pp"),
     "posenc_attention_rows_backward": (ctypes.c_int, *"pp"),
     "posenc_attention_piecewise_forward": (ctypes.c_int, *"pp"),

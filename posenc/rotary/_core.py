@@ -70,15 +70,19 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False)
     return _first_served(kernels, x, cos, sin, interleaved, 1.0)  # grad none: the plan just asked is _rotate's
 
 
-def rotate_pair(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False) -> tuple[Tensor, Tensor]:
-    """apply_rotary of q (B,H,T,Dh) and of k (B,Hkv,T,Dh) by the same tables, as one tensor's two views (a decode
-    step's own rows: one operator for both). Where the rotation table's first kernel for them is the native one,
-    it writes both without concatenating them first."""
-    no_grad = rotation_grad(q, cos, sin) == rotation_grad(k, cos, sin) == "none"
+def rotate_pair(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False,
+                cos_k: Tensor | None = None, sin_k: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """apply_rotary of q (B,H,T,Dh) by cos, sin and of k (B,Hkv,T,Dh) by cos_k, sin_k (default: the same), as one
+    tensor's two views (a decode step's own rows: one operator for both). Where the rotation table's first kernel
+    for them is the native one, it writes both without concatenating them first."""
+    cos_k, sin_k = (cos, sin) if cos_k is None else (cos_k, sin_k)
+    no_grad = rotation_grad(q, cos, sin) == rotation_grad(k, cos_k, sin_k) == "none"
     if no_grad and dispatch.rotation_plan(rotation_device(q, cos, sin, "none"), q.dtype, "none")[1][0] == "native":
-        pair = _fast.rotate_pair_native(q, k, cos, sin, interleaved)
+        pair = _fast.rotate_pair_native(q, k, cos, sin, interleaved, cos_k, sin_k)
         if pair is not None:
             return pair
+    if cos_k is not cos or sin_k is not sin:
+        return apply_rotary(q, cos, sin, interleaved), apply_rotary(k, cos_k, sin_k, interleaved)
     both = apply_rotary(torch.cat((q, k), dim=1), cos, sin, interleaved)  # (B,H+Hkv,T,Dh)
     return both.split((q.shape[1], k.shape[1]), dim=1)
 

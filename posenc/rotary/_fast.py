@@ -108,48 +108,59 @@ def rotate_native(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, sign: 
     return out
 
 
-def rotate_pair_native(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor,
-                       interleaved: bool) -> tuple[Tensor, Tensor] | None:
-    """q (B,H,T,Dh) and k (B,Hkv,T,Dh) float32 on CPU rotated by the same tables (B|1,1,T,R/2) into one new tensor
-    (B,H+Hkv,T,Dh), returned as its two views; None where rotate_native would not serve either. A decode step
+def rotate_pair_native(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, cos_k: Tensor | None = None,
+                       sin_k: Tensor | None = None) -> tuple[Tensor, Tensor] | None:
+    """q (B,H,T,Dh) and k (B,Hkv,T,Dh) float32 on CPU rotated by tables (B|1,1,T,R/2), k by cos_k, sin_k (default:
+    q's), into one new tensor (B,H+Hkv,T,Dh), returned as its two views; None where rotate_native would not serve
+    either. A decode step
     rotates its own row of q and k in every layer: this is rotate_native without the concatenation, with every
     check of the layout made once per layout (_pair_layout), and one kernel call for both into one output."""
-    if not (q.is_cpu and k.is_cpu and cos.is_cpu) or (lib := native.library()) is None:
+    cos_k, sin_k = (cos, sin) if cos_k is None else (cos_k, sin_k)
+    if not (q.is_cpu and k.is_cpu and cos.is_cpu and cos_k.is_cpu) or (lib := native.library()) is None:
         return None
     layout = _pair_layout(q.shape, q.stride(), q.dtype, k.shape, k.stride(), k.dtype, cos.shape, cos.stride(),
-                          sin.shape, sin.stride(), cos.dtype, sin.dtype)
+                          sin.shape, sin.stride(), cos.dtype, sin.dtype, cos_k.shape, cos_k.stride(), sin_k.shape,
+                          sin_k.stride(), cos_k.dtype, sin_k.dtype)
     if layout is None:
         return None
     shape, arrays, split = layout
     out = torch.empty(shape)
-    lib.posenc_rotate_pair(q.data_ptr(), k.data_ptr(), out.data_ptr(), cos.data_ptr(), sin.data_ptr(), arrays,
-                           int(interleaved), torch.get_num_threads())
+    lib.posenc_rotate_pair(q.data_ptr(), k.data_ptr(), out.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+                           cos_k.data_ptr(), sin_k.data_ptr(), arrays, int(interleaved), torch.get_num_threads())
     return out.split_with_sizes(split, 1)  # (Tensor.split's Python wrapper cost as much again)
 
 
 @functools.lru_cache(maxsize=64)
 def _pair_layout(q_shape, q_strides, q_dtype, k_shape, k_strides, k_dtype, cos_shape, cos_strides, sin_shape,
-                 sin_strides, cos_dtype, sin_dtype) -> tuple | None:
+                 sin_strides, cos_dtype, sin_dtype, cos_k_shape, cos_k_strides, sin_k_shape, sin_k_strides,
+                 cos_k_dtype, sin_k_dtype) -> tuple | None:
     """For rotate_pair_native: (the output's shape, the kernel's layout array: q's and k's strides and shapes and k's
     first element in the output, the split), or None where a layout or dtype is not the kernel's. Raises
     (check_rotary) for tables wider than the head."""
     if q_dtype != torch.float32 or k_dtype != torch.float32 or len(q_shape) != 4 or len(k_shape) != 4:
         return None
-    if cos_shape != sin_shape or len(cos_shape) < 1 or 2 * cos_shape[-1] > q_shape[-1]:
-        check_rotary(torch.empty(q_shape, device="meta"), torch.empty(cos_shape, device="meta"),
-                     torch.empty(sin_shape, device="meta"))
     (b, h, t, d), hkv = q_shape, k_shape[1]
-    if (tuple(k_shape) != (b, hkv, t, d) or len(cos_shape) != 4 or cos_shape[0] not in (1, b)
-            or tuple(cos_shape[1:3]) != (1, t) or q_strides[-1] != 1 or k_strides[-1] != 1
-            or cos_dtype != torch.float32 or sin_dtype != torch.float32 or cos_strides != sin_strides
-            or cos_strides[-1] != 1):
+    tables = ((cos_shape, cos_strides, sin_shape, sin_strides, cos_dtype, sin_dtype),
+              (cos_k_shape, cos_k_strides, sin_k_shape, sin_k_strides, cos_k_dtype, sin_k_dtype))
+    if (tuple(k_shape) != (b, hkv, t, d) or q_strides[-1] != 1 or k_strides[-1] != 1
+            or not all(_table_fits(q_shape, *table) for table in tables)):
         return None
     shape = (b, h + hkv, t, d)
     out_strides = (shape[1] * t * d, t * d, d, 1)  # torch.empty(shape)'s
     arrays = (*_native_strides(q_shape, q_strides, out_strides, cos_shape, cos_strides),
-              *_native_strides(k_shape, k_strides, out_strides, cos_shape, cos_strides))
+              *_native_strides(k_shape, k_strides, out_strides, cos_k_shape, cos_k_strides))
     layout = native.int64s(*(n for array in arrays for n in array), h * t * d)  # k's rows start after q's
     return shape, layout, (h, hkv)
+
+
+def _table_fits(x_shape, cos_shape, cos_strides, sin_shape, sin_strides, cos_dtype, sin_dtype) -> bool:
+    """cos, sin (B|1,1,T,R/2) float32 with a shared, unit-stride last dim layout for x (B,H,T,Dh); raises
+    (check_rotary) for tables wider than the head."""
+    if cos_shape != sin_shape or len(cos_shape) < 1 or 2 * cos_shape[-1] > x_shape[-1]:
+        check_rotary(torch.empty(x_shape, device="meta"), torch.empty(cos_shape, device="meta"),
+                     torch.empty(sin_shape, device="meta"))
+    return (len(cos_shape) == 4 and cos_shape[0] in (1, x_shape[0]) and tuple(cos_shape[1:3]) == (1, x_shape[2])
+            and cos_dtype == sin_dtype == torch.float32 and cos_strides == sin_strides and cos_strides[-1] == 1)
 
 
 @functools.lru_cache(maxsize=256)

@@ -26,7 +26,7 @@ from torch import Tensor
 from posenc.inference_tensors import position_version
 from posenc.nn.kept_tables import kept
 from posenc.rotary import rope
-from posenc.rotary._core import angles, apply_rotary
+from posenc.rotary._core import angles, apply_rotary, rotate_pair
 from posenc.rotary.rope import TABLE_CAP, RoPE, RotaryOptions, gather_rows
 from posenc.scheme import Dims, RotationTables, from_first_key, shared_row_extremes
 from posenc.validators import number_in
@@ -114,6 +114,8 @@ class XPos(RoPE):
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
         cq, sq = self._tables(q_pos, +1.0)
         ck, sk = self._tables(k_pos, -1.0)
+        if k_pos is q_pos and q.shape[-2] == 1 and q.dtype == k.dtype:  # a decode step: one call, not two
+            return rotate_pair(q, k, cq, sq, self.interleaved, ck, sk)  # views of one (B,H+Hkv,1,Dh)
         return apply_rotary(q, cq, sq, self.interleaved), apply_rotary(k, ck, sk, self.interleaved)
 
     def rotation_tables(self, q_pos: Tensor, k_pos: Tensor) -> RotationTables:

@@ -15,6 +15,7 @@ import posenc
 from posenc.nn import native as native_kernels
 from posenc.rotary import _core, _fast
 from posenc.rotary._core import apply_rotary, apply_rotary_autograd, apply_rotary_reference, cos_sin, inv_frequencies
+from tests.conftest import tiny_gpt
 
 
 def case(shape: tuple[int, ...], rot: int, dtype=torch.float64, seed: int = 0):
@@ -150,6 +151,35 @@ def test_a_decode_steps_q_and_k_rotate_in_one_output_like_the_reference(interlea
     for x, out in ((q, rq), (k, rk)):
         reference = apply_rotary_reference(x.double(), pos, inv_freq, interleaved)
         torch.testing.assert_close(out, reference.float(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "pytorch"])
+def test_a_pair_with_the_keys_own_tables_rotates_each_by_its_own(native, monkeypatch):
+    """xPos's decode step: q by tables scaled up, k by tables scaled down (here: other angles and scales, per batch
+    row for k), in one native call or, where it does not serve, one rotation each: equal to apply_rotary of each by
+    its own tables, bit for bit. And xPos's rotate() of a decode step takes this path."""
+    if native and native_kernels.library() is None:
+        pytest.skip("no native kernels here (POSENC_NATIVE=0 or no compiler)")
+    g = torch.Generator().manual_seed(9)
+    q, k = torch.randn(2, 6, 1, 16, generator=g), torch.randn(2, 2, 1, 16, generator=g)
+    inv_freq = inv_frequencies(16, 10000.0)
+    cos_q, sin_q = (t.float() * 1.5 for t in cos_sin(torch.tensor([[41]]), inv_freq))
+    cos_k, sin_k = (t.float() / 1.5 for t in cos_sin(torch.tensor([[7], [300]]), inv_freq))
+    served, pair = [], _fast.rotate_pair_native
+    monkeypatch.setattr(_fast, "rotate_pair_native",
+                        lambda *args: served.append(pair(*args) if native else None) or served[-1])
+    with torch.no_grad():
+        rq, rk = _core.rotate_pair(q, k, cos_q, sin_q, False, cos_k, sin_k)
+    assert (served[-1] is not None) == native
+    torch.testing.assert_close(rq, apply_rotary(q, cos_q, sin_q), rtol=0, atol=0)
+    torch.testing.assert_close(rk, apply_rotary(k, cos_k, sin_k), rtol=0, atol=0)
+    model = tiny_gpt("xpos")
+    served.clear()
+    with torch.no_grad():
+        cache = model.new_cache()
+        model(torch.tensor([[1, 2, 3]]), cache=cache)
+        model(torch.tensor([[4]]), cache=cache)
+    assert served, "xPos's decode step did not rotate q and k as a pair"
 
 
 def test_a_pair_the_native_kernel_does_not_take_is_rotated_all_the_same():

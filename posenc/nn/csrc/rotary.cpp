@@ -63,12 +63,13 @@ extern "C" void posenc_rotate(const float* x, const int64_t* x_strides, float* o
     }
 }
 
-// A decode step's q and k rotated by the same tables into one output, in one call (a decode step pays every call
-// from Python in every layer). layout (27): q's x strides (3), out strides (3), cos/sin strides (2), shape (5),
-// then k's thirteen, then k's first element in out.
-extern "C" void posenc_rotate_pair(const float* q, const float* k, float* out, const float* cos, const float* sin,
-                                   const int64_t* layout, int interleaved, int threads) {
-    posenc_rotate(q, layout, out, layout + 3, cos, sin, layout + 6, layout + 8, interleaved, 1.0f, threads);
-    posenc_rotate(k, layout + 13, out + layout[26], layout + 16, cos, sin, layout + 19, layout + 21, interleaved, 1.0f,
-                  threads);
+// A decode step's q and k rotated into one output, in one call (a decode step pays every call from Python in every
+// layer); k by its own tables (xPos scales them the other way), or q's. layout (27): q's x strides (3), out strides
+// (3), cos/sin strides (2), shape (5), then k's thirteen, then k's first element in out.
+extern "C" void posenc_rotate_pair(const float* q, const float* k, float* out, const float* cos_q, const float* sin_q,
+                                   const float* cos_k, const float* sin_k, const int64_t* layout, int interleaved,
+                                   int threads) {
+    posenc_rotate(q, layout, out, layout + 3, cos_q, sin_q, layout + 6, layout + 8, interleaved, 1.0f, threads);
+    posenc_rotate(k, layout + 13, out + layout[26], layout + 16, cos_k, sin_k, layout + 19, layout + 21, interleaved,
+                  1.0f, threads);
 }
