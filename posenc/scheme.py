@@ -299,7 +299,7 @@ def shared_row(pos: Tensor) -> Tensor:
 def extremes(pos: Tensor) -> tuple[int, int]:
     """(lowest, highest) position of pos (any shape; (0, 0) when empty), read with one synchronisation."""
     if pos.numel() <= 1:
-        only = int(pos.reshape(())) if pos.numel() else 0
+        only = int(pos.item()) if pos.numel() else 0  # (one operator: reshape first was two)
         return only, only
     lowest, highest = pos.aminmax()
     return int(lowest), int(highest)

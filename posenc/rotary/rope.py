@@ -129,7 +129,7 @@ class RoPE(Scheme):
             cos, sin = (gather_rows(table, pos, highest) for table in self._position_table(highest + 1, pos.device))
         else:  # beyond the cap (e.g. a 1e6 offset): compute these rows directly, still in float64
             cos, sin = cos_sin(pos, self.inv_freq.to(pos.device), self.attention_scaling)
-        self._memo = (key, position_version(key), cos, sin)
+        self.__dict__["_memo"] = (key, position_version(key), cos, sin)  # (nn.Module's __setattr__ checks ~10 things)
         return cos, sin
 
     def _position_table(self, needed: int, device: torch.device) -> tuple[Tensor, Tensor]:

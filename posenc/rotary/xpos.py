@@ -97,7 +97,7 @@ class XPos(RoPE):
             tables = tuple(gather_rows(t, row, highest) for t in self._side_table(sign, highest + 1, row.device))
         else:  # beyond the cap: these rows directly, still in float64
             tables = xpos_tables(row, self.inv_freq, self.log_zeta, self.scale_base, sign)
-        self._memo = {**memo, sign: (pos, position_version(pos), tables)}
+        self.__dict__["_memo"] = {**memo, sign: (pos, position_version(pos), tables)}  # (not nn.Module's __setattr__)
         return tables
 
     def _side_table(self, sign: float, needed: int, device: torch.device) -> tuple[Tensor, Tensor]:
