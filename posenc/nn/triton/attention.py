@@ -28,7 +28,7 @@ from posenc.nn.fused_attention import per_batch_row
 from posenc.nn.triton import attention_kernels as kernels
 from posenc.nn.triton import cdiv, next_power_of_2
 
-ROW_KERNELS = ("forward", "dkdv", "dq", "dq_rows", "dq_head_params")  # whose tiles read the padded rows
+ROW_KERNELS = ("forward", "dkdv", "dq", "dq_rows", "dq_head_params", "dq_buckets")  # whose tiles read the padded rows
 REDUCE_BLOCK = 256  # row elements per program of the row-gradient reduction
 GRID_AXIS_LIMIT = 65_535  # CUDA's limit on grid axes 1 and 2 (heads, batch)
 INT32_LIMIT = 2**31
@@ -139,6 +139,9 @@ _BY_HEAD_DIM = {
     # at 128x32, 400-1032 B spilled at 128x64 and 128x32 4 warps.
     "dq_head_params": {16: Tiles(128, 64, 8, 2), 32: Tiles(128, 64, 8, 2), 64: Tiles(128, 64, 8, 2),
                        128: Tiles(128, 64, 8, 2), 256: Tiles(64, 32, 8, 2)},
+    # dQ with the bucket table's sums (bucket_bias_kernels.py: T5). SWEEP
+    "dq_buckets": {16: Tiles(128, 64, 8, 2), 32: Tiles(128, 64, 8, 2), 64: Tiles(128, 64, 8, 2),
+                   128: Tiles(128, 64, 8, 2), 256: Tiles(64, 32, 8, 2)},
     **RELATIVE_BY_HEAD_DIM,
     # The piecewise bias (piecewise_attention.py: FIRE); pieces_dq_grad needs BM <= BN like dq_rows. Sweeps at
     # bf16, causal (registers / spilled bytes / hot-loop instructions, a knot crossing's branch included): forward
@@ -176,6 +179,7 @@ _FP32_BY_HEAD_DIM = {
     # 64, 2.44 against 1.98 at 128; 64x32 8 warps 1.91 and 120 B spilled; 64x64 24-376 B), so the dispatch keeps
     # float32 on dq_rows; these tiles serve attend_head_bias called directly (tests).
     "dq_head_params": dict.fromkeys((16, 32, 64, 128), Tiles(32, 32, 4, 2)),
+    "dq_buckets": dict.fromkeys((16, 32, 64, 128), Tiles(32, 32, 4, 2)),
     **RELATIVE_FP32_BY_HEAD_DIM,
     # FIRE's with TF32: dkdv 32x64 spilled 80 B at 64 (32x32: 186/0), dq 64x32 272 B at 128, dq_grad 32x32 4 warps
     # 56 B at 128 (8 warps: 220/0).
