@@ -23,8 +23,9 @@ The key is (form, device, dtype, grad, decode):
 The kernels for the key are the fast ones of the first table (empty where no rule matches) followed by the form's
 tail, tried in order: the first that serves runs. A kernel declines (returns None) where its own condition fails:
 rows need positions that count up by one and no dropout, triton_contextual a head dim its tiles cover (up to 128
-in 16-bit types, 64 in float32), triton_head_bias, triton_bucket_bias and triton_pieces_param a call without a gradient (and the
-latter pieces without their feature's parameter: a user's own piecewise scheme), flex a long input, a score_mod and
+in 16-bit types, 64 in float32), triton_head_bias, triton_bucket_bias and triton_pieces_param a call without a
+gradient (triton_bucket_bias also a table of more than MAX_BUCKETS = 128 buckets, triton_pieces_param pieces without
+their feature's parameter: a user's own piecewise scheme), flex a long input, a score_mod and
 POSENC_FLEX on the CPU, chunked more than CHUNK_ROWS queries; the last of every tail always serves. flex is left out
 for a scheme whose class gives no score_mod.
 
@@ -190,7 +191,10 @@ FAST_RULES: tuple[tuple[str, str, tuple[torch.dtype, ...], tuple[str, ...], tupl
     ("head_distance", "cpu", (torch.float32,), ("rows_decode",), ("native_rows",)),
     ("head_distance", "cuda", (torch.bfloat16, torch.float16), ("rows_decode",), ("triton_head_bias", "triton_rows")),
     ("head_distance", "cuda", (torch.float32,), ("rows_decode",), ("triton_rows",)),
-    # bucket_distance: FLOAT32_NOTE
+    # bucket_distance: T5's table summed per bucket and tile in dQ (the static table: 0.40 instructions per pair and
+    # warp on a one-bucket tile at bf16 Dh 64 against the diagonal sums' 1.27). float32 keeps triton_rows: its TF32
+    # one-bucket path is shorter too (0.89 against 1.41 at 128x16), but at BN = 16 a tile spanning several buckets
+    # runs nine chunks of diagonal sums, not yet counted, and no GPU has timed either
     ("bucket_distance", "cpu", (torch.float32,), ("rows_decode",), ("native_rows",)),
     ("bucket_distance", "cuda", (torch.bfloat16, torch.float16), ("rows_decode",),
      ("triton_bucket_bias", "triton_rows")),
@@ -209,8 +213,8 @@ FAST_RULES: tuple[tuple[str, str, tuple[torch.dtype, ...], tuple[str, ...], tupl
 BIAS_TAIL = {False: ("flex", "chunked", "reference"), True: ("chunked", "reference")}  # by grad
 TAILS: dict[str, dict[bool, tuple[str, ...]]] = {
     "plain": {False: ("sdpa",), True: ("sdpa",)},
-    **{form: BIAS_TAIL for form in ("contextual", "head_distance", "bucket_distance", "distance", "piecewise", "relative",
-                                    "bias")},
+    **{form: BIAS_TAIL for form in ("contextual", "head_distance", "bucket_distance", "distance", "piecewise",
+                                    "relative", "bias")},
     **{form: {False: ("eager_weights",), True: ("eager_weights",)} for form in ("values", "weights")},
 }
 # (device, grad, decode) -> the kernels for a mapped scheme, less those MAP_DTYPES rules out for the dtype
