@@ -116,6 +116,31 @@ def straight_instructions(sass: str) -> int:
     return count
 
 
+def fallthrough_instructions(sass: str) -> int:
+    """loop_instructions' loop along the path that takes no conditional forward branch and every unconditional one:
+    the path of a tile whose tests all fall through (T5's dQ: a tile of the running bucket; its other cases are laid
+    out after the loop's body). Equal to loop_instructions for a loop without branches."""
+    instructions = [(int(m.group(1), 16), m.group(2), m.group(3), m.group(4)) for m in _INSTRUCTION.finditer(sass)]
+    address_index = {a: n for n, (a, _, _, _) in enumerate(instructions)}
+    best: tuple[int, int] | None = None
+    for n, (_, _, op, rest) in enumerate(instructions):
+        target = re.search(r"0x([0-9a-f]+)", rest) if op.startswith("BRA") else None
+        if target is None or (start := address_index.get(int(target.group(1), 16))) is None or start > n:
+            continue
+        if any(o.startswith(("HGMMA", "HMMA", "WARPGROUP")) for _, _, o, _ in instructions[start : n + 1]):
+            best = (start, n) if best is None or n - start < best[1] - best[0] else best
+    if best is None:
+        return 0
+    count, n = 0, best[0]
+    while n <= best[1]:
+        _, predicate, op, rest = instructions[n]
+        count += 1
+        target = re.search(r"0x([0-9a-f]+)", rest) if op.startswith("BRA") and not predicate else None
+        jump = address_index.get(int(target.group(1), 16)) if target else None
+        n = jump if jump is not None and n < jump <= best[1] else n + 1
+    return count
+
+
 @contextlib.contextmanager
 def _tf32() -> Iterator[None]:
     saved = torch.get_float32_matmul_precision()
@@ -187,6 +212,24 @@ def head_bias_launches(dtype: torch.dtype, head_dim: int, causal: bool, *, batch
         e = torch.full((batch,), length, device="meta", dtype=torch.int64)
         out = attend_head_bias(q, k, v, theta, rows, derivatives, e, causal)
         torch.autograd.grad(out, [q, k, v, theta], torch.empty_like(out))
+    return launches
+
+
+def bucket_bias_launches(dtype: torch.dtype, head_dim: int, causal: bool, *, batch: int = 2, heads: int = 8,
+                         kv_heads: int = 2, length: int = 1024, buckets: int = 32) -> list[_Launch]:
+    """Forward and backward of the bucket-table path (posenc.nn.triton.bucket_bias: T5's, 32 buckets) on meta
+    tensors: the row kernel's forward and dK/dV, and dQ with the table's sums per bucket and tile (dq_buckets)."""
+    from posenc.nn.triton.bucket_bias import attend_bucket_bias
+
+    with recorded_launches() as launches, _tf32():
+        q = torch.empty(batch, heads, length, head_dim, device="meta", dtype=dtype, requires_grad=True)
+        k, v = (torch.empty(batch, kv_heads, length, head_dim, device="meta", dtype=dtype, requires_grad=True)
+                for _ in range(2))
+        table = torch.empty(heads, buckets, device="meta", requires_grad=True)
+        indices = torch.zeros(2 * length, device="meta", dtype=torch.int64)
+        e = torch.full((batch,), length, device="meta", dtype=torch.int64)
+        out = attend_bucket_bias(q, k, v, table, indices, e, causal)
+        torch.autograd.grad(out, [q, k, v, table], torch.empty_like(out))
     return launches
 
 
@@ -393,6 +436,20 @@ def head_bias_records(dtypes: list[str], head_dims: list[int], workdir: Path,
     return records
 
 
+def bucket_bias_records(dtypes: list[str], head_dims: list[int], workdir: Path,
+                        causal_options=(True, False)) -> list[dict]:
+    """dQ with the bucket table's sums (T5's training path in 16-bit types; float32 keeps the row gradient's dq,
+    posenc.nn.dispatch), compiled and read; its forward and dK/dV are the row kernel's."""
+    records = []
+    for dtype, head_dim in _served(dtypes, head_dims, lambda dtype, head_dim: dtype != "fp32"):
+        for causal in causal_options:
+            for launch in bucket_bias_launches(DTYPES[dtype], head_dim, causal):
+                if _name(launch.kernel) == "dq_buckets":
+                    setting = f"{dtype} Dh={head_dim} {'causal' if causal else 'full'} buckets"
+                    records.append(asdict(analyse(launch, setting, workdir)))
+    return records
+
+
 def piecewise_records(dtypes: list[str], head_dims: list[int], workdir: Path,
                       causal_options=(True, False)) -> list[dict]:
     """Every kernel the piecewise-bias attention (FIRE) launches, compiled and read; each forward against the row
@@ -530,6 +587,7 @@ def main(argv: list[str] | None = None) -> int:
         head_dims = [int(d) for d in args.head_dims.split(",")]
         records = attention_records(dtypes, head_dims, Path(workdir))
         records += head_bias_records(dtypes, head_dims, Path(workdir))
+        records += bucket_bias_records(dtypes, head_dims, Path(workdir))
         records += piecewise_records(dtypes, head_dims, Path(workdir))
         records += relative_records(dtypes, head_dims, Path(workdir))
         records += cope_records(dtypes, head_dims, Path(workdir))

@@ -100,6 +100,18 @@ MAX_HEAD_PARAMS = 3  # the kernels' accumulators per head (head_bias_kernels.py)
 
 
 @dataclass(frozen=True)
+class BucketBias:
+    """bias_by_distance as a lookup in a table of a few values per head, by a fixed bucket per distance:
+        rows[h, s] = table[h, buckets[s]]
+    Gradients reach the scheme through table (a tensor in autograd's graph); buckets carry none. A kernel then sums
+    dS per bucket and tile into dL/dtable (H,NB) instead of the row gradient by distance (T5's buckets: past
+    max_distance every distance shares the last bucket, so far tiles hold one bucket each)."""
+
+    table: Tensor  # (H,NB)
+    buckets: Tensor  # (S,) int64 in [0, NB)
+
+
+@dataclass(frozen=True)
 class RotationTables:
     """rotate() as tables of cos and sin (posenc.rotary.apply_rotary's): rotate(q, k) is apply_rotary(q, cos_q,
     sin_q, interleaved), apply_rotary(k, cos_k, sin_k, interleaved). A decode step computes them once for every
@@ -222,6 +234,12 @@ class Scheme(nn.Module):
         """bias_by_distance(distance) as a HeadBias, or None (the default): a scheme declares by overriding this
         that each head's row depends on its own head's parameters only (at most MAX_HEAD_PARAMS of them), and a
         training kernel sums their gradients per tile (posenc.nn.dispatch's head_distance form)."""
+        return None
+
+    def bucket_bias(self, distance: Tensor) -> BucketBias | None:
+        """bias_by_distance(distance) as a BucketBias, or None (the default): a scheme declares by overriding this that
+        its rows are a table read at a fixed bucket per distance, and a training kernel sums the table's gradient per
+        bucket and tile (posenc.nn.dispatch's bucket_distance form)."""
         return None
 
     def relative_rows(self, q: Tensor, low: int, high: int) -> RelativeRows | None:

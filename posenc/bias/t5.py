@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from posenc.bias._distance import distance_bias
 from posenc.errors import bad_value
-from posenc.scheme import Dims, Scheme, ScoreMod
+from posenc.scheme import BucketBias, Dims, Scheme, ScoreMod
 
 
 def check_bucket_options(num_buckets: int, max_distance: int) -> None:
@@ -94,6 +94,10 @@ class T5RelativeBias(Scheme):
         """distance (S,) m - n -> (H,S): buckets of n - m, looked up once per distance."""
         buckets = _bucket(-distance, self.bidirectional, self.num_buckets, self.max_distance)
         return self.table[buckets].t()
+
+    def bucket_bias(self, distance: Tensor) -> BucketBias:
+        """bias_by_distance as the table (H, buckets) and each distance's bucket (S,)."""
+        return BucketBias(self.table.t(), _bucket(-distance, self.bidirectional, self.num_buckets, self.max_distance))
 
     def score_mod(self, q_pos: Tensor, k_pos: Tensor) -> ScoreMod:
         # One lookup per score: the bias of every distance in range, (H, span), built once per call.

@@ -8,7 +8,8 @@ The key is (form, device, dtype, grad, decode):
             plain       no bias at all (rotary, absolute, none)
             contextual  contextual_rows (cope)
             head_distance  head_bias: one row per head from that head's parameters only (kerple)
-            distance    bias_by_distance: one row per head (alibi, sandwich, relative)
+            bucket_distance  bucket_bias: one row per head read from a table by a bucket per distance (relative)
+            distance    bias_by_distance: one row per head (alibi, sandwich)
             piecewise   piecewise_bias (fire)
             values      relative_rows and needs_weights: rows per query and a value term (shaw)
             relative    relative_rows: rows per query (transformer_xl)
@@ -22,8 +23,9 @@ The key is (form, device, dtype, grad, decode):
 The kernels for the key are the fast ones of the first table (empty where no rule matches) followed by the form's
 tail, tried in order: the first that serves runs. A kernel declines (returns None) where its own condition fails:
 rows need positions that count up by one and no dropout, triton_contextual a head dim its tiles cover (up to 128
-in 16-bit types, 64 in float32), triton_head_bias and triton_pieces_param a call without a gradient (and the
-latter pieces without their feature's parameter: a user's own piecewise scheme), flex a long input, a score_mod and
+in 16-bit types, 64 in float32), triton_head_bias, triton_bucket_bias and triton_pieces_param a call without a
+gradient (triton_bucket_bias also a table of more than MAX_BUCKETS = 128 buckets, triton_pieces_param pieces without
+their feature's parameter: a user's own piecewise scheme), flex a long input, a score_mod and
 POSENC_FLEX on the CPU, chunked more than CHUNK_ROWS queries; the last of every tail always serves. flex is left out
 for a scheme whose class gives no score_mod.
 
@@ -34,6 +36,9 @@ for a scheme whose class gives no score_mod.
     head_distance cpu   float32                     rows_decode        native_rows
     head_distance cuda  bfloat16 float16            rows_decode        triton_head_bias triton_rows
     head_distance cuda  float32                     rows_decode        triton_rows
+    bucket_distance cpu  float32                    rows_decode        native_rows
+    bucket_distance cuda bfloat16 float16           rows_decode        triton_bucket_bias triton_rows
+    bucket_distance cuda float32                    rows_decode        triton_rows
     piecewise   cpu     float32                     pieces_decode      native_pieces
     piecewise   cuda    bfloat16 float16 float32    pieces_decode      triton_pieces_param triton_pieces
     contextual  cpu     float32                     native_contextual  native_contextual
@@ -48,6 +53,7 @@ for a scheme whose class gives no score_mod.
     plain                                               sdpa                          sdpa
     contextual distance piecewise relative bias         flex > chunked > reference    chunked > reference
     head_distance                                       flex > chunked > reference    chunked > reference
+    bucket_distance                                     flex > chunked > reference    chunked > reference
     values weights                                      eager_weights                 eager_weights
     attends                                             scheme_attend > (the tail of the class's other form)
 
@@ -80,7 +86,7 @@ on keys outside a layer's window); a rotating scheme also gives its tables (Sche
     form        the step's row                                       refused
     ----------  ---------------------------------------------------  -------------------------------------------
     plain       0                                                    a class that rotates without rotation_tables
-    distance    rows_decode's row (where it declines: bias()'s); head_distance likewise
+    distance    rows_decode's row (where it declines: bias()'s); head_distance and bucket_distance likewise
     piecewise   pieces_decode's row (where it declines: bias()'s)
     mapped      map_rotate, then SLOT_RULES' attention (below):      a scheme under the map whose rotation does
                 per map the query's rotation, the new key rotated    not turn pairs of dims (no rot_dim and
@@ -154,6 +160,7 @@ KERNELS: dict[str, Callable[[Call], Tensor | None]] = {
     "native_rows": row_paths.native_rows,  # csrc/attention_*.cpp, rows per head
     "triton_rows": row_paths.triton_rows,  # triton/attention.py, rows per head
     "triton_head_bias": row_paths.triton_head_bias,  # triton/head_bias.py, rows per head, gradients per head (grad)
+    "triton_bucket_bias": row_paths.triton_bucket_bias,  # triton/bucket_bias.py, the table's gradient per bucket (grad)
     "pieces_decode": decode_paths.pieces_decode,  # SDPA with FIRE's bias row as the mask, built once per step
     "native_pieces": row_paths.native_pieces,  # csrc, FIRE's MLP per block of scores
     "triton_pieces": row_paths.triton_pieces,  # triton/piecewise_attention.py, FIRE's MLP per tile
@@ -185,6 +192,14 @@ FAST_RULES: tuple[tuple[str, str, tuple[torch.dtype, ...], tuple[str, ...], tupl
     ("head_distance", "cpu", (torch.float32,), ("rows_decode",), ("native_rows",)),
     ("head_distance", "cuda", (torch.bfloat16, torch.float16), ("rows_decode",), ("triton_head_bias", "triton_rows")),
     ("head_distance", "cuda", (torch.float32,), ("rows_decode",), ("triton_rows",)),
+    # bucket_distance: T5's table summed per bucket and tile in dQ (the static table: 0.40 instructions per pair and
+    # warp on a one-bucket tile at bf16 Dh 64 against the diagonal sums' 1.27). float32 keeps triton_rows: its TF32
+    # one-bucket path is shorter too (0.89 against 1.41 at 128x16), but at BN = 16 a tile spanning several buckets
+    # runs nine chunks of diagonal sums, not yet counted, and no GPU has timed either
+    ("bucket_distance", "cpu", (torch.float32,), ("rows_decode",), ("native_rows",)),
+    ("bucket_distance", "cuda", (torch.bfloat16, torch.float16), ("rows_decode",),
+     ("triton_bucket_bias", "triton_rows")),
+    ("bucket_distance", "cuda", (torch.float32,), ("rows_decode",), ("triton_rows",)),
     ("piecewise", "cpu", (torch.float32,), ("pieces_decode",), ("native_pieces",)),
     # piecewise: the feature's parameter summed per tile took fewer instructions per pair than the diagonal sums in
     # every dtype, TF32 included (the static table: 2.00 against 3.11 at Dh 64, 3.86 against 7.13 at 128)
@@ -199,7 +214,8 @@ FAST_RULES: tuple[tuple[str, str, tuple[torch.dtype, ...], tuple[str, ...], tupl
 BIAS_TAIL = {False: ("flex", "chunked", "reference"), True: ("chunked", "reference")}  # by grad
 TAILS: dict[str, dict[bool, tuple[str, ...]]] = {
     "plain": {False: ("sdpa",), True: ("sdpa",)},
-    **{form: BIAS_TAIL for form in ("contextual", "head_distance", "distance", "piecewise", "relative", "bias")},
+    **{form: BIAS_TAIL for form in ("contextual", "head_distance", "bucket_distance", "distance", "piecewise",
+                                    "relative", "bias")},
     **{form: {False: ("eager_weights",), True: ("eager_weights",)} for form in ("values", "weights")},
 }
 # (device, grad, decode) -> the kernels for a mapped scheme, less those MAP_DTYPES rules out for the dtype
@@ -211,13 +227,13 @@ MAP_DEFAULT = ("map_eager",)
 # (device, kernel) -> the dtypes it serves there (else every dtype): Triton's kernels, and map_fused's own table of
 # its devices' kernels (CUDA's memory-efficient one takes no float64: the H200 run of 2026-11-27 crashed there)
 MAP_DTYPES = {("cuda", "map_triton"): HALF_AND_FLOAT, ("cuda", "map_fused"): mapped_attention.FUSED_DTYPES["cuda"]}
-FORMS = ("mapped", "attends", "plain", "contextual", "head_distance", "distance", "piecewise", "values", "relative",
-         "weights", "bias")
+FORMS = ("mapped", "attends", "plain", "contextual", "head_distance", "bucket_distance", "distance", "piecewise",
+         "values", "relative", "weights", "bias")
 
 
 # The static decode step (docstring): form -> the decode kernels whose bias row it reads, then bias()'s.
 STATIC_ROWS: dict[str, tuple[str, ...]] = {"plain": (), "distance": ("rows_decode",), "head_distance": ("rows_decode",),
-                                           "piecewise": ("pieces_decode",)}
+                                           "bucket_distance": ("rows_decode",), "piecewise": ("pieces_decode",)}
 STATIC_FORMS = (*STATIC_ROWS, "mapped")  # the mapped form: SLOT_RULES' attention, refused per instance
 STEP_ROWS: dict[str, Callable[[Call], Tensor | None]] = {
     "rows_decode": decode_paths.distance_step_row, "pieces_decode": decode_paths.pieces_step_row}
@@ -272,7 +288,8 @@ def form_of(cls: type[Scheme], attends: bool = True) -> str:
     if not materialises_bias(cls):
         return "plain"
     for form, hook in (("contextual", "contextual_rows"), ("head_distance", "head_bias"),
-                       ("distance", "bias_by_distance"), ("piecewise", "piecewise_bias")):
+                       ("bucket_distance", "bucket_bias"), ("distance", "bias_by_distance"),
+                       ("piecewise", "piecewise_bias")):
         if _overrides(cls, hook):
             return form
     if _overrides(cls, "relative_rows"):

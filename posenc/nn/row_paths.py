@@ -10,8 +10,10 @@ On a CUDA device (posenc.nn.triton, when triton imports) rows per head, FIRE's p
 per query (Shaw, Transformer-XL, from their tables) and CoPE run in Triton kernels, training included; rows whose
 heads read their own parameters only (Scheme.head_bias: KERPLE) train in 16-bit types through triton_head_bias, which
 sums the parameters' gradients per tile instead of the row gradient by distance; FIRE's pieces, whose feature reads
-its c alone, likewise through triton_pieces_param (c's gradient per tile instead of the feature's). A decode
-step of rows per head or of FIRE's pieces takes one bias row per step and SDPA (posenc.nn.decode_paths).
+its c alone, likewise through triton_pieces_param (c's gradient per tile instead of the feature's), and rows read
+from a table by a fixed bucket per distance (Scheme.bucket_bias: T5) through triton_bucket_bias (the table's gradient
+per bucket and tile). A decode step of rows per head or of FIRE's pieces takes one bias row per step and SDPA
+(posenc.nn.decode_paths).
 
 Rows are indexed by r = n - m (key minus query). They serve when every row of positions counts up by one
 (n - m = j - i - delta for key j, query i): the usual training, prompt and cached-decoding layout. Any other
@@ -35,7 +37,7 @@ from posenc.nn import triton as gpu
 from posenc.nn.attention_core import sdpa
 from posenc.nn.call import Call
 from posenc.nn.kv_cache import AppendOnly, leading_entries
-from posenc.scheme import HeadBias, PiecewiseBias, Scheme, cast
+from posenc.scheme import BucketBias, HeadBias, PiecewiseBias, Scheme, cast
 
 QUERY_CHUNK = 256  # queries per chunk for rows per query (Transformer-XL's span every key the chunk sees)
 # Positions and rows are shared by all layers of a forward: one check and one row per forward, not per layer.
@@ -249,6 +251,34 @@ def triton_head_bias(call: Call) -> Tensor | None:
 
     return attend_head_bias(call.q, call.k, call.v, head.params, head.rows, head.derivatives,
                             -span.offsets.delta - span.low, call.causal)
+
+
+def _bucket_bias(call: Call, span: Span) -> BucketBias | None:
+    """The scheme's BucketBias over r = n - m = span.low..span.high (buckets (S,), r ascending; the table in float32:
+    its gradients from every layer add up in float32 before they reach a 16-bit table), once per forward."""
+    scheme, device = call.scheme, call.q.device
+
+    def build() -> BucketBias | None:
+        by_distance = scheme.bucket_bias(torch.arange(-span.high, -span.low + 1, device=device))  # m - n ascending
+        return None if by_distance is None else BucketBias(by_distance.table.float(), by_distance.buckets.flip(-1))
+
+    return per_forward(scheme, "bucket bias", call.q_pos, call.k_pos, (span.low, span.high), build)
+
+
+def triton_bucket_bias(call: Call) -> Tensor | None:
+    """Rows per head read from a table by a fixed bucket per distance (Scheme.bucket_bias: T5) in the Triton kernels
+    (triton/bucket_bias.py): triton_rows' forward and dK/dV, the table's gradient summed per bucket and tile in dQ's
+    kernel. Serves training only (without a gradient it is triton_rows), with at most MAX_BUCKETS buckets."""
+    if not call.grad or not on_gpu(call) or (span := span_of(call)) is None:
+        return None
+    if (buckets := _bucket_bias(call, span)) is None:
+        return None
+    from posenc.nn.triton import bucket_bias  # imports triton: only once a GPU tensor shows up
+
+    if buckets.table.shape[1] > bucket_bias.MAX_BUCKETS:
+        return None
+    return bucket_bias.attend_bucket_bias(call.q, call.k, call.v, buckets.table, buckets.buckets,
+                                          -span.offsets.delta - span.low, call.causal)
 
 
 def triton_relative(call: Call) -> Tensor | None:

@@ -73,6 +73,22 @@ def check_head_bias(dtype: str, head_dim: int, causal: bool) -> None:
         check_compiled({"dq_head_params": named["dq_head_params"]}, label, Path(workdir))
 
 
+def check_bucket_bias(dtype: str, head_dim: int, causal: bool) -> None:
+    """dQ with the bucket table's sums (T5's training path, triton/bucket_bias.py) compiles for sm_90, fits an H100
+    block's shared memory and spills nothing, and a tile of the running bucket skips the several-bucket branch (its
+    path through the loop is shorter than the loop); its other launches are the row kernel's (check_attention)."""
+    with tempfile.TemporaryDirectory() as workdir:
+        launches = gpu_static.bucket_bias_launches(gpu_static.DTYPES[dtype], head_dim, causal)
+        named = {gpu_static._name(launch.kernel): launch for launch in launches}
+        assert sorted(named) == ["dkdv", "dq_buckets", "forward"] and len(launches) == 3, sorted(named)
+        label = f"{dtype} Dh={head_dim} {'causal' if causal else 'full'} buckets"
+        record = check_compiled({"dq_buckets": named["dq_buckets"]}, label, Path(workdir))["dq_buckets"]
+        launch = named["dq_buckets"]
+        compiled = gpu_static._compile(launch.kernel, launch.args, launch.options)
+        sass = gpu_static._resources(compiled.asm["cubin"], Path(workdir))[2]
+        assert 0 < gpu_static.fallthrough_instructions(sass) < record.loop_instructions, label
+
+
 def check_relative(dtype: str, head_dim: int, causal: bool, values: bool) -> None:
     """The rows-per-query kernels (forward, dK/dV, dQ with the tables' gradients) compile for sm_90, fit an H100
     block's shared memory and spill nothing: values=True as Shaw launches them (a clipped table: the far passes

@@ -160,8 +160,9 @@ def test_the_key_read_from_tensors_on_an_emulated_cuda_is_the_cuda_row(name, mon
 
 def test_forms_of_the_builtin_schemes():
     forms = {name: dispatch.form_of(SCHEMES[name]) for name in posenc.available()}
-    assert {forms[n] for n in ("alibi", "sandwich", "relative")} == {"distance"}
+    assert {forms[n] for n in ("alibi", "sandwich")} == {"distance"}
     assert forms["kerple"] == "head_distance"
+    assert forms["relative"] == "bucket_distance"
     assert (forms["fire"], forms["shaw"], forms["transformer_xl"], forms["cope"]) == (
         "piecewise", "values", "relative", "contextual")
     assert {forms[n] for n in ("rope", "xpos", "p_rope", "none", "sinusoidal", "learned_absolute")} == {"plain"}

@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from tests.nn.sm90_support import check_attention, check_head_bias, check_piecewise_by_parameter, needs_compiler
+from tests.nn.sm90_support import (
+    check_attention,
+    check_bucket_bias,
+    check_head_bias,
+    check_piecewise_by_parameter,
+    needs_compiler,
+)
 
 pytestmark = needs_compiler
 
@@ -23,6 +29,13 @@ def test_bf16_attention_kernels_compile_fit_and_do_not_spill(head_dim, causal):
 def test_bf16_head_parameter_dq_compiles_fits_and_does_not_spill(head_dim):
     """KERPLE's dQ with its parameters' sums per tile (the other launches are the row kernel's, above)."""
     check_head_bias("bf16", head_dim, True)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_bf16_bucket_table_dq_compiles_fits_and_does_not_spill(head_dim):
+    """T5's dQ with its table's sums per bucket and tile, at both tiles (128x64 at Dh 64, 128x32 at 128; the other
+    launches are the row kernel's, above; bidirectional: python -m benchmarks.gpu_static)."""
+    check_bucket_bias("bf16", head_dim, True)
 
 
 @pytest.mark.parametrize(("dtype", "head_dim"), [("bf16", 64), ("bf16", 128), ("fp32", 64)])

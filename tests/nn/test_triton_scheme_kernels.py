@@ -16,7 +16,8 @@ import torch
 from tests.nn.triton_support import run_interpreted
 
 CASES = [Path(__file__).with_name(name) for name in (
-    "triton_pieces_cases.py", "triton_relative_cases.py", "triton_cope_cases.py", "triton_head_bias_cases.py")]
+    "triton_pieces_cases.py", "triton_relative_cases.py", "triton_cope_cases.py", "triton_head_bias_cases.py",
+    "triton_bucket_bias_cases.py")]
 
 
 def test_scheme_kernels_under_the_interpreter():

@@ -28,7 +28,7 @@ from posenc.nn.fused_attention import per_batch_row
 from posenc.nn.triton import attention_kernels as kernels
 from posenc.nn.triton import cdiv, next_power_of_2
 
-ROW_KERNELS = ("forward", "dkdv", "dq", "dq_rows", "dq_head_params")  # whose tiles read the padded rows
+ROW_KERNELS = ("forward", "dkdv", "dq", "dq_rows", "dq_head_params", "dq_buckets")  # whose tiles read the padded rows
 REDUCE_BLOCK = 256  # row elements per program of the row-gradient reduction
 GRID_AXIS_LIMIT = 65_535  # CUDA's limit on grid axes 1 and 2 (heads, batch)
 INT32_LIMIT = 2**31
@@ -139,6 +139,16 @@ _BY_HEAD_DIM = {
     # at 128x32, 400-1032 B spilled at 128x64 and 128x32 4 warps.
     "dq_head_params": {16: Tiles(128, 64, 8, 2), 32: Tiles(128, 64, 8, 2), 64: Tiles(128, 64, 8, 2),
                        128: Tiles(128, 64, 8, 2), 256: Tiles(64, 32, 8, 2)},
+    # dQ with the bucket table's sums (bucket_bias_kernels.py: T5): any BM (the diagonal sums run in chunks of BN).
+    # Sweeps at bf16, causal (registers / spilled bytes / loop instructions, then per pair of keys and warp on the
+    # path of a tile of the running bucket, gpu_static.fallthrough_instructions; dq_rows 1.27 at Dh 64, 1.62 at 128,
+    # 4.22 at 256): Dh 64 128x64 8 warps 2 stages 255/0/1010 (0.40; the diagonal chunks unrolled: 8 B spilled, 0.38),
+    # 1 stage 56 B, 128x32 8 warps 208/0 (0.45), 64x64 8 warps 247/0 (0.75), 64x64 4 warps 64 B, 128x64 4 warps
+    # 1192 B; Dh 128 128x32 8 warps 254/0/501 (0.51), 128x64 80 B, 64x64 40 B; Dh 16, 32 128x64 239/0 and 236/0
+    # (0.34, 0.36); Dh 256 32x32 8 warps 170/0 (3.12; 64x32 96 B). A tile spanning several buckets runs the loop's
+    # other branch, about 5x a one-bucket tile at 128x64 (2036 instructions against 407; three chunks of 513).
+    "dq_buckets": {16: Tiles(128, 64, 8, 2), 32: Tiles(128, 64, 8, 2), 64: Tiles(128, 64, 8, 2),
+                   128: Tiles(128, 32, 8, 2), 256: Tiles(32, 32, 8, 2)},
     **RELATIVE_BY_HEAD_DIM,
     # The piecewise bias (piecewise_attention.py: FIRE); pieces_dq_grad needs BM <= BN like dq_rows. Sweeps at
     # bf16, causal (registers / spilled bytes / hot-loop instructions, a knot crossing's branch included): forward
@@ -176,6 +186,11 @@ _FP32_BY_HEAD_DIM = {
     # 64, 2.44 against 1.98 at 128; 64x32 8 warps 1.91 and 120 B spilled; 64x64 24-376 B), so the dispatch keeps
     # float32 on dq_rows; these tiles serve attend_head_bias called directly (tests).
     "dq_head_params": dict.fromkeys((16, 32, 64, 128), Tiles(32, 32, 4, 2)),
+    # dq_buckets with TF32, one-bucket path per pair and warp (dq_rows: 1.41 at Dh 64, 1.98 at 128): 128x16 8 warps
+    # 0.73 / 0.89 / 1.19 at Dh 16 / 64 / 128, 0/0 B spilled (32x32 4 warps 1.26 and 2.13; 64x16 4 warps 224 B). The
+    # dispatch keeps float32 on dq_rows all the same (posenc.nn.dispatch); these serve attend_bucket_bias called
+    # directly.
+    "dq_buckets": dict.fromkeys((16, 32, 64, 128), Tiles(128, 16, 8, 2)),
     **RELATIVE_FP32_BY_HEAD_DIM,
     # FIRE's with TF32: dkdv 32x64 spilled 80 B at 64 (32x32: 186/0), dq 64x32 272 B at 128, dq_grad 32x32 4 warps
     # 56 B at 128 (8 warps: 220/0).
