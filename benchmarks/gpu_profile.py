@@ -5,7 +5,8 @@ that take the time.
 
     python -m benchmarks.gpu_profile [--cases rope_backward,kerple_backward,...] [--quick --device cpu]
 
-Cases (bf16 on a GPU): rope_backward (RoPE forward+backward, 1x32x4096x128), kerple_backward and alibi_backward
+Cases (bf16 on a GPU): rope_backward (RoPE forward+backward, 1x32x4096x128), kerple_backward, relative_backward
+(T5's table trained per bucket inside dQ) and alibi_backward
 (attention forward+backward, B=4, T=4096, Dh 64, 16 heads), alibi_1k (the forward at B=16, T=1024: the launch-bound
 end), decode_none (the ordinary eager decode step of the 12 x 768 GPT against a 4k cache), self_extend_prompt and
 lm_infinite_prompt_32k (a 16k / 32k prompt's attention under the map, Dh 128, GQA 32:8), static_step_rope_32k,
@@ -142,6 +143,7 @@ def map_prompt(spec: dict, t: int):
 CASES: dict[str, Callable] = {
     "rope_backward": rope_backward,
     "kerple_backward": lambda device, dtype, quick: _attention("kerple", True, 4, 4096, device, dtype, quick),
+    "relative_backward": lambda device, dtype, quick: _attention("relative", True, 4, 4096, device, dtype, quick),
     "alibi_backward": lambda device, dtype, quick: _attention("alibi", True, 4, 4096, device, dtype, quick),
     "alibi_1k": lambda device, dtype, quick: _attention("alibi", False, 16, 1024, device, dtype, quick),
     # FIRE and CoPE at the shape where a fixed ~0.8 ms per call showed (H200, 2026-11-26): host or the kernels'

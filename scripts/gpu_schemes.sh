@@ -14,8 +14,10 @@ OUT=${OUT:-gpu-schemes}
 PY=${PY:-python3}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-CASES=(tests/nn/triton_pieces_cases.py tests/nn/triton_relative_cases.py tests/nn/triton_cope_cases.py
-       tests/nn/triton_head_bias_cases.py tests/nn/triton_mapped_cases.py)
+# the kernels changed last first (the part stops at its limit): CoPE's two dQ passes, T5's bucket dQ, the slot kernel
+CASES=(tests/nn/triton_cope_cases.py tests/nn/triton_bucket_bias_cases.py tests/nn/triton_slot_cases.py
+       tests/nn/triton_pieces_cases.py tests/nn/triton_relative_cases.py tests/nn/triton_head_bias_cases.py
+       tests/nn/triton_mapped_cases.py)
 if [ "${QUICK:-0}" = 1 ]; then
   BENCH=(--quick --device cpu); KERNELS=(env TRITON_INTERPRET=1); KERNEL_TESTS=(-p no:xdist -k "refused")
   PROFILE=(--quick --device cpu --calls 2 --cases rope_backward,alibi_1k)
