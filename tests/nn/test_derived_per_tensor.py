@@ -36,7 +36,7 @@ def test_a_value_follows_its_tensor_changed_in_place_and_its_arguments():
 
 
 def test_a_dead_tensors_entry_goes_with_it_and_entries_are_bounded():
-    derived, made = _counted()
+    derived, _ = _counted()
     rows = torch.ones(3)
     derived(rows, 1.0)
     assert len(derived.kept) == 1
