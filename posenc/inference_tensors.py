@@ -18,6 +18,7 @@ the training step after an evaluation under inference_mode fails.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -56,7 +57,8 @@ def ordinary(build: Callable[[], Value]) -> Value:
         return build()
 
 
-__all__ = ["FIXED", "LastPositions", "made_for_one_call", "ordinary", "position_version", "tensor_version"]
+__all__ = ["FIXED", "DerivedPerTensor", "LastPositions", "made_for_one_call", "ordinary", "position_version",
+           "tensor_version"]
 
 
 class LastPositions:
@@ -77,3 +79,30 @@ class LastPositions:
         self.last = (positions, versions, value)
         return value
 
+
+
+class DerivedPerTensor:
+    """fn(tensor, *args) kept while the same tensor lives unchanged: what a kernel derives from a table that every
+    layer of a forward shares (rows padded for unmasked reads, row offsets per batch row) is made once per forward,
+    not per layer (on a GPU, a launch each). A hit needs the very tensor (a weak reference, so a dead tensor's id
+    reused never hits and a kept value never outlives its tensor) and its version (position_version: an inference
+    tensor not made for one call never hits). At most `size` entries: the oldest half is dropped past it. fn must
+    not record autograd (its value is shared by calls that may backpropagate separately), and its value must not
+    hold the tensor (the entry would keep it alive)."""
+
+    def __init__(self, fn: Callable[..., Value], size: int = 8) -> None:
+        self.fn, self.size, self.kept = fn, size, {}
+
+    def __call__(self, tensor: Tensor, *args) -> Value:
+        key = (id(tensor), *args)
+        version = position_version(tensor)
+        hit = self.kept.get(key)
+        if hit is not None and hit[1] == version and hit[0]() is tensor:
+            return hit[2]
+        value = self.fn(tensor, *args)
+        if len(self.kept) >= self.size:
+            for old in list(self.kept)[: self.size // 2]:
+                del self.kept[old]
+        # the callback drops the entry (and its value) as soon as the tensor dies
+        self.kept[key] = (weakref.ref(tensor, lambda _, kept=self.kept, key=key: kept.pop(key, None)), version, value)
+        return value

@@ -230,12 +230,16 @@ def piecewise_row(feature: Tensor, divisor: Tensor, knots: Tensor, slope: Tensor
 def per_batch_row(e: Tensor, q: Tensor) -> Tensor:
     """e (1|B,) -> (B,) int64: the kernels read e[b] for every batch row of q (positions given once for the
     whole batch, (1,T), would otherwise be read past their end)."""
-    if e.dim() != 1 or e.shape[0] not in (1, q.shape[0]):
-        raise ValueError(f"row offsets e have shape {tuple(e.shape)}; expected (1,) or ({q.shape[0]},): "
-                         "one per batch row")
-    if e.dtype == torch.int64 and e.shape[0] == q.shape[0] and e.is_contiguous():
+    return per_batch(e, q.shape[0])
+
+
+def per_batch(e: Tensor, b: int) -> Tensor:
+    """per_batch_row for B = b."""
+    if e.dim() != 1 or e.shape[0] not in (1, b):
+        raise ValueError(f"row offsets e have shape {tuple(e.shape)}; expected (1,) or ({b},): one per batch row")
+    if e.dtype == torch.int64 and e.shape[0] == b and e.is_contiguous():
         return e  # already what the kernels read (a decode step of one row)
-    return e.to(torch.int64).expand(q.shape[0]).contiguous()
+    return e.to(torch.int64).expand(b).contiguous()
 
 
 def _autograd(*tensors: Tensor) -> bool:
@@ -286,4 +290,5 @@ def attend_contextual(q: Tensor, k: Tensor, v: Tensor, rows: Tensor) -> Tensor:
     return _ContextualAttention.apply(q, k, v, rows, q.shape[-1] ** -0.5)
 
 
-__all__ = ["attend_contextual", "attend_piecewise", "attend_rows", "blocks", "can_run", "per_batch_row"]
+__all__ = ["attend_contextual", "attend_piecewise", "attend_rows", "blocks", "can_run", "per_batch",
+           "per_batch_row"]

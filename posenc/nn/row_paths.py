@@ -31,7 +31,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from posenc.inference_tensors import LastPositions, position_version, tensor_version
+from posenc.inference_tensors import DerivedPerTensor, LastPositions, ordinary, position_version, tensor_version
 from posenc.nn import fused_attention, kept_tables, recomputed
 from posenc.nn import triton as gpu
 from posenc.nn.attention_core import sdpa
@@ -109,6 +109,16 @@ def _decode_offsets(delta: Tensor, k_pos: Tensor, cached: AppendOnly) -> Offsets
 position_offsets = LastPositions(_offsets)
 
 
+def _first_keys(delta: Tensor, low: int, b: int, device: torch.device) -> Tensor:
+    # ordinary: kept across calls, it must not be an inference tensor that a later training step would save
+    return ordinary(lambda: fused_attention.per_batch((-delta - low).to(device), b))
+
+
+# offsets.delta (1|B,), the rows' lowest r, B, device -> e = -delta - low (B,) int64 on the device: each row's index
+# of its first key, as every kernel here reads it; made once per forward (every layer shares the offsets)
+first_keys = DerivedPerTensor(_first_keys)
+
+
 def relative_span(offsets: Offsets, tq: int, tk: int, causal: bool) -> tuple[int, int]:
     """Lowest and highest r = n - m = j - i - delta that attention reads (causal: j <= i + tk - tq)."""
     return -(tq - 1) - offsets.highest, (tk - tq if causal else tk - 1) - offsets.lowest
@@ -173,6 +183,11 @@ def span_of(call: Call) -> Span | None:
     return Span(offsets, low, high)
 
 
+def _e(call: Call, offsets: Offsets, low: int) -> Tensor:
+    """(B,) int64 on q's device: each batch row's index of its first key in rows starting at r = low."""
+    return first_keys(offsets.delta, low, call.q.shape[0], call.q.device)
+
+
 def on_gpu(call: Call) -> bool:
     return gpu.attention_fits(call.q, call.k, call.v, call.causal)
 
@@ -214,7 +229,7 @@ def native_rows(call: Call) -> Tensor | None:
     """Rows per head in the native CPU kernel (csrc/attention_*.cpp), forward and backward."""
     if not runs_native(call) or (span := span_of(call)) is None or (rows := _rows(call, span)) is None:
         return None
-    return fused_attention.attend_rows(call.q, call.k, call.v, rows, -span.offsets.delta - span.low, call.causal)[0]
+    return fused_attention.attend_rows(call.q, call.k, call.v, rows, _e(call, span.offsets, span.low), call.causal)[0]
 
 
 def triton_rows(call: Call) -> Tensor | None:
@@ -223,7 +238,7 @@ def triton_rows(call: Call) -> Tensor | None:
         return None
     from posenc.nn.triton.attention import attend_rows  # imports triton: only once a GPU tensor shows up
 
-    return attend_rows(call.q, call.k, call.v, rows, -span.offsets.delta - span.low, call.causal)
+    return attend_rows(call.q, call.k, call.v, rows, _e(call, span.offsets, span.low), call.causal)
 
 
 def _head_bias(call: Call, span: Span) -> HeadBias | None:
@@ -250,7 +265,7 @@ def triton_head_bias(call: Call) -> Tensor | None:
     from posenc.nn.triton.head_bias import attend_head_bias  # imports triton: only once a GPU tensor shows up
 
     return attend_head_bias(call.q, call.k, call.v, head.params, head.rows, head.derivatives,
-                            -span.offsets.delta - span.low, call.causal)
+                            _e(call, span.offsets, span.low), call.causal)
 
 
 def _bucket_bias(call: Call, span: Span) -> BucketBias | None:
@@ -292,7 +307,7 @@ def triton_relative(call: Call) -> Tensor | None:
 
     if not kernel.serves(call.q):
         return None
-    return kernel.attend_relative(call.q, call.k, call.v, relative, -span.offsets.delta - relative.low, call.causal)
+    return kernel.attend_relative(call.q, call.k, call.v, relative, _e(call, span.offsets, relative.low), call.causal)
 
 
 def native_pieces(call: Call) -> Tensor | None:
@@ -300,7 +315,7 @@ def native_pieces(call: Call) -> Tensor | None:
     if not runs_native(call) or (span := span_of(call)) is None or (pieces := _pieces(call, span)) is None:
         return None
     return fused_attention.attend_piecewise(call.q, call.k, call.v, pieces.feature, pieces.divisor, pieces.knots,
-                                            pieces.slopes, pieces.intercepts, -span.offsets.delta - pieces.low,
+                                            pieces.slopes, pieces.intercepts, _e(call, span.offsets, pieces.low),
                                             call.causal)
 
 

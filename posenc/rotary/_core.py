@@ -65,8 +65,8 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False)
     # no-op .to() is still an operator call, and a decode step rotates in every layer.)
     if device != "cuda" and (cos.dtype != x.dtype or sin.dtype != x.dtype):
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    if kernels[0] in ("formula", "rotation_function"):  # autograd's formula, or the kernels inside _Rotate
-        return ROTATION_KERNELS[kernels[0]](x, cos, sin, interleaved)
+    if kernels[0] in ("formula", "rotation_function"):  # autograd's formula, or the rest of the row inside _Rotate
+        return ROTATION_KERNELS[kernels[0]](x, cos, sin, interleaved, kernels[1:])
     return _first_served(kernels, x, cos, sin, interleaved, 1.0)  # grad none: the plan just asked is _rotate's
 
 
@@ -107,19 +107,23 @@ def rotation_device(x: Tensor, cos: Tensor, sin: Tensor, grad: str) -> str:
 
 
 class _Rotate(torch.autograd.Function):
+    """kernels: the rest of the row of x's key with a gradient, (rotation_function, *kernels): what the row without
+    a gradient holds for the same device and dtype (dispatch.rotation_plan), so the forward asks no table again."""
+
     @staticmethod
-    def forward(ctx, x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
+    def forward(ctx, x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, kernels: tuple[str, ...]) -> Tensor:
         ctx.save_for_backward(cos, sin)
         ctx.interleaved = interleaved
-        ctx.kernels = _plain_kernels(x, cos, sin)
-        return _first_served(ctx.kernels, x, cos, sin, interleaved, 1.0)
+        ctx.kernels = kernels
+        return _first_served(kernels, x, cos, sin, interleaved, 1.0)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         cos, sin = ctx.saved_tensors
         # grad has x's shape, dtype and device (autograd casts it to them), which is all the row's key reads: the
         # forward's row serves it, without asking the table again (host time, per layer and step).
-        return _first_served(ctx.kernels, grad, cos, sin, ctx.interleaved, -1.0), None, None, None  # R^T = R(-theta)
+        out = _first_served(ctx.kernels, grad, cos, sin, ctx.interleaved, -1.0)  # R^T = R(-theta)
+        return out, None, None, None, None
 
 
 def _plain_kernels(x: Tensor, cos: Tensor, sin: Tensor) -> tuple[str, ...]:
@@ -190,7 +194,8 @@ def apply_rotary_autograd(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool
     return torch.cat((rotated, x[..., rot_dim:]), dim=-1)
 
 
-# The functions posenc.nn.dispatch's rotation table names: (x, cos, sin, interleaved[, sign]) -> Tensor | None.
+# The functions posenc.nn.dispatch's rotation table names: (x, cos, sin, interleaved, sign) -> Tensor | None for a
+# kernel; (x, cos, sin, interleaved, the rest of the row) -> Tensor for the two that wrap autograd around a row.
 # Each looks its kernel up in _fast at the call, so a test can replace one there.
 ROTATION_KERNELS: dict[str, Callable[..., Tensor | None]] = {
     "native": lambda x, cos, sin, interleaved, sign: _fast.rotate_native(x, cos, sin, interleaved, sign),
@@ -198,8 +203,8 @@ ROTATION_KERNELS: dict[str, Callable[..., Tensor | None]] = {
     "complex": _complex,
     "compiled": _compiled,
     "eager": _eager,
-    "rotation_function": lambda x, cos, sin, interleaved: _Rotate.apply(x, cos, sin, interleaved),
-    "formula": lambda x, cos, sin, interleaved: apply_rotary_autograd(x, cos, sin, interleaved),
+    "rotation_function": lambda x, cos, sin, interleaved, kernels: _Rotate.apply(x, cos, sin, interleaved, kernels),
+    "formula": lambda x, cos, sin, interleaved, kernels: apply_rotary_autograd(x, cos, sin, interleaved),
 }
 
 

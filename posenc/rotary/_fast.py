@@ -67,8 +67,12 @@ def triton_fits(x: Tensor, cos: Tensor, sin: Tensor) -> bool:
     device (or the interpreter's CPU); tables per head or in another layout take the eager path."""
     if not gpu.serves(x):  # first: a CPU tensor leaves here
         return False
-    shape, table = x.shape, cos.shape  # torch.Size is a tuple: indexing it is the cheapest read (asked per call)
-    return (len(shape) == 4 and len(table) == 4 and table == sin.shape and table[0] in (1, shape[0])
+    return _triton_shapes(x.shape, cos.shape, sin.shape)  # asked up to three times per call: answered once per shape
+
+
+@functools.lru_cache(maxsize=256)
+def _triton_shapes(shape: torch.Size, table: torch.Size, sin_table: torch.Size) -> bool:
+    return (len(shape) == 4 and len(table) == 4 and table == sin_table and table[0] in (1, shape[0])
             and table[1] == 1 and table[2] == shape[2] and 2 * table[3] <= shape[3])
 
 
@@ -76,9 +80,16 @@ def rotate_triton(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, sign: 
     """x (B,H,T,Dh) rotated by sign * angle in one Triton pass, or None where it does not serve."""
     if not triton_fits(x, cos, sin):
         return None
-    from posenc.nn.triton import rotary  # imports triton: only once a tensor it serves shows up
+    return _triton_rotary().rotate(x, cos, sin, interleaved, sign)
 
-    return rotary.rotate(x, cos, sin, interleaved, sign)
+
+@functools.cache
+def _triton_rotary():
+    """posenc.nn.triton.rotary, imported once a tensor it serves shows up (it imports triton): an import statement
+    per call cost more than a cached call, twice per layer and step."""
+    from posenc.nn.triton import rotary
+
+    return rotary
 
 
 def can_use_complex(x: Tensor) -> bool:

@@ -188,8 +188,9 @@ def test_model_with_native_kernels_equals_model_without(name, monkeypatch):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
-class _AutogradReference:
-    apply = staticmethod(_core.apply_rotary_autograd)
+class _AutogradReference:  # in _Rotate's place: the plain formula, the rest of the row (kernels) unused
+    apply = staticmethod(lambda x, cos, sin, interleaved, kernels: _core.apply_rotary_autograd(x, cos, sin,
+                                                                                                 interleaved))
 
 
 ROTARY = [n for n in ALL if SCHEMES[n].rotate is not Scheme.rotate]

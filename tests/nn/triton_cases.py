@@ -126,6 +126,41 @@ def test_row_kernel_equals_materialised_bias_with_gradients(case, dtype):
     check_rows(out, [q, k, v, rows], e, causal, dtype, case, torch.randn(out.shape, generator=g).to(DEVICE))
 
 
+def test_rows_kept_across_calls_follow_a_change_in_place():
+    """The rows as the kernels read them are made once per rows tensor (attention.padded_rows) and made again when
+    it changed in place: the second call reads the new rows."""
+    q, k, v = inputs(2, 4, 2, 17 * SCALE, 17 * SCALE, torch.float32, seed=3)
+    rows = torch.linspace(-3, 3, 4 * 40 * SCALE, device=DEVICE).view(4, -1)
+    e = torch.tensor([17 * SCALE + 1], device=DEVICE)
+    with torch.no_grad():
+        before = attention.attend_rows(q, k, v, rows, e, True)
+        rows.mul_(-2.0)
+        after = attention.attend_rows(q, k, v, rows, e, True)
+        assert torch.equal(after, attention.attend_rows(q, k, v, rows.clone(), e, True))  # as a fresh tensor's
+    assert not torch.equal(after, before)
+
+
+@pytest.mark.parametrize("name", ["relative", "kerple"])
+def test_a_scheme_changed_in_place_between_calls_over_the_same_positions(name):
+    """What the layers share (rows, their padded form, each batch row's first key) is kept for the positions and
+    the parameters of a forward: after an optimizer-like step in place the next call equals a fresh scheme's."""
+    scheme = build(name)
+    q, k, v = (t.requires_grad_() for t in inputs(2, 4, 2, 9 * SCALE, 9 * SCALE, torch.bfloat16, seed=4))
+    pos = torch.arange(9 * SCALE, device=DEVICE)[None]
+    first = dispatch.fast_attention(q, k, v, scheme, pos, pos, True)
+    with torch.no_grad():
+        for p in scheme.parameters():
+            p.mul_(1.5).add_(0.25)
+    again = dispatch.fast_attention(q, k, v, scheme, pos, pos, True)
+    twin = copy.deepcopy(scheme)
+    fresh = dispatch.fast_attention(q, k, v, twin, pos.clone(), pos.clone(), True)
+    assert torch.equal(again, fresh) and not torch.equal(again, first)
+    grads = [torch.autograd.grad(out.float().square().sum(), [q, *s.parameters()]) for out, s in ((again, scheme),
+                                                                                                  (fresh, twin))]
+    for a, b in zip(*grads, strict=True):  # the backward read the new rows (KERPLE: their derivatives too)
+        assert torch.equal(a, b)
+
+
 def test_dropping_the_bias_changes_the_output():
     """The kernel reads the rows: with them zeroed its output moves (a check that can fail)."""
     q, k, v = inputs(1, 2, 2, 17 * SCALE, 17 * SCALE, torch.float32)

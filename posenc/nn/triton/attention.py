@@ -18,12 +18,16 @@ through launch(), which the static check replaces to compile exactly what this m
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from posenc.inference_tensors import DerivedPerTensor, ordinary
 from posenc.nn.fused_attention import per_batch_row
 from posenc.nn.triton import attention_kernels as kernels
 from posenc.nn.triton import cdiv, next_power_of_2
@@ -265,33 +269,46 @@ def launch(kernel, grid: tuple[int, ...], *args, **options) -> None:
     kernel[grid](*args, **options)
 
 
-def _options(t: Tiles, dtype: torch.dtype, device: torch.device) -> dict:
+def _options(t: Tiles, dtype: torch.dtype, device: torch.device) -> Mapping[str, object]:
+    """The launch options of tiles t (read-only: one mapping per key, made once; launches unpack it)."""
+    return _options_of(t, dtype, device)
+
+
+@functools.lru_cache(maxsize=256)
+def _options_of(t: Tiles, dtype: torch.dtype, device: torch.device) -> Mapping[str, object]:
     interpreted = device.type == "cpu"
     options = {"PRECISION": precision(dtype, interpreted), "UPCAST": interpreted}
     if not interpreted:
         options.update(num_warps=t.warps, num_stages=t.stages)
-    return options
+    return MappingProxyType(options)
 
 
 def _dense_last(t: Tensor) -> Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def _bhd(t: Tensor) -> tuple[int, int, int]:
-    return t.stride(0), t.stride(1), t.stride(2)
+def _bhd(t: Tensor) -> tuple[int, ...]:
+    """The strides of (B, H, T) of a (B,H,T,Dh) tensor (one stride() call: host time, several per launch)."""
+    return t.stride()[:3]
 
 
 def _check_sizes(q: Tensor, k: Tensor, v: Tensor) -> None:
     """Refuse, before any launch, what the kernels cannot address: heads or batch past a grid axis, and a head
-    whose slice passes int32 offsets (the kernels' per-tile arithmetic)."""
-    b, h, _, d = q.shape
+    whose slice passes int32 offsets (the kernels' per-tile arithmetic). Answered once per layout."""
+    _check_layouts(q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride())
+
+
+@functools.lru_cache(maxsize=256)
+def _check_layouts(q_shape: torch.Size, q_strides: tuple[int, ...], k_shape: torch.Size, k_strides: tuple[int, ...],
+                   v_shape: torch.Size, v_strides: tuple[int, ...]) -> None:
+    b, h, _, d = q_shape
     if h > GRID_AXIS_LIMIT or b > GRID_AXIS_LIMIT:
         raise ValueError(f"attention on the GPU: B={b}, H={h}; the kernels put each on a grid axis of at most "
                          f"{GRID_AXIS_LIMIT}")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        extent = t.shape[2] * t.stride(2) + d
+    for name, shape, strides in (("q", q_shape, q_strides), ("k", k_shape, k_strides), ("v", v_shape, v_strides)):
+        extent = shape[2] * strides[2] + d
         if extent >= INT32_LIMIT:
-            raise ValueError(f"attention on the GPU: {name} {tuple(t.shape)} with stride {t.stride(2)} per position "
+            raise ValueError(f"attention on the GPU: {name} {tuple(shape)} with stride {strides[2]} per position "
                              f"spans {extent} elements per head; the kernels address at most 2^31 - 1 "
                              f"(split the sequence or make the tensor contiguous per head)")
 
@@ -301,6 +318,27 @@ def _padded_rows(rows: Tensor, pad: int) -> tuple[Tensor, int]:
     padding lets every tile read its bias unmasked and unclamped (attention_kernels' docstring)."""
     padded = F.pad(rows * kernels.LOG2E, (pad, pad))
     return padded[:, pad:], padded.stride(0)
+
+
+def _padded_rows_of(rows: Tensor, pad: int) -> Tensor:
+    """rows as a caller holds them ((H,S) or (1,H,1,S), any float dtype) -> _padded_rows' view of them in float32,
+    without autograd and not an inference tensor (padded_rows keeps it)."""
+    return ordinary(lambda: _padded_rows(rows.detach().reshape(-1, rows.shape[-1]).to(torch.float32), pad)[0])
+
+
+# rows, pad -> _padded_rows_of(rows, pad): once per forward, all layers share the rows (a mul and a pad each, per
+# layer, before)
+padded_rows = DerivedPerTensor(_padded_rows_of)
+
+
+def row_pad(head_dim: int, device: torch.device, dtype: torch.dtype) -> int:
+    """The padding on either side of the rows, wide enough for every kernel that reads them (ROW_KERNELS)."""
+    return _row_pad(tiles, head_dim, device, dtype)  # tiles looked up per call: tests and the static check replace it
+
+
+@functools.lru_cache(maxsize=64)
+def _row_pad(tiles_of, head_dim: int, device: torch.device, dtype: torch.dtype) -> int:
+    return _pad(*(tiles_of(kernel, head_dim, device, dtype) for kernel in ROW_KERNELS))
 
 
 def _pad(*tile_sets: Tiles) -> int:
@@ -330,14 +368,16 @@ def key_gradients(ctx, q: Tensor, k: Tensor, v: Tensor, dout: Tensor, lse: Tenso
 
 
 class _RowBiasAttention(torch.autograd.Function):
+    """rows (H,S) float32 (the gradient's shape), biased: the rows as the kernels read them (padded_rows, with
+    row_pad(Dh, q's device, q's dtype))."""
+
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, rows: Tensor, e: Tensor, causal: bool) -> Tensor:
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, rows: Tensor, biased: Tensor, e: Tensor, causal: bool) -> Tensor:
         q, k, v = _dense_last(q), _dense_last(k), _dense_last(v)
         _check_sizes(q, k, v)
         b, h, tq, d = q.shape
         t = tiles("forward", d, q.device, q.dtype)
-        pad = _pad(*(tiles(kernel, d, q.device, q.dtype) for kernel in ROW_KERNELS))
-        biased, row_stride = _padded_rows(rows, pad)
+        row_stride = biased.stride(0)
         out = torch.empty_like(q, memory_format=torch.contiguous_format)  # (B,H,Tq,Dh)
         lse = torch.empty(b, h, tq, device=q.device, dtype=torch.float32)  # base 2; the backward's softmax
         launch(kernels._forward, (cdiv(tq, t.bm), h, b),
@@ -362,7 +402,10 @@ class _RowBiasAttention(torch.autograd.Function):
         row_grad = ctx.needs_input_grad[3]
         t = tiles("dq_rows" if row_grad else "dq", d, q.device, q.dtype)
         q_blocks, diag_len = cdiv(tq, t.bm), cdiv(tk, t.bn) * t.bn + t.bn
-        diag = torch.zeros(b * h, q_blocks, diag_len if row_grad else 1, device=q.device, dtype=torch.float32)
+        # ROW_GRAD: zeros (the diagonal sums leave entries no program writes); else a placeholder the kernel never
+        # reads or writes (no fill to launch)
+        diag = (torch.zeros if row_grad else torch.empty)(b * h, q_blocks, diag_len if row_grad else 1,
+                                                           device=q.device, dtype=torch.float32)
         dq = torch.empty(b, h, tq, d, device=q.device, dtype=q.dtype)
         launch(kernels._dq, (q_blocks, h, b), q, k, v, dout, lse, delta, dq, biased, e, diag, *strides,
                h, group, tq, tk, ctx.row_stride, diag.shape[-1], *scales,
@@ -372,7 +415,7 @@ class _RowBiasAttention(torch.autograd.Function):
             drow = torch.empty(h, ctx.row_len, device=q.device, dtype=torch.float32)
             launch(kernels._row_reduce, (h, cdiv(ctx.row_len, REDUCE_BLOCK)), diag, e, drow, b, h, q_blocks,
                    diag_len, ctx.row_len, BM=t.bm, BR=REDUCE_BLOCK)
-        return dq, dk, dv, drow, None, None
+        return dq, dk, dv, drow, None, None, None
 
 
 def check_qkv(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> None:
@@ -393,8 +436,9 @@ def attend_rows(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, e: Tensor, causal
     if rows.shape[-1] < 1 or rows.numel() != q.shape[1] * rows.shape[-1] or not rows.is_floating_point():
         raise ValueError(f"rows {tuple(rows.shape)} {rows.dtype}: expected floats (H,S) or (1,H,1,S) with "
                          f"H={q.shape[1]} (q {tuple(q.shape)}) and S >= 1")
+    biased = padded_rows(rows, row_pad(q.shape[-1], q.device, q.dtype))
     rows = rows.reshape(q.shape[1], rows.shape[-1]).to(torch.float32)  # (H,S)
-    return _RowBiasAttention.apply(q, k, v, rows, per_batch_row(e.to(q.device), q), causal)
+    return _RowBiasAttention.apply(q, k, v, rows, biased, per_batch_row(e.to(q.device), q), causal)
 
 
 __all__ = ["TILES", "Tiles", "attend_rows", "check_qkv", "gpu_tiles", "key_gradients", "launch", "serves_float32",

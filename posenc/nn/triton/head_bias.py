@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from posenc.inference_tensors import DerivedPerTensor, ordinary
 from posenc.nn.fused_attention import per_batch_row
 from posenc.nn.triton import attention, cdiv
 from posenc.nn.triton import head_bias_kernels as kernels
@@ -22,7 +23,6 @@ from posenc.nn.triton.attention import (
     _bhd,
     _dense_last,
     _options,
-    _pad,
     _RowBiasAttention,
     key_gradients,
     output_gradient_and_delta,
@@ -34,20 +34,31 @@ LOG2E = attention.kernels.LOG2E
 # attention.tiles and attention.launch are looked up at each call: the static check and the tests replace them
 
 
-def _padded_derivatives(derivatives: Tensor, pad: int) -> tuple[Tensor, int, int]:
+def _padded_derivatives(derivatives: Tensor, pad: int) -> Tensor:
     """(H,K,S) -> a view of (H, MAX_HEAD_PARAMS, S + 2 pad) float32 starting at the real data (zeros past K and in
-    the padding: every tile reads them unmasked), its head stride and its parameter stride."""
+    the padding: every tile reads them unmasked), without autograd and not an inference tensor (kept)."""
     k = derivatives.shape[1]
-    padded = F.pad(derivatives.to(torch.float32), (pad, pad, 0, MAX_HEAD_PARAMS - k)).contiguous()
-    return padded[:, :, pad:], padded.stride(0), padded.stride(1)
+
+    def build() -> Tensor:
+        padded = F.pad(derivatives.detach().to(torch.float32), (pad, pad, 0, MAX_HEAD_PARAMS - k)).contiguous()
+        return padded[:, :, pad:]
+
+    return ordinary(build)
+
+
+# derivatives, pad -> _padded_derivatives(derivatives, pad): once per forward, all layers share the derivatives
+padded_derivatives = DerivedPerTensor(_padded_derivatives)
 
 
 class _HeadBiasAttention(torch.autograd.Function):
+    """biased: the rows as the kernels read them (attention.padded_rows); jac: the derivatives likewise
+    (padded_derivatives), both padded by attention.row_pad."""
+
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, params: Tensor, rows: Tensor, derivatives: Tensor, e: Tensor,
-                causal: bool) -> Tensor:
-        out = _RowBiasAttention.forward(ctx, q, k, v, rows, e, causal)
-        ctx.derivatives, ctx.n_params = derivatives, params.shape[1]
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, params: Tensor, rows: Tensor, biased: Tensor, jac: Tensor,
+                e: Tensor, causal: bool) -> Tensor:
+        out = _RowBiasAttention.forward(ctx, q, k, v, rows, biased, e, causal)
+        ctx.jac, ctx.n_params = jac, params.shape[1]
         return out
 
     @staticmethod
@@ -57,8 +68,8 @@ class _HeadBiasAttention(torch.autograd.Function):
         b, h, tq, d = q.shape
         dk, dv = key_gradients(ctx, q, k, v, dout, lse, delta, biased, e)
         t = attention.tiles("dq_head_params", d, q.device, q.dtype)
-        pad = _pad(*(attention.tiles(kernel, d, q.device, q.dtype) for kernel in attention.ROW_KERNELS))
-        jac, head_stride, param_stride = _padded_derivatives(ctx.derivatives, pad)
+        jac = ctx.jac
+        head_stride, param_stride = jac.stride(0), jac.stride(1)
         q_blocks = cdiv(tq, t.bm)
         sums = torch.empty(b, h, q_blocks, MAX_HEAD_PARAMS, device=q.device, dtype=torch.float32)
         dq = torch.empty(b, h, tq, d, device=q.device, dtype=q.dtype)
@@ -67,7 +78,7 @@ class _HeadBiasAttention(torch.autograd.Function):
                head_stride, param_stride, d**-0.5 * LOG2E, d**-0.5, D=d, CAUSAL=ctx.causal, BM=t.bm, BN=t.bn,
                BD=padded_head_dim(d), **_options(t, q.dtype, q.device))
         dparams = sums.sum((0, 2))[:, :ctx.n_params]  # (H,K): batch rows and query blocks added in a fixed order
-        return dq, dk, dv, dparams, None, None, None, None
+        return dq, dk, dv, dparams, None, None, None, None, None, None
 
 
 def attend_head_bias(q: Tensor, k: Tensor, v: Tensor, params: Tensor, rows: Tensor, derivatives: Tensor, e: Tensor,
@@ -81,7 +92,9 @@ def attend_head_bias(q: Tensor, k: Tensor, v: Tensor, params: Tensor, rows: Tens
                          f"H={h} and 1 <= K <= {MAX_HEAD_PARAMS}")
     if derivatives.shape != (h, params.shape[1], s):
         raise ValueError(f"derivatives {tuple(derivatives.shape)}: expected (H,K,S) = {(h, params.shape[1], s)}")
-    return _HeadBiasAttention.apply(q, k, v, params, rows.detach().to(torch.float32), derivatives.detach(),
+    pad = attention.row_pad(q.shape[-1], q.device, q.dtype)
+    biased, jac = attention.padded_rows(rows, pad), padded_derivatives(derivatives, pad)
+    return _HeadBiasAttention.apply(q, k, v, params, rows.detach().to(torch.float32), biased, jac,
                                     per_batch_row(e.to(q.device), q), causal)
 
 

@@ -70,8 +70,7 @@ def positions_per_program(head_dim: int, element_size: int) -> int:
 @functools.lru_cache(maxsize=1024)
 def _launch_shape(t: int, d: int, half: int, element_size: int, interleaved: bool,
                   copy_rest: bool) -> tuple[int, dict[str, int | bool]]:
-    """(position blocks on the grid's first axis, the kernel's constexprs) for one shape, worked out once per shape:
-    a small rotation is launch-bound, and it runs forward and backward per layer per step."""
+    """(position blocks on the grid's first axis, the kernel's constexprs) for one shape."""
     block = positions_per_program(d, element_size)
     rest = d - 2 * half
     return cdiv(t, block), dict(
@@ -83,15 +82,28 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, sign: float =
            out: Tensor | None = None) -> Tensor:
     """x (B,H,T,Dh) rotated by sign * angle -> out (a new tensor, or `out`, which may be x itself: in place).
     cos/sin (B|1,1,T,R/2) with R <= Dh. No autograd (posenc.rotary._core's function calls this both ways).
-    Host time counts here (a small rotation is launch-bound): no-op conversions are skipped, not called."""
-    b, h, t, d = x.shape
-    half = cos.shape[-1]
-    if cos.shape != sin.shape or cos.dim() != 4 or cos.shape[0] not in (1, b) or cos.shape[1:3] != (1, t):
-        raise ValueError(f"cos/sin shape {tuple(cos.shape)}: expected (1 or {b}, 1, {t}, R/2) for x {tuple(x.shape)}")
-    if 2 * half > d:
-        raise ValueError(f"rotary dims R={2 * half}: expected R <= head_dim={d}")
-    if h > 65_535 or b > 65_535:
-        raise ValueError(f"RoPE on the GPU: B={b}, H={h}; each sits on a grid axis of at most 65535")
+    Host time counts here (a small rotation is launch-bound, forward and backward per layer per step): what the
+    layouts decide is worked out once per layout (_plan), and a call reads each tensor's layout once."""
+    ready, grid, arguments, constexprs = _plan_for(x, cos, sin, interleaved, out)
+    device = x.device
+    if not ready or cos.device != device or sin.device != device:
+        x, cos, sin = _kernel_layout(x, cos, sin)
+        grid, arguments, constexprs = _plan_for(x, cos, sin, interleaved, out)[1:]  # as they are now
+    if out is None:
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)  # cheaper than torch.empty(shape, ...)
+    launch(_rotate, grid, x, out, cos, sin, *arguments, sign, **constexprs)
+    return out
+
+
+def _plan_for(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, out: Tensor | None) -> tuple:
+    in_place = out is not None and out.data_ptr() == x.data_ptr()
+    return _plan(x.shape, x.stride(), x.dtype, cos.shape, cos.stride(), cos.dtype, sin.shape, sin.stride(), sin.dtype,
+                 interleaved, None if out is None else out.stride(), in_place)
+
+
+def _kernel_layout(x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """x with contiguous rows, cos/sin float32 on x's device in one layout with contiguous rows: what the kernel
+    reads (each conversion only where needed)."""
     if x.stride(-1) != 1:
         x = x.contiguous()
     device = x.device
@@ -99,14 +111,32 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, sign: float =
         cos, sin = (c.to(device=device, dtype=torch.float32) for c in (cos, sin))
     if cos.stride() != sin.stride() or cos.stride(-1) != 1:
         cos, sin = cos.contiguous(), sin.contiguous()
-    if out is None:
-        out = torch.empty_like(x, memory_format=torch.contiguous_format)  # cheaper than torch.empty(shape, ...)
-    copy_rest = d > 2 * half and out.data_ptr() != x.data_ptr()
-    blocks, constexprs = _launch_shape(t, d, half, x.element_size(), interleaved, copy_rest)
-    sx, so = x.stride(), out.stride()
-    launch(_rotate, (blocks, h, b), x, out, cos, sin, sx[0], sx[1], sx[2], so[0], so[1], so[2],
-           cos.stride(0) if cos.shape[0] > 1 else 0, cos.stride(2), t, sign, **constexprs)
-    return out
+    return x, cos, sin
+
+
+@functools.lru_cache(maxsize=1024)
+def _plan(shape: torch.Size, strides: tuple[int, ...], dtype: torch.dtype, table: torch.Size,
+          table_strides: tuple[int, ...], table_dtype: torch.dtype, sin_table: torch.Size,
+          sin_strides: tuple[int, ...], sin_dtype: torch.dtype, interleaved: bool,
+          out_strides: tuple[int, ...] | None, in_place: bool) -> tuple:
+    """(ready, the grid, the kernel's stride and length arguments, its constexprs) for one layout of x (B,H,T,Dh),
+    its tables (B|1,1,T,R/2) and out (None: a new contiguous tensor; in_place: out shares x's memory). ready: x's
+    rows and the tables are already as the kernel reads them (_kernel_layout would change nothing, the devices
+    apart). Raises for shapes it cannot rotate, before any work."""
+    b, h, t, d = shape
+    half = table[-1]
+    if table != sin_table or len(table) != 4 or table[0] not in (1, b) or table[1:3] != (1, t):
+        raise ValueError(f"cos/sin shape {tuple(table)}: expected (1 or {b}, 1, {t}, R/2) for x {tuple(shape)}")
+    if 2 * half > d:
+        raise ValueError(f"rotary dims R={2 * half}: expected R <= head_dim={d}")
+    if h > 65_535 or b > 65_535:
+        raise ValueError(f"RoPE on the GPU: B={b}, H={h}; each sits on a grid axis of at most 65535")
+    ready = (strides[-1] == 1 and table_dtype == torch.float32 and sin_dtype == torch.float32
+             and table_strides == sin_strides and table_strides[-1] == 1)
+    out_strides = out_strides or (h * t * d, t * d, d, 1)  # None: empty_like's, contiguous
+    blocks, constexprs = _launch_shape(t, d, half, dtype.itemsize, interleaved, d > 2 * half and not in_place)
+    table_batch = table_strides[0] if table[0] > 1 else 0
+    return ready, (blocks, h, b), (*strides[:3], *out_strides[:3], table_batch, table_strides[2], t), constexprs
 
 
 __all__ = ["launch", "rotate"]
