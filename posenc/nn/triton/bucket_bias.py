@@ -22,7 +22,6 @@ from posenc.nn.triton.attention import (
     _bhd,
     _dense_last,
     _options,
-    _pad,
     _RowBiasAttention,
     key_gradients,
     output_gradient_and_delta,
@@ -48,9 +47,9 @@ def padded_buckets(buckets: Tensor, pad: int, window: int) -> tuple[Tensor, Tens
 
 class _BucketBiasAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, table: Tensor, rows: Tensor, buckets: Tensor, e: Tensor,
-                causal: bool) -> Tensor:
-        out = _RowBiasAttention.forward(ctx, q, k, v, rows, e, causal)
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, table: Tensor, rows: Tensor, biased: Tensor, buckets: Tensor,
+                e: Tensor, causal: bool) -> Tensor:
+        out = _RowBiasAttention.forward(ctx, q, k, v, rows, biased, e, causal)
         ctx.buckets, ctx.n_buckets = buckets, table.shape[1]
         return out
 
@@ -61,7 +60,7 @@ class _BucketBiasAttention(torch.autograd.Function):
         b, h, tq, d = q.shape
         dk, dv = key_gradients(ctx, q, k, v, dout, lse, delta, biased, e)
         t = attention.tiles("dq_buckets", d, q.device, q.dtype)
-        pad = _pad(*(attention.tiles(kernel, d, q.device, q.dtype) for kernel in attention.ROW_KERNELS)) + t.bn
+        pad = attention.row_pad(d, q.device, q.dtype) + t.bn
         buckets, marks = padded_buckets(ctx.buckets, pad, t.bm + t.bn - 1)
         q_blocks, slots = cdiv(tq, t.bm), next_power_of_2(ctx.n_buckets)
         sums = torch.empty(b, h, q_blocks, slots, device=q.device, dtype=torch.float32)
@@ -71,7 +70,7 @@ class _BucketBiasAttention(torch.autograd.Function):
                          ctx.row_stride, d**-0.5 * LOG2E, d**-0.5, D=d, CAUSAL=ctx.causal, BM=t.bm, BN=t.bn,
                          NBP=slots, BD=padded_head_dim(d), **_options(t, q.dtype, q.device))
         dtable = sums.sum((0, 2))[:, :ctx.n_buckets]  # (H,NB): batch rows and query blocks added in a fixed order
-        return dq, dk, dv, dtable, None, None, None, None
+        return dq, dk, dv, dtable, None, None, None, None, None
 
 
 def attend_bucket_bias(q: Tensor, k: Tensor, v: Tensor, table: Tensor, buckets: Tensor, e: Tensor,
@@ -85,7 +84,9 @@ def attend_bucket_bias(q: Tensor, k: Tensor, v: Tensor, table: Tensor, buckets: 
     if buckets.dim() != 1 or buckets.numel() < 1 or buckets.is_floating_point():
         raise ValueError(f"buckets {tuple(buckets.shape)} {buckets.dtype}: expected integers (S,) with S >= 1")
     rows = table.detach().to(torch.float32)[:, buckets]  # (H,S)
-    return _BucketBiasAttention.apply(q, k, v, table, rows, buckets, per_batch_row(e.to(q.device), q), causal)
+    biased = attention.padded_rows(rows, attention.row_pad(q.shape[-1], q.device, q.dtype))
+    return _BucketBiasAttention.apply(q, k, v, table, rows, biased, buckets, per_batch_row(e.to(q.device), q),
+                                      causal)
 
 
 __all__ = ["MAX_BUCKETS", "attend_bucket_bias"]
