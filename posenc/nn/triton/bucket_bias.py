@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from posenc.inference_tensors import DerivedPerTensor
 from posenc.nn.fused_attention import per_batch_row
 from posenc.nn.triton import attention, cdiv, next_power_of_2
 from posenc.nn.triton import bucket_bias_kernels as kernels
@@ -33,7 +34,7 @@ MAX_BUCKETS = 128  # totals per program (NBP,) and the one-hot (BN, NBP) of a ti
 # attention.tiles and attention.launch are looked up at each call: the static check and the tests replace them
 
 
-def padded_buckets(buckets: Tensor, pad: int, window: int) -> tuple[Tensor, Tensor]:
+def _padded_buckets(buckets: Tensor, pad: int, window: int) -> tuple[Tensor, Tensor]:
     """buckets (S,) -> views, starting at the real data, of (S + 2 pad) int32 buckets (the end values repeated over
     the padding: pairs there are masked, dS = 0) and of the windows' marks: at o, the one bucket of elements
     o .. o + window - 1, or -1 where they hold several."""
@@ -43,6 +44,10 @@ def padded_buckets(buckets: Tensor, pad: int, window: int) -> tuple[Tensor, Tens
     low, high = windows.amin(1), windows.amax(1)
     marks = torch.where(low == high, low, -1)
     return padded[pad:], marks[pad:]
+
+
+# Once per forward: every layer's backward reads the same buckets tensor (row_paths builds it once per forward).
+padded_buckets = DerivedPerTensor(_padded_buckets)
 
 
 class _BucketBiasAttention(torch.autograd.Function):
