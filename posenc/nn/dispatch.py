@@ -45,7 +45,7 @@ for a scheme whose class gives no score_mod.
     contextual  cuda    bfloat16 float16 float32    triton_contextual  triton_contextual
     relative    cpu     float32                     relative_decode    native_relative
     relative    cuda    bfloat16 float16 float32    relative_decode triton_relative triton_relative
-    values      cpu     float32                     native_relative    native_relative
+    values      cpu     float32                     native_relative_table native_relative  native_relative
     values      cuda    bfloat16 float16 float32    triton_relative    triton_relative
 
     form                                                no grad                       grad
@@ -170,6 +170,7 @@ KERNELS: dict[str, Callable[[Call], Tensor | None]] = {
     "triton_contextual": row_paths.triton_contextual,  # triton/cope.py
     "relative_decode": row_paths.relative_decode,  # SDPA with one row per query as the mask
     "native_relative": row_paths.native_relative,  # csrc, rows per query (and Shaw's value term)
+    "native_relative_table": row_paths.native_relative_table,  # csrc, rows per query formed from a table, no grad
     "flex": bias_paths.flex,  # flex_attention with the scheme's score_mod
     "chunked": bias_paths.chunked,  # the bias built per block of CHUNK_ROWS queries
     "reference": bias_paths.reference,  # the bias materialised (B|1,H,Tq,Tk), then SDPA
@@ -207,7 +208,7 @@ FAST_RULES: tuple[tuple[str, str, tuple[torch.dtype, ...], tuple[str, ...], tupl
     ("contextual", "cpu", (torch.float32,), ("native_contextual",), ("native_contextual",)),
     ("contextual", "cuda", HALF_AND_FLOAT, ("triton_contextual",), ("triton_contextual",)),
     ("relative", "cpu", (torch.float32,), ("relative_decode",), ("native_relative",)),
-    ("values", "cpu", (torch.float32,), ("native_relative",), ("native_relative",)),
+    ("values", "cpu", (torch.float32,), ("native_relative_table", "native_relative"), ("native_relative",)),
     ("relative", "cuda", HALF_AND_FLOAT, ("relative_decode", "triton_relative"), ("triton_relative",)),
     ("values", "cuda", HALF_AND_FLOAT, ("triton_relative",), ("triton_relative",)),
 )

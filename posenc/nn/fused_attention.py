@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from posenc.nn import native
-from posenc.nn.kernel_checks import check_contextual, check_operands, check_piecewise, check_rows
+from posenc.nn.kernel_checks import check_contextual, check_operands, check_piecewise, check_rows, check_table
 
 _I64x3 = ctypes.c_int64 * 3
 _FLOAT_P = ctypes.c_void_p
@@ -35,7 +35,9 @@ class Attention(ctypes.Structure):  # mirrors csrc/attention.h
 
 class RowArgs(ctypes.Structure):
     _fields_ = [("rows", _FLOAT_P), ("strides", _I64x3), ("length", ctypes.c_int64), ("e", _FLOAT_P),
-                ("grad", _FLOAT_P), ("mass", _FLOAT_P), ("dmass", _FLOAT_P), ("mass_strides", _I64x3)]
+                ("grad", _FLOAT_P), ("mass", _FLOAT_P), ("dmass", _FLOAT_P), ("mass_strides", _I64x3),
+                ("table", _FLOAT_P), ("table_stride_h", ctypes.c_int64), ("table_scale", ctypes.c_float),
+                ("values", _FLOAT_P)]
 
 
 class PiecewiseArgs(ctypes.Structure):
@@ -266,6 +268,26 @@ def attend_rows(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, e: Tensor, causal
     return out, (mass if want_mass else None)
 
 
+def attend_table(q: Tensor, k: Tensor, v: Tensor, table: Tensor, table_scale: float, values: Tensor | None,
+                 e: Tensor, causal: bool) -> Tensor:
+    """attend_rows with rows = table_scale * q . table[h] (B,H,Tq,S) formed in the kernel, and out += mass @ values
+    where values are given: table (H|1,S,Dh), values (S,Dh), e (B,) int64 -> (B,H,Tq,Dh). No gradient (a decode
+    step: the rows' product and the value term's two operators less per layer); refused where one is wanted."""
+    if _autograd(q, k, v, table, *(() if values is None else (values,))):
+        raise ValueError("attend_table runs without gradients (use attend_rows with relative_rows for a backward)")
+    check_operands(q, k, v, causal)
+    e = per_batch_row(e, q)
+    check_table(table, values, q, e)
+    q, k, v = _dense_last(q), _dense_last(k), _dense_last(v)
+    out, lse = torch.empty_like(q), torch.empty(q.shape[:3])
+    args = RowArgs(length=table.shape[1], e=e.data_ptr(), table=table.data_ptr(),
+                   table_stride_h=table.stride(0) if table.shape[0] > 1 else 0, table_scale=table_scale,
+                   values=native.ptr(values))
+    attention = _attention(q, k, v, out, lse, causal, q.shape[-1] ** -0.5)
+    native.library().posenc_attention_rows_forward(ctypes.addressof(attention), ctypes.addressof(args))
+    return out
+
+
 def attend_piecewise(q: Tensor, k: Tensor, v: Tensor, feature: Tensor, divisor: Tensor, knots: Tensor,
                      slope: Tensor, intercept: Tensor, e: Tensor, causal: bool) -> Tensor:
     """feature (S,) non-increasing, divisor (B|1,Tq), knots (K,) ascending, slope/intercept (H,K+1), e (B,)
@@ -290,5 +312,5 @@ def attend_contextual(q: Tensor, k: Tensor, v: Tensor, rows: Tensor) -> Tensor:
     return _ContextualAttention.apply(q, k, v, rows, q.shape[-1] ** -0.5)
 
 
-__all__ = ["attend_contextual", "attend_piecewise", "attend_rows", "blocks", "can_run", "per_batch",
+__all__ = ["attend_contextual", "attend_piecewise", "attend_rows", "attend_table", "blocks", "can_run", "per_batch",
            "per_batch_row"]

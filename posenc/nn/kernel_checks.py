@@ -49,6 +49,23 @@ def check_rows(rows: Tensor, q: Tensor, e: Tensor) -> None:
     _check_offsets(e, b)
 
 
+def check_table(table: Tensor, values: Tensor | None, q: Tensor, e: Tensor) -> None:
+    """table (H|1, S >= 1, Dh) and values (S, Dh) or None, float32, contiguous; e (B,) int64."""
+    _float32_cpu("relative table", table)
+    b, h, _, d = q.shape
+    if table.dim() != 3 or table.shape[0] not in (1, h) or table.shape[1] < 1 or table.shape[2] != d:
+        raise bad_value("relative table shape", _shape(table), f"(H|1, S >= 1, Dh) = ({h}|1, S, {d}) for q of shape "
+                        f"{_shape(q)}")
+    if values is not None:
+        _float32_cpu("relative values", values)
+        if values.shape != (table.shape[1], d):
+            raise bad_value("relative values shape", _shape(values), f"(S, Dh) = ({table.shape[1]}, {d})")
+    for name, t in (("relative table", table), ("relative values", values)):
+        if t is not None and not t.is_contiguous():
+            raise bad_value(f"{name} layout", t.stride(), "contiguous")
+    _check_offsets(e, b)
+
+
 def check_piecewise(q: Tensor, k: Tensor, feature: Tensor, divisor: Tensor, knots: Tensor, slope: Tensor,
                     intercept: Tensor, e: Tensor, causal: bool) -> None:
     """feature (S,), divisor (B|1,Tq), knots (K,), slope and intercept (H,K+1), all float32; e (B,) int64 with
@@ -97,4 +114,4 @@ def _check_offsets(e: Tensor, b: int) -> None:
         raise bad_value("row offsets e", f"{_shape(e)} {e.dtype}", f"({b},) int64, one per batch row, contiguous")
 
 
-__all__ = ["check_contextual", "check_operands", "check_piecewise", "check_rotary", "check_rows"]
+__all__ = ["check_contextual", "check_operands", "check_piecewise", "check_rotary", "check_rows", "check_table"]

@@ -382,6 +382,20 @@ def native_relative(call: Call) -> Tensor | None:
     return _relative_in_chunks(call.q, call.k, call.v, call.scheme, span.offsets, call.causal, call.grad)
 
 
+def native_relative_table(call: Call) -> Tensor | None:
+    """Rows per query formed inside the native CPU kernel from the scheme's RelativeTable, its value term added
+    there too (Shaw), without gradients: a decode step's q . a^K product and mass @ P_V, each an operator per layer
+    with every cache line cold after the previous layer's keys, become part of the one kernel call. Declines a
+    table with shifts of q (Transformer-XL's u and v)."""
+    if call.grad or not runs_native(call) or (span := span_of(call)) is None:
+        return None
+    table = call.scheme.relative_table(span.low, span.high, call.q)
+    if table is None or table.row_shift is not None or table.q_shift is not None:
+        return None
+    return fused_attention.attend_table(call.q, call.k, call.v, table.table, table.scale, table.values,
+                                        _e(call, span.offsets, table.low), call.causal)
+
+
 def relative_decode(call: Call) -> Tensor | None:
     """One query per row, no gradient, rows per query without a value term: SDPA with the row as the mask."""
     if not (on_gpu(call) or runs_native(call)) or (span := span_of(call)) is None:
@@ -440,7 +454,7 @@ def row_slice(rows: Tensor, offsets: Offsets, low: int, tk: int, batch: int) -> 
     return rows.expand(batch, -1, -1, -1).gather(-1, index[:, None, None].expand(-1, rows.shape[1], 1, -1))
 
 
-__all__ = ["Offsets", "Span", "distance_rows", "native_contextual", "native_pieces", "native_relative", "native_rows",
-           "on_gpu", "per_forward", "position_offsets", "relative_decode", "relative_span", "row_slice",
-           "runs_native", "span_of", "triton_contextual", "triton_pieces", "triton_pieces_param", "triton_relative",
-           "triton_rows"]
+__all__ = ["Offsets", "Span", "distance_rows", "native_contextual", "native_pieces", "native_relative",
+           "native_relative_table", "native_rows", "on_gpu", "per_forward", "position_offsets", "relative_decode",
+           "relative_span", "row_slice", "runs_native", "span_of", "triton_contextual", "triton_pieces",
+           "triton_pieces_param", "triton_relative", "triton_rows"]

@@ -22,14 +22,16 @@ def test_fp16_attention_kernels_compile_fit_and_do_not_spill(head_dim):
     check_attention("fp16", head_dim, True)
 
 
-@pytest.mark.parametrize("head_dim", [64, 96])
+@pytest.mark.parametrize("head_dim", [96])
 def test_fp32_attention_kernels_compile_fit_and_do_not_spill(head_dim):
-    """float32 runs as TF32 (where torch allows TF32), with its own tiles: they fit and do not spill either."""
+    """float32 runs as TF32 (where torch allows TF32), with its own tiles: they fit and do not spill either. At 96
+    (padded to 128 columns): float32's widest tiles, which 64's narrower ones share in every other respect."""
     check_attention("fp32", head_dim, True)
 
 
-@pytest.mark.parametrize("head_dim", [16, 32, 256])
+@pytest.mark.parametrize("head_dim", [16, 256])
 def test_other_head_dims_compile_fit_and_do_not_spill(head_dim):
+    """The two ends: 16 (4 warps in the forward, as 32 has) and 256 (the smallest tiles)."""
     check_attention("bf16", head_dim, True)
 
 

@@ -10,10 +10,11 @@
 namespace {
 
 struct Scratch {
-    std::vector<float> scores, acc, max, sum, mass, x;
+    std::vector<float> scores, acc, max, sum, mass, x, rows;
 };
 
-// Optional output of the row bias: the softmax weight landing on each row index (Shaw's value term).
+// The softmax weight landing on each row index (Shaw's value term): written out (mass) and/or folded into the
+// output as sum_t mass_t values[t] (values).
 struct Mass {
     const RowArgs* rows;  // null: no mass
     void clear(Scratch& w, int64_t qn) const {
@@ -25,11 +26,22 @@ struct Mass {
     void add(Scratch& w, int64_t r, const float* p, int64_t b, int64_t i, int64_t j0, int64_t n) const {
         if (rows) RowBias::scatter_to_row(w.mass.data() + r * rows->length, p, rows->length, rows->e[b] - i, j0, n);
     }
-    void store(const Scratch& w, int64_t r, int64_t b, int64_t h, int64_t i, float inv) const {
+    // o (D) holds the row's output already; the mass is the row's sums times inv.
+    void store(const Scratch& w, int64_t r, int64_t b, int64_t h, int64_t i, float inv, float* o, int64_t D) const {
         if (!rows) return;
-        const int64_t* s = rows->mass_strides;
-        float* m = rows->mass + b * s[0] + h * s[1] + i * s[2];
-        for (int64_t t = 0; t < rows->length; ++t) m[t] = w.mass[r * rows->length + t] * inv;
+        const float* m = w.mass.data() + r * rows->length;
+        if (rows->mass) {
+            const int64_t* s = rows->mass_strides;
+            float* out = rows->mass + b * s[0] + h * s[1] + i * s[2];
+            for (int64_t t = 0; t < rows->length; ++t) out[t] = m[t] * inv;
+        }
+        if (rows->values)
+            for (int64_t t = 0; t < rows->length; ++t) {
+                const float mt = m[t] * inv;
+                const float* value = rows->values + t * D;
+#pragma omp simd
+                for (int64_t c = 0; c < D; ++c) o[c] += mt * value[c];
+            }
     }
 };
 
@@ -42,6 +54,7 @@ void query_block(const Attention& a, const Bias& bias, const Mass& mass, int64_t
     std::fill(w.sum.begin(), w.sum.begin() + qn, 0.0f);
     mass.clear(w, qn);
     const float* q = a.at(a.q, a.q_strides, b, h, q0);
+    bias.prepare(a, q, h, qn, w);
     for (int64_t k0 = 0, k_end = a.key_end(q0, qn); k0 < k_end; k0 += a.kv_block) {
         const int64_t kn = std::min(a.kv_block, k_end - k0);
         float* s = w.scores.data();
@@ -50,7 +63,7 @@ void query_block(const Attention& a, const Bias& bias, const Mass& mass, int64_t
         for (int64_t r = 0; r < qn; ++r) {
             const int64_t i = q0 + r, n = a.valid(i, k0, kn);
             float* sr = s + r * kn;
-            const float top = bias.add(sr, n, a.scale, b, h, i, k0, w.x.data());
+            const float top = bias.add(sr, n, a.scale, b, h, i, k0, bias.scratch(w, r));
             const float alpha = online_softmax_block(sr, n, kn, top, w.max[r], w.sum[r]);
             if (alpha < 0.0f) continue;  // no key yet for this query
             if (alpha != 1.0f) {
@@ -68,7 +81,7 @@ void query_block(const Attention& a, const Bias& bias, const Mass& mass, int64_t
         float* o = a.at(a.out, a.o_strides, b, h, i);
         for (int64_t c = 0; c < D; ++c) o[c] = w.acc[r * D + c] * inv;
         a.lse[(b * a.H + h) * a.Tq + i] = w.max[r] + std::log(w.sum[r]);
-        mass.store(w, r, b, h, i, inv);
+        mass.store(w, r, b, h, i, inv, o, D);
     }
 }
 
@@ -86,6 +99,7 @@ void forward(const Attention& a, const Bias& bias, const Mass& mass) {
         w.sum.resize(a.q_block);
         w.x.resize(a.kv_block);
         if (mass.rows) w.mass.resize(a.q_block * mass.rows->length);
+        bias.reserve(a, w);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < tasks; ++task) {
             const int64_t qb = task % q_blocks, bh = task / q_blocks;
@@ -96,22 +110,56 @@ void forward(const Attention& a, const Bias& bias, const Mass& mass) {
     }
 }
 
-// Adapts RowBias to the policy interface (it needs no feature scratch).
+// The bias policies: reserve() sizes a thread's scratch, prepare() runs once per query block before its keys,
+// scratch() hands add() what it needs for row r of the block, add() biases a block of scores.
+
+// Rows read from memory (RowArgs.rows).
 struct RowPolicy {
     RowBias rows;
+    void reserve(const Attention&, Scratch&) const {}
+    void prepare(const Attention&, const float*, int64_t, int64_t, Scratch&) const {}
+    float* scratch(Scratch&, int64_t) const { return nullptr; }
     float add(float* s, int64_t n, float scale, int64_t b, int64_t h, int64_t i, int64_t j0, float*) const {
         return rows.add(s, n, scale, b, h, i, j0);
+    }
+};
+
+// Rows formed per query block from a table (RowArgs.table): the block's rows (qn, S) = table_scale * q . table[h],
+// in the thread's scratch, then read as RowPolicy reads rows.
+struct TableRowPolicy {
+    const RowArgs& args;
+    void reserve(const Attention& a, Scratch& w) const { w.rows.resize(a.q_block * args.length); }
+    void prepare(const Attention& a, const float* q, int64_t h, int64_t qn, Scratch& w) const {
+        gemm(false, true, qn, args.length, a.D, args.table_scale, q, a.q_strides[2],
+             args.table + h * args.table_stride_h, a.D, 0.0f, w.rows.data(), args.length);
+    }
+    float* scratch(Scratch& w, int64_t r) const { return w.rows.data() + r * args.length; }
+    float add(float* s, int64_t n, float scale, int64_t b, int64_t, int64_t i, int64_t j0, float* row) const {
+        return RowBias::add_row(row, args.length, args.e[b] - i, s, n, scale, j0);
+    }
+};
+
+// The piecewise bias, evaluating its feature for a block of keys into the thread's x.
+struct PiecewisePolicy {
+    PiecewiseBias pieces;
+    void reserve(const Attention&, Scratch&) const {}
+    void prepare(const Attention&, const float*, int64_t, int64_t, Scratch&) const {}
+    float* scratch(Scratch& w, int64_t) const { return w.x.data(); }
+    float add(float* s, int64_t n, float scale, int64_t b, int64_t h, int64_t i, int64_t j0, float* x) const {
+        return pieces.add(s, n, scale, b, h, i, j0, x);
     }
 };
 
 }  // namespace
 
 extern "C" int posenc_attention_rows_forward(const Attention* a, const RowArgs* r) {
-    forward(*a, RowPolicy{row_bias(*r)}, Mass{r->mass ? r : nullptr});
+    const Mass mass{r->mass || r->values ? r : nullptr};
+    if (r->table) forward(*a, TableRowPolicy{*r}, mass);
+    else forward(*a, RowPolicy{row_bias(*r)}, mass);
     return 0;
 }
 
 extern "C" int posenc_attention_piecewise_forward(const Attention* a, const PiecewiseArgs* p) {
-    forward(*a, PiecewiseBias{*p}, Mass{nullptr});
+    forward(*a, PiecewisePolicy{PiecewiseBias{*p}}, Mass{nullptr});
     return 0;
 }

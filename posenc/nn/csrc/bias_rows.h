@@ -16,8 +16,13 @@ struct RowBias {
 
     // s[j] = scale * s[j] + bias for the n valid keys of query i from key j0; returns their maximum.
     float add(float* s, int64_t n, float scale, int64_t b, int64_t h, int64_t i, int64_t j0) const {
-        const float* r = row(b, h, i);
-        const RowSpan span = row_span(e[b] - i, length, j0, j0 + n);
+        return add_row(row(b, h, i), length, e[b] - i, s, n, scale, j0);
+    }
+
+    // add() with the query's row r (S = length values) given.
+    static float add_row(const float* r, int64_t length, int64_t e_minus_i, float* s, int64_t n, float scale,
+                         int64_t j0) {
+        const RowSpan span = row_span(e_minus_i, length, j0, j0 + n);
         const float low = r[0], high = r[length - 1];
         const float* mid = r + span.first - (span.low_end - j0);
         for (int64_t j = 0; j < span.low_end - j0; ++j) s[j] = s[j] * scale + low;
