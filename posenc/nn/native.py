@@ -25,7 +25,8 @@ import torch
 from posenc.cache import cache_dir
 
 SOURCE_DIR = Path(__file__).parent / "csrc"
-SOURCES = ("rotary.cpp", "attention_forward.cpp", "attention_backward.cpp", "cope.cpp", "decode_rows.cpp")
+SOURCES = ("rotary.cpp", "attention_forward.cpp", "attention_backward.cpp", "cope.cpp", "decode_rows.cpp",
+           "map_decode.cpp")
 # -fno-trapping-math: without it gcc keeps the exp's clamp and select as branches on AVX2 (AVX-512's masked
 # instructions hide them), so every score's exp ran scalar: 1.3-1.6x causal SDPA instead of 0.9x on AVX2.
 FLAGS = ("-O3", "-mprefer-vector-width=512", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-shared", "-fPIC",
@@ -142,6 +143,7 @@ SIGNATURES = {
     "posenc_cope_forward": (ctypes.c_int, *"pp"),
     "posenc_cope_backward": (ctypes.c_int, *"pp"),
     "posenc_piecewise_row": (ctypes.c_int, *"plllp"),
+    "posenc_attention_runs": (ctypes.c_int, *"p"),
 }
 
 

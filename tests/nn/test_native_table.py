@@ -22,7 +22,7 @@ def _operands(b, h, hkv, tq, tk, d, seed=0):
 def _definition(q, k, v, table, scale, values, e, causal):
     """float64: bias(b, h, i, j) = scale * q_i . table[h][clamp(e[b] - i + j, 0, S - 1)], softmax, values added."""
     q, k, v, table = q.double(), k.double(), v.double(), table.double()
-    b, h, tq, d = q.shape
+    _, h, tq, d = q.shape
     g = h // k.shape[1]
     k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
     tk, length = k.shape[2], table.shape[1]
