@@ -92,7 +92,7 @@ class TransformerXL(Scheme):
     def relative_table(self, low: int, high: int, like: Tensor) -> RelativeTable:
         """relative_rows before the product with q: W_R R_{i-j} per head for r = n - m = low..high (distance
         i - j = -r, hence the flip), and the shifts v (rows) and u (content)."""
-        rk = self.projected_by_offset(low, high, like).contiguous()  # (H,L,Dh) for r = low..high
+        rk = self.projected_by_offset(low, high, like)  # (H,L,Dh) for r = low..high, a view of the kept span
         return RelativeTable(rk, low, self.dims.head_dim**-0.5, row_shift=self.v, q_shift=self.u)
 
     def extra_repr(self) -> str:

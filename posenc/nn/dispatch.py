@@ -43,7 +43,7 @@ for a scheme whose class gives no score_mod.
     piecewise   cuda    bfloat16 float16 float32    pieces_decode      triton_pieces_param triton_pieces
     contextual  cpu     float32                     native_contextual  native_contextual
     contextual  cuda    bfloat16 float16 float32    triton_contextual  triton_contextual
-    relative    cpu     float32                     relative_decode    native_relative
+    relative    cpu     float32                     native_relative_table relative_decode  native_relative
     relative    cuda    bfloat16 float16 float32    relative_decode triton_relative triton_relative
     values      cpu     float32                     native_relative_table native_relative  native_relative
     values      cuda    bfloat16 float16 float32    triton_relative    triton_relative
@@ -207,7 +207,7 @@ FAST_RULES: tuple[tuple[str, str, tuple[torch.dtype, ...], tuple[str, ...], tupl
     ("piecewise", "cuda", HALF_AND_FLOAT, ("pieces_decode",), ("triton_pieces_param", "triton_pieces")),
     ("contextual", "cpu", (torch.float32,), ("native_contextual",), ("native_contextual",)),
     ("contextual", "cuda", HALF_AND_FLOAT, ("triton_contextual",), ("triton_contextual",)),
-    ("relative", "cpu", (torch.float32,), ("relative_decode",), ("native_relative",)),
+    ("relative", "cpu", (torch.float32,), ("native_relative_table", "relative_decode"), ("native_relative",)),
     ("values", "cpu", (torch.float32,), ("native_relative_table", "native_relative"), ("native_relative",)),
     ("relative", "cuda", HALF_AND_FLOAT, ("relative_decode", "triton_relative"), ("triton_relative",)),
     ("values", "cuda", HALF_AND_FLOAT, ("triton_relative",), ("triton_relative",)),

@@ -37,7 +37,7 @@ class RowArgs(ctypes.Structure):
     _fields_ = [("rows", _FLOAT_P), ("strides", _I64x3), ("length", ctypes.c_int64), ("e", _FLOAT_P),
                 ("grad", _FLOAT_P), ("mass", _FLOAT_P), ("dmass", _FLOAT_P), ("mass_strides", _I64x3),
                 ("table", _FLOAT_P), ("table_stride_h", ctypes.c_int64), ("table_scale", ctypes.c_float),
-                ("values", _FLOAT_P)]
+                ("values", _FLOAT_P), ("row_shift", _FLOAT_P), ("q_shift", _FLOAT_P)]
 
 
 class PiecewiseArgs(ctypes.Structure):
@@ -269,20 +269,23 @@ def attend_rows(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, e: Tensor, causal
 
 
 def attend_table(q: Tensor, k: Tensor, v: Tensor, table: Tensor, table_scale: float, values: Tensor | None,
-                 e: Tensor, causal: bool) -> Tensor:
-    """attend_rows with rows = table_scale * q . table[h] (B,H,Tq,S) formed in the kernel, and out += mass @ values
-    where values are given: table (H|1,S,Dh), values (S,Dh), e (B,) int64 -> (B,H,Tq,Dh). No gradient (a decode
-    step: the rows' product and the value term's two operators less per layer); refused where one is wanted."""
-    if _autograd(q, k, v, table, *(() if values is None else (values,))):
+                 e: Tensor, causal: bool, row_shift: Tensor | None = None, q_shift: Tensor | None = None) -> Tensor:
+    """attend_rows with rows = table_scale * (q + row_shift[h]) . table[h] (B,H,Tq,S) formed in the kernel, out +=
+    mass @ values where values are given, and the scores' query q + q_shift[h]: table (H|1,S,Dh) with rows of Dh
+    contiguous, values (S,Dh), row_shift and q_shift (H,Dh), e (B,) int64 -> (B,H,Tq,Dh) (Scheme.RelativeTable's
+    terms). No gradient (a decode step: the rows' product and the value term's operators less per layer); refused
+    where one is wanted."""
+    extra = tuple(t for t in (values, row_shift, q_shift) if t is not None)
+    if _autograd(q, k, v, table, *extra):
         raise ValueError("attend_table runs without gradients (use attend_rows with relative_rows for a backward)")
     check_operands(q, k, v, causal)
     e = per_batch_row(e, q)
-    check_table(table, values, q, e)
+    check_table(table, values, row_shift, q_shift, q, e)
     q, k, v = _dense_last(q), _dense_last(k), _dense_last(v)
     out, lse = torch.empty_like(q), torch.empty(q.shape[:3])
     args = RowArgs(length=table.shape[1], e=e.data_ptr(), table=table.data_ptr(),
                    table_stride_h=table.stride(0) if table.shape[0] > 1 else 0, table_scale=table_scale,
-                   values=native.ptr(values))
+                   values=native.ptr(values), row_shift=native.ptr(row_shift), q_shift=native.ptr(q_shift))
     attention = _attention(q, k, v, out, lse, causal, q.shape[-1] ** -0.5)
     native.library().posenc_attention_rows_forward(ctypes.addressof(attention), ctypes.addressof(args))
     return out

@@ -49,19 +49,25 @@ def check_rows(rows: Tensor, q: Tensor, e: Tensor) -> None:
     _check_offsets(e, b)
 
 
-def check_table(table: Tensor, values: Tensor | None, q: Tensor, e: Tensor) -> None:
-    """table (H|1, S >= 1, Dh) and values (S, Dh) or None, float32, contiguous; e (B,) int64."""
+def check_table(table: Tensor, values: Tensor | None, row_shift: Tensor | None, q_shift: Tensor | None, q: Tensor,
+                e: Tensor) -> None:
+    """table (H|1, S >= 1, Dh) with rows of Dh contiguous; values (S, Dh), row_shift and q_shift (H, Dh) or None,
+    contiguous; all float32; e (B,) int64."""
     _float32_cpu("relative table", table)
     b, h, _, d = q.shape
     if table.dim() != 3 or table.shape[0] not in (1, h) or table.shape[1] < 1 or table.shape[2] != d:
         raise bad_value("relative table shape", _shape(table), f"(H|1, S >= 1, Dh) = ({h}|1, S, {d}) for q of shape "
                         f"{_shape(q)}")
-    if values is not None:
-        _float32_cpu("relative values", values)
-        if values.shape != (table.shape[1], d):
-            raise bad_value("relative values shape", _shape(values), f"(S, Dh) = ({table.shape[1]}, {d})")
-    for name, t in (("relative table", table), ("relative values", values)):
-        if t is not None and not t.is_contiguous():
+    if table.stride(2) != 1 or (table.shape[1] > 1 and table.stride(1) != d):
+        raise bad_value("relative table layout", table.stride(), f"rows of Dh = {d} contiguous (strides (*, {d}, 1))")
+    for name, t, shape in (("relative values", values, (table.shape[1], d)), ("row shift", row_shift, (h, d)),
+                           ("q shift", q_shift, (h, d))):
+        if t is None:
+            continue
+        _float32_cpu(name, t)
+        if tuple(t.shape) != shape:
+            raise bad_value(f"{name} shape", _shape(t), f"{shape}")
+        if not t.is_contiguous():
             raise bad_value(f"{name} layout", t.stride(), "contiguous")
     _check_offsets(e, b)
 

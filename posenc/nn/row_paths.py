@@ -383,17 +383,17 @@ def native_relative(call: Call) -> Tensor | None:
 
 
 def native_relative_table(call: Call) -> Tensor | None:
-    """Rows per query formed inside the native CPU kernel from the scheme's RelativeTable, its value term added
-    there too (Shaw), without gradients: a decode step's q . a^K product and mass @ P_V, each an operator per layer
-    with every cache line cold after the previous layer's keys, become part of the one kernel call. Declines a
-    table with shifts of q (Transformer-XL's u and v)."""
+    """Rows per query formed inside the native CPU kernel from the scheme's RelativeTable, its value term and its
+    shifts of q there too (Shaw's q . a^K and mass @ P_V, Transformer-XL's (q + v) . W_R R and q + u), without
+    gradients: a decode step's products and shifts, each an operator per layer with every cache line cold after
+    the previous layer's keys, become part of the one kernel call."""
     if call.grad or not runs_native(call) or (span := span_of(call)) is None:
         return None
-    table = call.scheme.relative_table(span.low, span.high, call.q)
-    if table is None or table.row_shift is not None or table.q_shift is not None:
+    if (table := call.scheme.relative_table(span.low, span.high, call.q)) is None:
         return None
+    shifts = (None if t is None else cast(t, torch.float32) for t in (table.row_shift, table.q_shift))
     return fused_attention.attend_table(call.q, call.k, call.v, table.table, table.scale, table.values,
-                                        _e(call, span.offsets, table.low), call.causal)
+                                        _e(call, span.offsets, table.low), call.causal, *shifts)
 
 
 def relative_decode(call: Call) -> Tensor | None:

@@ -1,6 +1,7 @@
-"""The native kernel's rows formed from a table (fused_attention.attend_table: Shaw's decode step on the CPU) equal
-the rows written out (attend_rows) plus the value term from the kernel's mass, and equal Shaw's definition written
-out in float64 (eq. 3-5: scores q . (k + a^K) / sqrt(Dh), output sum w (v + a^V))."""
+"""The native kernel's rows formed from a table (fused_attention.attend_table: Shaw's and Transformer-XL's decode
+step on the CPU) equal the rows written out (attend_rows) plus the value term from the kernel's mass, and equal the
+RelativeTable's terms written out in float64: scores ((q + u) . k + (q + v) . table[clamp(r)]) / sqrt(Dh) (Shaw:
+no u, v; XL's (a)-(d)), output sum w (v + values[clamp(r)]) (Shaw's eq. 3)."""
 
 from __future__ import annotations
 
@@ -19,18 +20,21 @@ def _operands(b, h, hkv, tq, tk, d, seed=0):
     return q, k, v
 
 
-def _definition(q, k, v, table, scale, values, e, causal):
-    """float64: bias(b, h, i, j) = scale * q_i . table[h][clamp(e[b] - i + j, 0, S - 1)], softmax, values added."""
+def _definition(q, k, v, table, scale, values, e, causal, row_shift=None, q_shift=None):
+    """float64: scores (q_i + q_shift[h]) . k_j / sqrt(Dh) + scale * (q_i + row_shift[h]) . table[h][clamp(e[b] - i
+    + j, 0, S - 1)], softmax, values added."""
     q, k, v, table = q.double(), k.double(), v.double(), table.double()
+    qr = q if row_shift is None else q + row_shift.double()[:, None]
+    qc = q if q_shift is None else q + q_shift.double()[:, None]
     _, h, tq, d = q.shape
     g = h // k.shape[1]
     k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
     tk, length = k.shape[2], table.shape[1]
     i, j = torch.arange(tq)[:, None], torch.arange(tk)[None, :]
     index = (e[:, None, None] - i + j).clamp(0, length - 1)  # (B,Tq,Tk)
-    rows = scale * torch.einsum("bhid,hsd->bhis", q, table.expand(h, -1, -1))  # (B,H,Tq,S)
+    rows = scale * torch.einsum("bhid,hsd->bhis", qr, table.expand(h, -1, -1))  # (B,H,Tq,S)
     bias = rows.gather(-1, index[:, None].expand(-1, h, -1, -1))
-    scores = q @ k.transpose(-1, -2) / d**0.5 + bias
+    scores = qc @ k.transpose(-1, -2) / d**0.5 + bias
     if causal:
         scores = scores.masked_fill(j > i + tk - tq, float("-inf"))
     weights = scores.softmax(-1)
@@ -79,16 +83,34 @@ def test_a_table_wanting_gradients_or_of_the_wrong_shape_is_refused_before_the_k
         fused_attention.attend_table(q, k, v, torch.randn(1, 16, 9).transpose(1, 2), 1.0, values, e, True)
 
 
-def test_shaw_decodes_through_the_table_and_equals_its_rows_path(monkeypatch):
-    """A cached decode step of a Shaw GPT on the CPU forms its rows in the kernel (attend_table runs in every
-    layer), and its logits equal the same step with that kernel declined (the rows path, native_relative)."""
+@pytest.mark.parametrize(("b", "h", "hkv", "tq", "tk"), [(1, 4, 4, 1, 70), (2, 4, 2, 1, 600), (1, 4, 1, 6, 1100)])
+def test_rows_with_shifts_of_q_equal_the_definition(b, h, hkv, tq, tk):
+    """Transformer-XL's table: u shifts the content scores' query, v the rows' (a view of a longer kept span: the
+    table's head stride is not S x Dh)."""
+    d, scale = 16, 0.25
+    q, k, v = _operands(b, h, hkv, tq, tk, d, seed=3)
+    g = torch.Generator().manual_seed(2)
+    length = tk + 3
+    table = torch.randn(h, length + 50, d, generator=g)[:, 20 : 20 + length]  # rows r = low..high of a kept span
+    row_shift, q_shift = torch.randn(h, d, generator=g), torch.randn(h, d, generator=g)
+    e = torch.tensor([tq - 1, tq + 1][:b])  # the key at the query's position reads table[tk - 1] (tk + 1 in row 2)
+    with torch.no_grad():
+        out = fused_attention.attend_table(q, k, v, table, scale, None, e, True, row_shift, q_shift)
+    expected = _definition(q, k, v, table, scale, None, e, True, row_shift, q_shift)
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["shaw", "transformer_xl"])
+def test_a_decode_step_takes_the_table_and_equals_the_step_without_it(name, monkeypatch):
+    """A cached decode step of a Shaw or Transformer-XL GPT on the CPU forms its rows in the kernel (attend_table runs
+    in every layer), and its logits equal the same step with that kernel declined (the rows path)."""
     from posenc.contract.models import perturb_scheme_parameters
     from posenc.models import GPT
     from posenc.nn import dispatch
     from tests.conftest import tiny_config
 
     torch.manual_seed(0)
-    model = GPT(tiny_config("shaw", n_layer=2, n_kv_head=2)).eval()
+    model = GPT(tiny_config(name, n_layer=2, n_kv_head=2)).eval()
     perturb_scheme_parameters(model)
     tokens = torch.randint(0, 61, (2, 30), generator=torch.Generator().manual_seed(0))
     calls, original = [], fused_attention.attend_table
@@ -100,6 +122,6 @@ def test_shaw_decodes_through_the_table_and_equals_its_rows_path(monkeypatch):
         cache = model.new_cache()
         with torch.no_grad():
             model(tokens[:, :-1], cache=cache)
-            steps.append(model(tokens[:, -1:], cache=cache))
-        assert len(calls) == 2  # the first decode step's two layers: not the prompt's, not the declined step's
+            steps.append(torch.cat([model(tokens[:, -1:], cache=cache), model(tokens[:, :1], cache=cache)], 1))
+        assert len(calls) == 4  # the first two decode steps' two layers: not the prompt's, not the declined ones
     torch.testing.assert_close(steps[0], steps[1], rtol=1e-5, atol=1e-5)

@@ -33,9 +33,10 @@ struct Attention {
 };
 
 // Row bias arguments (bias_rows.h): rows (B|1, H, Tq|1, S), e (B,); mass (B, H, Tq, S) or null.
-// Forward only, without rows: table (H|1, S, D) forms each query's row in the kernel, row = table_scale * q . table
-// (Shaw's q . a^K, a decode step's one product less), and values (S, D) adds sum_t mass_t values[t] to the output
-// (Shaw's value term) without writing the mass.
+// Forward only, without rows: table (H|1, S, D) forms each query's row in the kernel, row = table_scale * (q +
+// row_shift[h]) . table (Shaw's q . a^K, Transformer-XL's (q + v) . W_R R: a decode step's product less), values
+// (S, D) adds sum_t mass_t values[t] to the output (Shaw's value term) without writing the mass, and q_shift (H, D)
+// shifts the query of the content scores (Transformer-XL's u).
 struct RowArgs {
     const float* rows;
     int64_t strides[3];
@@ -45,10 +46,11 @@ struct RowArgs {
     float* mass;  // forward: softmax mass per row index (or null)
     const float* dmass;  // backward: its gradient (or null)
     int64_t mass_strides[3];
-    const float* table;  // forward, rows null: (H|1, S, D) contiguous
+    const float* table;  // forward, rows null: (H|1, S, D), rows of D contiguous
     int64_t table_stride_h;  // 0: one table for every head
     float table_scale;
     const float* values;  // forward: (S, D) contiguous (or null)
+    const float *row_shift, *q_shift;  // forward with a table: (H, D) contiguous (or null)
 };
 
 // Piecewise-linear bias arguments (bias_piecewise.h).

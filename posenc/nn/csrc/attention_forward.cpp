@@ -10,7 +10,7 @@
 namespace {
 
 struct Scratch {
-    std::vector<float> scores, acc, max, sum, mass, x, rows;
+    std::vector<float> scores, acc, max, sum, mass, x, rows, shifted_q, content_q;
 };
 
 // The softmax weight landing on each row index (Shaw's value term): written out (mass) and/or folded into the
@@ -55,11 +55,12 @@ void query_block(const Attention& a, const Bias& bias, const Mass& mass, int64_t
     mass.clear(w, qn);
     const float* q = a.at(a.q, a.q_strides, b, h, q0);
     bias.prepare(a, q, h, qn, w);
+    int64_t ldq = a.q_strides[2];
+    q = bias.content_query(a, q, ldq, h, qn, w);  // the scores' query: q, or (with q_shift) q + u in the scratch
     for (int64_t k0 = 0, k_end = a.key_end(q0, qn); k0 < k_end; k0 += a.kv_block) {
         const int64_t kn = std::min(a.kv_block, k_end - k0);
         float* s = w.scores.data();
-        gemm(false, true, qn, kn, D, 1.0f, q, a.q_strides[2], a.at(a.k, a.k_strides, b, hk, k0), a.k_strides[2],
-             0.0f, s, kn);
+        gemm(false, true, qn, kn, D, 1.0f, q, ldq, a.at(a.k, a.k_strides, b, hk, k0), a.k_strides[2], 0.0f, s, kn);
         for (int64_t r = 0; r < qn; ++r) {
             const int64_t i = q0 + r, n = a.valid(i, k0, kn);
             float* sr = s + r * kn;
@@ -111,27 +112,54 @@ void forward(const Attention& a, const Bias& bias, const Mass& mass) {
 }
 
 // The bias policies: reserve() sizes a thread's scratch, prepare() runs once per query block before its keys,
-// scratch() hands add() what it needs for row r of the block, add() biases a block of scores.
+// content_query() gives the query block the scores read (and its leading dimension), scratch() hands add() what it
+// needs for row r of the block, add() biases a block of scores.
 
 // Rows read from memory (RowArgs.rows).
 struct RowPolicy {
     RowBias rows;
     void reserve(const Attention&, Scratch&) const {}
     void prepare(const Attention&, const float*, int64_t, int64_t, Scratch&) const {}
+    const float* content_query(const Attention&, const float* q, int64_t&, int64_t, int64_t, Scratch&) const {
+        return q;
+    }
     float* scratch(Scratch&, int64_t) const { return nullptr; }
     float add(float* s, int64_t n, float scale, int64_t b, int64_t h, int64_t i, int64_t j0, float*) const {
         return rows.add(s, n, scale, b, h, i, j0);
     }
 };
 
-// Rows formed per query block from a table (RowArgs.table): the block's rows (qn, S) = table_scale * q . table[h],
-// in the thread's scratch, then read as RowPolicy reads rows.
+// Rows formed per query block from a table (RowArgs.table): the block's rows (qn, S) = table_scale * (q +
+// row_shift[h]) . table[h], in the thread's scratch, then read as RowPolicy reads rows.
 struct TableRowPolicy {
     const RowArgs& args;
-    void reserve(const Attention& a, Scratch& w) const { w.rows.resize(a.q_block * args.length); }
+    void reserve(const Attention& a, Scratch& w) const {
+        w.rows.resize(a.q_block * args.length);
+        if (args.row_shift) w.shifted_q.resize(a.q_block * a.D);
+        if (args.q_shift) w.content_q.resize(a.q_block * a.D);
+    }
+    // q + shift[h] for the block's qn rows, into out (qn, D).
+    static const float* shifted(const Attention& a, const float* q, int64_t ldq, const float* shift, int64_t h,
+                                int64_t qn, std::vector<float>& out) {
+        for (int64_t r = 0; r < qn; ++r)
+            for (int64_t c = 0; c < a.D; ++c) out[r * a.D + c] = q[r * ldq + c] + shift[h * a.D + c];
+        return out.data();
+    }
     void prepare(const Attention& a, const float* q, int64_t h, int64_t qn, Scratch& w) const {
-        gemm(false, true, qn, args.length, a.D, args.table_scale, q, a.q_strides[2],
-             args.table + h * args.table_stride_h, a.D, 0.0f, w.rows.data(), args.length);
+        int64_t ldq = a.q_strides[2];
+        if (args.row_shift) {
+            q = shifted(a, q, ldq, args.row_shift, h, qn, w.shifted_q);
+            ldq = a.D;
+        }
+        gemm(false, true, qn, args.length, a.D, args.table_scale, q, ldq, args.table + h * args.table_stride_h, a.D,
+             0.0f, w.rows.data(), args.length);
+    }
+    const float* content_query(const Attention& a, const float* q, int64_t& ldq, int64_t h, int64_t qn,
+                               Scratch& w) const {
+        if (!args.q_shift) return q;
+        q = shifted(a, q, ldq, args.q_shift, h, qn, w.content_q);
+        ldq = a.D;
+        return q;
     }
     float* scratch(Scratch& w, int64_t r) const { return w.rows.data() + r * args.length; }
     float add(float* s, int64_t n, float scale, int64_t b, int64_t, int64_t i, int64_t j0, float* row) const {
@@ -144,6 +172,9 @@ struct PiecewisePolicy {
     PiecewiseBias pieces;
     void reserve(const Attention&, Scratch&) const {}
     void prepare(const Attention&, const float*, int64_t, int64_t, Scratch&) const {}
+    const float* content_query(const Attention&, const float* q, int64_t&, int64_t, int64_t, Scratch&) const {
+        return q;
+    }
     float* scratch(Scratch& w, int64_t) const { return w.x.data(); }
     float add(float* s, int64_t n, float scale, int64_t b, int64_t h, int64_t i, int64_t j0, float* x) const {
         return pieces.add(s, n, scale, b, h, i, j0, x);
