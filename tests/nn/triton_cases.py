@@ -175,14 +175,15 @@ def test_dropping_the_bias_changes_the_output():
 
 
 def test_row_gradient_repeats_bit_for_bit():
+    """A second run gives the row and key gradients of the first bit for bit: the row gradient's diagonal sums are
+    reduced in a fixed order, without atomics, from a buffer whose every entry read is written or zeroed."""
     q, k, v = inputs(2, 4, 2, 33 * SCALE, 33 * SCALE, torch.float32, seed=3)
     rows = torch.randn(4, 70 * SCALE, device=DEVICE, requires_grad=True)
     e = torch.tensor([33 * SCALE, 33 * SCALE + 2], device=DEVICE)
-    runs = [torch.autograd.grad(attention.attend_rows(q, k, v, rows, e, True).square().sum(), [rows, k])
-            for _ in range(3)]
-    for run in runs[1:]:
-        for a, b in zip(run, runs[0], strict=True):
-            assert torch.equal(a, b)
+    first, again = (torch.autograd.grad(attention.attend_rows(q, k, v, rows, e, True).square().sum(), [rows, k])
+                    for _ in range(2))
+    for a, b in zip(again, first, strict=True):
+        assert torch.equal(a, b)
 
 
 def test_row_gradient_summed_over_every_distance_is_zero(monkeypatch):
