@@ -332,7 +332,8 @@ def test_model_with_triton_kernels_equals_model_without(name, monkeypatch):
         monkeypatch.setattr(_fast, "rotate_native", lambda *a, on=use_kernels, f=_fast.rotate_native: None if on
                             else f(*a))
         torch.manual_seed(0)
-        model = GPT(tiny_config(name, d_model=4 * DIM, max_seq_len=64 * SCALE)).to(DEVICE).train()
+        # two layers (FIRE's pieces and KERPLE's rows made once per forward, shared by both), two heads
+        model = GPT(tiny_config(name, n_head=2, d_model=2 * DIM, max_seq_len=64 * SCALE)).to(DEVICE).train()
         perturb_scheme_parameters(model)
         model = model.to(dtype)
         with low_precision:  # the low model: every float32 product on TF32 operands
