@@ -363,8 +363,14 @@ GPU_CASES = {  # name: (B, H, Hkv, Tq, Tk, causal): ragged against every tile of
 }
 
 
+# Dh 64 and 128 in every case (their dK/dV tiles differ: 64 x 128 and 32 x 128); 80 and 96 padded to 128 and masked
+# (EVEN_D false). Under the interpreter, which runs what a launch computes, not registers, 96 takes 80's tiles and
+# loops, and causal_gqa_4to1 at 128 takes 80's tiles with the unmasked loads that the other cases at 128 take: both
+# left to the GPU (about 6 s of the interpreter's).
 GPU_HEAD_DIMS = [(case, dim) for case in GPU_CASES for dim in (64, 128)] + [("causal_gqa_4to1", 80),
                                                                               ("causal_gqa_4to1", 96)]
+if INTERPRETED:
+    GPU_HEAD_DIMS = [c for c in GPU_HEAD_DIMS if c not in (("causal_gqa_4to1", 96), ("causal_gqa_4to1", 128))]
 
 
 @pytest.mark.parametrize(("case", "head_dim"), GPU_HEAD_DIMS)
