@@ -260,12 +260,13 @@ def _step_syncs(spec: dict, layers: int) -> Counter:
 
 @pytest.mark.parametrize("spec", [SMALL[0], SMALL[1], SMALL[3]], ids=lambda s: s["type"])
 @torch.no_grad()
-def test_a_decode_step_reads_the_host_as_often_with_3_layers_as_with_1(spec, served):
+def test_a_decode_step_reads_the_host_as_often_with_2_layers_as_with_1(spec, served):
     """What a step derives from its positions (each map's rows, the new keys' rows, whether the kept keys still
-    hold) is derived once per forward, not per layer and map: no comparison of kept positions (torch.equal) at all."""
-    one, three = _step_syncs(spec, 1), _step_syncs(spec, 3)
-    assert sum(one.values()) == sum(three.values()), f"1 layer: {dict(one)}; 3 layers: {dict(three)}"
-    assert not any("aten.equal" in where for where in three), dict(three)
+    hold) is derived once per forward, not per layer and map: no comparison of kept positions (torch.equal) at all.
+    (A second layer shows any read per layer; a third would repeat the second's, at the interpreter's cost.)"""
+    one, two = _step_syncs(spec, 1), _step_syncs(spec, 2)
+    assert sum(one.values()) == sum(two.values()), f"1 layer: {dict(one)}; 2 layers: {dict(two)}"
+    assert not any("aten.equal" in where for where in two), dict(two)
     assert served and set(served[-4:]) == {1}  # the steps went through the kernel
 
 
