@@ -170,12 +170,18 @@ LONG_MAPS = [{"type": "self_extend", "group_size": 4, "window": 40},
              {"type": "dual_chunk", "chunk_size": 48, "local_window": 4},  # whole tiles inside one chunk
              {"type": "lm_infinite", "n_global": 2, "window": 40, "max_distance": 40},
              {"type": "attention_sinks", "n_sink": 16}]  # a whole tile of sinks
+# LM-Infinite's and the sinks': under the interpreter their prompt's tiles are counted (and its output checked) by
+# test_a_prompt_visits_only_the_tiles_holding_a_pair_of_each_map, which test_tiles_under_one_map_skipped_and_mixed
+# then leaves out: the same launch on the same inputs against the same eager path
+COUNTED = LONG_MAPS[3:]
 
 
 @pytest.mark.parametrize("spec", LONG_MAPS, ids=lambda s: "-".join(map(str, s.values())))
 @torch.no_grad()
 def test_tiles_under_one_map_skipped_and_mixed(spec):
     for tq in (LONG, 40, 1):  # a prompt, a chunk after cached keys, a decode step
+        if tq == LONG and INTERPRETED and spec in COUNTED:
+            continue  # checked with its tiles counted (COUNTED)
         got, expected = _both(_mapped("yarn", spec), torch.float32, tq, LONG)
         _close(got, expected, FLOAT32, f"Tq={tq}")
 
@@ -205,7 +211,7 @@ def _tiles_holding(scheme: PositionMapped, q_pos: torch.Tensor, k_pos: torch.Ten
 
 
 @pytest.mark.skipif(not INTERPRETED, reason="counts the loops' calls in Python: the interpreter runs them there")
-@pytest.mark.parametrize("spec", LONG_MAPS[3:], ids=lambda s: s["type"])
+@pytest.mark.parametrize("spec", COUNTED, ids=lambda s: s["type"])
 @torch.no_grad()
 def test_a_prompt_visits_only_the_tiles_holding_a_pair_of_each_map(spec, monkeypatch):
     """LM-Infinite's and the sinks' programs of map 1 (the start keys) visit the start keys' tile, not every tile
