@@ -108,9 +108,13 @@ CASES = {  # name: (B, H, Hkv, Tq, Tk, causal)
 }
 
 
-# float32 in every case; the 16-bit types in two (the interpreter's time).
+# float32 in every case; the 16-bit types in two (the interpreter's time). Under the interpreter fp16 runs bf16's code
+# but for its loads' and stores' conversions, which after_cache's fp16 case reads as causal_48_gqa's would: that one
+# is left to the GPU.
 DTYPES = [(case, torch.float32) for case in CASES] + [(case, dtype) for case in ("causal_48_gqa", "after_cache")
                                                       for dtype in (torch.bfloat16, torch.float16)]
+if INTERPRETED:
+    DTYPES.remove(("causal_48_gqa", torch.float16))
 
 
 @pytest.mark.parametrize(("case", "dtype"), DTYPES)
