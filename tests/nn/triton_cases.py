@@ -108,9 +108,13 @@ CASES = {  # name: (B, H, Hkv, Tq, Tk, causal)
 }
 
 
-# float32 in every case; the 16-bit types in two (the interpreter's time).
+# float32 in every case; the 16-bit types in two (the interpreter's time). Under the interpreter fp16 runs bf16's code
+# but for its loads' and stores' conversions, which after_cache's fp16 case reads as causal_48_gqa's would: that one
+# is left to the GPU.
 DTYPES = [(case, torch.float32) for case in CASES] + [(case, dtype) for case in ("causal_48_gqa", "after_cache")
                                                       for dtype in (torch.bfloat16, torch.float16)]
+if INTERPRETED:
+    DTYPES.remove(("causal_48_gqa", torch.float16))
 
 
 @pytest.mark.parametrize(("case", "dtype"), DTYPES)
@@ -175,14 +179,15 @@ def test_dropping_the_bias_changes_the_output():
 
 
 def test_row_gradient_repeats_bit_for_bit():
+    """A second run gives the row and key gradients of the first bit for bit: the row gradient's diagonal sums are
+    reduced in a fixed order, without atomics, from a buffer whose every entry read is written or zeroed."""
     q, k, v = inputs(2, 4, 2, 33 * SCALE, 33 * SCALE, torch.float32, seed=3)
     rows = torch.randn(4, 70 * SCALE, device=DEVICE, requires_grad=True)
     e = torch.tensor([33 * SCALE, 33 * SCALE + 2], device=DEVICE)
-    runs = [torch.autograd.grad(attention.attend_rows(q, k, v, rows, e, True).square().sum(), [rows, k])
-            for _ in range(3)]
-    for run in runs[1:]:
-        for a, b in zip(run, runs[0], strict=True):
-            assert torch.equal(a, b)
+    first, again = (torch.autograd.grad(attention.attend_rows(q, k, v, rows, e, True).square().sum(), [rows, k])
+                    for _ in range(2))
+    for a, b in zip(again, first, strict=True):
+        assert torch.equal(a, b)
 
 
 def test_row_gradient_summed_over_every_distance_is_zero(monkeypatch):
@@ -331,7 +336,8 @@ def test_model_with_triton_kernels_equals_model_without(name, monkeypatch):
         monkeypatch.setattr(_fast, "rotate_native", lambda *a, on=use_kernels, f=_fast.rotate_native: None if on
                             else f(*a))
         torch.manual_seed(0)
-        model = GPT(tiny_config(name, d_model=4 * DIM, max_seq_len=64 * SCALE)).to(DEVICE).train()
+        # two layers (FIRE's pieces and KERPLE's rows made once per forward, shared by both), two heads
+        model = GPT(tiny_config(name, n_head=2, d_model=2 * DIM, max_seq_len=64 * SCALE)).to(DEVICE).train()
         perturb_scheme_parameters(model)
         model = model.to(dtype)
         with low_precision:  # the low model: every float32 product on TF32 operands
@@ -361,8 +367,14 @@ GPU_CASES = {  # name: (B, H, Hkv, Tq, Tk, causal): ragged against every tile of
 }
 
 
+# Dh 64 and 128 in every case (their dK/dV tiles differ: 64 x 128 and 32 x 128); 80 and 96 padded to 128 and masked
+# (EVEN_D false). Under the interpreter, which runs what a launch computes, not registers, 96 takes 80's tiles and
+# loops, and causal_gqa_4to1 at 128 takes 80's tiles with the unmasked loads that the other cases at 128 take: both
+# left to the GPU (about 6 s of the interpreter's).
 GPU_HEAD_DIMS = [(case, dim) for case in GPU_CASES for dim in (64, 128)] + [("causal_gqa_4to1", 80),
                                                                               ("causal_gqa_4to1", 96)]
+if INTERPRETED:
+    GPU_HEAD_DIMS = [c for c in GPU_HEAD_DIMS if c not in (("causal_gqa_4to1", 96), ("causal_gqa_4to1", 128))]
 
 
 @pytest.mark.parametrize(("case", "head_dim"), GPU_HEAD_DIMS)

@@ -170,12 +170,18 @@ LONG_MAPS = [{"type": "self_extend", "group_size": 4, "window": 40},
              {"type": "dual_chunk", "chunk_size": 48, "local_window": 4},  # whole tiles inside one chunk
              {"type": "lm_infinite", "n_global": 2, "window": 40, "max_distance": 40},
              {"type": "attention_sinks", "n_sink": 16}]  # a whole tile of sinks
+# LM-Infinite's and the sinks': under the interpreter their prompt's tiles are counted (and its output checked) by
+# test_a_prompt_visits_only_the_tiles_holding_a_pair_of_each_map, which test_tiles_under_one_map_skipped_and_mixed
+# then leaves out: the same launch on the same inputs against the same eager path
+COUNTED = LONG_MAPS[3:]
 
 
 @pytest.mark.parametrize("spec", LONG_MAPS, ids=lambda s: "-".join(map(str, s.values())))
 @torch.no_grad()
 def test_tiles_under_one_map_skipped_and_mixed(spec):
     for tq in (LONG, 40, 1):  # a prompt, a chunk after cached keys, a decode step
+        if tq == LONG and INTERPRETED and spec in COUNTED:
+            continue  # checked with its tiles counted (COUNTED)
         got, expected = _both(_mapped("yarn", spec), torch.float32, tq, LONG)
         _close(got, expected, FLOAT32, f"Tq={tq}")
 
@@ -205,7 +211,7 @@ def _tiles_holding(scheme: PositionMapped, q_pos: torch.Tensor, k_pos: torch.Ten
 
 
 @pytest.mark.skipif(not INTERPRETED, reason="counts the loops' calls in Python: the interpreter runs them there")
-@pytest.mark.parametrize("spec", LONG_MAPS[3:], ids=lambda s: s["type"])
+@pytest.mark.parametrize("spec", COUNTED, ids=lambda s: s["type"])
 @torch.no_grad()
 def test_a_prompt_visits_only_the_tiles_holding_a_pair_of_each_map(spec, monkeypatch):
     """LM-Infinite's and the sinks' programs of map 1 (the start keys) visit the start keys' tile, not every tile
@@ -260,12 +266,13 @@ def _step_syncs(spec: dict, layers: int) -> Counter:
 
 @pytest.mark.parametrize("spec", [SMALL[0], SMALL[1], SMALL[3]], ids=lambda s: s["type"])
 @torch.no_grad()
-def test_a_decode_step_reads_the_host_as_often_with_3_layers_as_with_1(spec, served):
+def test_a_decode_step_reads_the_host_as_often_with_2_layers_as_with_1(spec, served):
     """What a step derives from its positions (each map's rows, the new keys' rows, whether the kept keys still
-    hold) is derived once per forward, not per layer and map: no comparison of kept positions (torch.equal) at all."""
-    one, three = _step_syncs(spec, 1), _step_syncs(spec, 3)
-    assert sum(one.values()) == sum(three.values()), f"1 layer: {dict(one)}; 3 layers: {dict(three)}"
-    assert not any("aten.equal" in where for where in three), dict(three)
+    hold) is derived once per forward, not per layer and map: no comparison of kept positions (torch.equal) at all.
+    (A second layer shows any read per layer; a third would repeat the second's, at the interpreter's cost.)"""
+    one, two = _step_syncs(spec, 1), _step_syncs(spec, 2)
+    assert sum(one.values()) == sum(two.values()), f"1 layer: {dict(one)}; 2 layers: {dict(two)}"
+    assert not any("aten.equal" in where for where in two), dict(two)
     assert served and set(served[-4:]) == {1}  # the steps went through the kernel
 
 
