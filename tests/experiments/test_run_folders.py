@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from posenc.experiments.runs.rule import RunRule, open_run
-from tests.conftest import smollm2_gguf
 from tests.experiments.cli_helpers import TINY, cli, one_line, snapshot
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -180,25 +179,69 @@ def test_a_killed_run_resumes_and_keeps_its_wall_time(command, tmp_path, capsys)
     assert finished(folder) and wall(folder) > killed_at
 
 
-@pytest.mark.pretrained
+class CharTokenizer:
+    """Characters as tokens, inside the tiny model's 128: what extend's sweep asks of a tokenizer."""
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [ord(c) % 128 for c in text]
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(map(chr, ids))
+
+
+def tiny_extend_model(cfg=None):
+    """extend's load_model for these tests: a two-layer Llama (trained context 64) whose sweep takes a second,
+    where SmolLM2's loads took 20 of the test's 25 s (the run folder's rule is the same for any model)."""
+    from tests.experiments.test_extend import tiny_llama
+
+    model = tiny_llama(vocab=128, trained=64)
+    model._tokenizer = CharTokenizer()
+    return model
+
+
+# `posenc extend` on the tiny model that stops in its second method's perplexities, its first row saved, until
+# the test's SIGKILL: the kill lands after a known amount of saved work, not at a time.
+EXTEND_STALLED = """
+import sys, time
+from pathlib import Path
+from posenc.cli import main
+from posenc.experiments.extend import perplexity, run
+from tests.experiments.test_run_folders import tiny_extend_model
+run.load_model = tiny_extend_model
+real, calls = perplexity.perplexities, []
+def perplexities(*args, **kwargs):
+    calls.append(1)
+    if len(calls) == 2:
+        Path(sys.argv[1]).touch()
+        time.sleep(600)
+    return real(*args, **kwargs)
+perplexity.perplexities = perplexities
+sys.exit(main(sys.argv[2:]))
+"""
+
+
 def test_a_killed_extend_run_resumes_and_keeps_its_wall_time(tmp_path, capsys, monkeypatch):
     """Also issue 24, item 2: the resume computes only what the killed run had not saved."""
     import posenc.experiments.extend.perplexity as extend_perplexity
+    from posenc.experiments.extend import run as extend_run
 
-    smollm2_gguf()
-    # three scalings: two left at the kill (a method's perplexities take about a second: the 0.1 s poll cannot miss)
-    child = start(["extend", "--quick", "--scalings", "none,linear,yarn", "--out-dir", str(tmp_path)])
-    wait_for(lambda: any(tmp_path.glob("extend-*/progress.json")), "saved work", child)
+    out, stalled = tmp_path / "runs", tmp_path / "stalled"
+    argv = ["extend", "--quick", "--scalings", "none,linear,yarn", "--out-dir", out, "passkey.lengths=[400]"]
+    child = subprocess.Popen([sys.executable, "-c", EXTEND_STALLED, stalled, *argv], cwd=ROOT,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    wait_for(stalled.exists, "saved work", child)
     kill(child)
-    (folder,) = tmp_path.iterdir()
+    (folder,) = out.iterdir()
     assert not (folder / "results.json").exists(), "the run ended before the kill"
     killed_at = wall(folder)
     assert killed_at > 0
     saved = json.loads((folder / "progress.json").read_text())["ppl"]
+    assert list(saved) == ["none"]  # the first method's row, saved before the second began
     computed: list[str] = []
     real = extend_perplexity.perplexities
     monkeypatch.setattr(extend_perplexity, "perplexities",
                         lambda model, method, *a, **k: computed.append(method) or real(model, method, *a, **k))
+    monkeypatch.setattr(extend_run, "load_model", tiny_extend_model)
     code, _, err = cli(capsys, "extend", "--resume", folder)
     assert code == 0, err
     assert (folder / "results.json").is_file() and wall(folder) > killed_at
