@@ -17,6 +17,7 @@ import pytest
 
 from posenc.experiments.runs.rule import RunRule, open_run
 from tests.experiments.cli_helpers import TINY, cli, one_line, snapshot
+from tests.experiments.test_extend import tiny_extend_model
 
 ROOT = Path(__file__).resolve().parents[2]
 WAIT = 600.0  # seconds a child may take to reach a state (a limit on a hang, not a speed requirement)
@@ -179,26 +180,6 @@ def test_a_killed_run_resumes_and_keeps_its_wall_time(command, tmp_path, capsys)
     assert finished(folder) and wall(folder) > killed_at
 
 
-class CharTokenizer:
-    """Characters as tokens, inside the tiny model's 128: what extend's sweep asks of a tokenizer."""
-
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        return [ord(c) % 128 for c in text]
-
-    def decode(self, ids: list[int]) -> str:
-        return "".join(map(chr, ids))
-
-
-def tiny_extend_model(cfg=None):
-    """extend's load_model for these tests: a two-layer Llama (trained context 64) whose sweep takes a second,
-    where SmolLM2's loads took 20 of the test's 25 s (the run folder's rule is the same for any model)."""
-    from tests.experiments.test_extend import tiny_llama
-
-    model = tiny_llama(vocab=128, trained=64)
-    model._tokenizer = CharTokenizer()
-    return model
-
-
 # `posenc extend` on the tiny model that stops in its second method's perplexities, its first row saved, until
 # the test's SIGKILL: the kill lands after a known amount of saved work, not at a time.
 EXTEND_STALLED = """
@@ -206,7 +187,7 @@ import sys, time
 from pathlib import Path
 from posenc.cli import main
 from posenc.experiments.extend import perplexity, run
-from tests.experiments.test_run_folders import tiny_extend_model
+from tests.experiments.test_extend import tiny_extend_model
 run.load_model = tiny_extend_model
 real, calls = perplexity.perplexities, []
 def perplexities(*args, **kwargs):
