@@ -12,8 +12,6 @@ import os
 import platform
 from pathlib import Path
 
-import torch
-
 AVX2_EMULATION = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "POSENC_NATIVE_MARCH": "x86-64-v3"}
 VECTOR_EXTENSIONS = ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
                      "amx_tile", "amx_bf16")
@@ -48,11 +46,15 @@ def _settings() -> dict[str, str]:
 
 def isa() -> str:
     """The instruction set this process computes at: 'avx512' or 'avx2' (x86), else the machine's name."""
+    import torch  # here, not above: label() serves readers of result files (gpu_targets), 2 s sooner without torch
+
     capability = torch.backends.cpu.get_cpu_capability().lower()  # "avx512", "avx2", "default", ...
     return capability if capability in ("avx512", "avx2") else platform.machine()
 
 
 def describe() -> dict:
+    import torch
+
     info, flags = _cpuinfo(), cpu_flags()
     return {"cpu": info.get("model name") or platform.processor() or platform.machine(),
             "cpu_family": info.get("cpu family", ""), "extensions": [x for x in VECTOR_EXTENSIONS if x in flags],

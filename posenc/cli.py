@@ -36,12 +36,16 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def parser() -> argparse.ArgumentParser:
+def parser(only: str | None = None) -> argparse.ArgumentParser:
+    """Every command's parser, or (`only`) that command's options alone: main() parses one command, and the
+    others' option lists cost seconds to build (ladder's checks its default sizes by building models, which
+    imports torch._dynamo: 2.3 of the 5.5 CPU s of a `posenc check` process)."""
     top = OneLineParser(prog="posenc", description="Positional encodings for transformers.")
     sub = top.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
-        importlib.import_module(module).add_arguments(p)
+        if only in (None, name):
+            importlib.import_module(module).add_arguments(p)
         p.add_argument("--import", dest="plugins", action="append", default=[], metavar="MODULE",
                        help="import MODULE first: a module that registers your own schemes (posenc.register)")
         p.set_defaults(_module=module)
@@ -54,7 +58,7 @@ ENVIRONMENT_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, err
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
-    top = parser()
+    top = parser(argv[0] if argv and argv[0] in COMMANDS else None)
     # A command that hands its arguments on (bench -> benchmarks.run) takes them verbatim: argparse's
     # REMAINDER drops options that come first (`posenc bench --quick` was "unrecognized arguments").
     passes_on = bool(argv) and argv[0] in COMMANDS and getattr(

@@ -48,16 +48,29 @@ def _once_per_file(function, hand_out):
 
 @pytest.fixture(scope="session", autouse=True)
 def _gguf_metadata_parsed_once_per_process():
-    """A GGUF model's load parses the file's metadata twice: posenc's reader (2.7 s for SmolLM2) and transformers'
-    tokenizer (4.8 s), of 9 s in all; a dozen test files load SmolLM2 (extend runs, fine-tuning, the tokenizer's
-    tests). Each test process parses a file once: the reader as it is (read-only: a memmap; the weights are still
-    dequantised at every load), the tokenizer as a deep copy (0.1 s; tests change its add_bos_token)."""
+    """A GGUF model's load parses the file's metadata several times: posenc's reader (3 s for SmolLM2 on one core,
+    for the config and the weights) and transformers' tokenizer (5 s), and transformers' own model load three times
+    more (config, tokenizer, weights: 3 s each) and then builds gguf's tensor-name map once per submodule (397 maps
+    for SmolLM2, 7 s); a dozen test files load SmolLM2 (extend runs, fine-tuning, the tokenizer's tests, the parity
+    with transformers). Each test process parses a file once and builds a name map once: gguf's GGUFReader as it is
+    (read-only: a memmap; the weights are still dequantised at every load) for posenc and transformers alike, the
+    name map as it is (only read), the tokenizer as a deep copy (0.1 s; tests change its add_bos_token)."""
     from posenc.models import gguf
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(gguf, "_reader", _once_per_file(gguf._reader, lambda reader: reader))
+        if importlib.util.find_spec("gguf") is not None:
+            import gguf as gguf_package
+
+            patch.setattr(gguf_package, "GGUFReader", _shared_reader(gguf_package.GGUFReader))
+            patch.setattr(gguf_package, "get_tensor_name_map", functools.cache(gguf_package.get_tensor_name_map))
         patch.setattr(gguf, "load_tokenizer", _once_per_file(gguf.load_tokenizer, copy.deepcopy))
         yield
+
+
+def _shared_reader(reader_class):
+    """GGUFReader(path) once per file; a reader opened to write (mode r+ or c) is the caller's own."""
+    once = _once_per_file(reader_class, lambda reader: reader)
+    return lambda path, mode="r": once(path) if mode == "r" else reader_class(path, mode)
 
 
 def tiny_config(scheme: str, **overrides) -> GPTConfig:

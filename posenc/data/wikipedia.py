@@ -69,8 +69,10 @@ def plain_text(wikitext: str) -> str:
 
 
 def _remove(code, node) -> None:
+    # recursive=False: the node is one of code's own (filtered with recursive=False), so only those are searched;
+    # the default walks every descendant of the nodes before it, per removal: 17 of the dump's 22 s, the same text
     with contextlib.suppress(ValueError):  # already gone with an enclosing node
-        code.remove(node)
+        code.remove(node, recursive=False)
 
 
 def dump_text(xml_bytes: bytes) -> str:

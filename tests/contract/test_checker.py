@@ -43,6 +43,23 @@ def test_a_broken_scheme_fails_its_property(monkeypatch, model, scheme, prop):
     assert result.status == "fails", result
 
 
+class NanGradient(Scheme):
+    """A finite bias whose weight gets a NaN gradient (d sqrt(w - w) / dw = inf * 0)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.weight = torch.nn.Parameter(torch.ones(()))
+
+    def bias(self, q_pos, k_pos, q=None, k=None):
+        return torch.sqrt(self.weight - self.weight).expand(1, 1, q_pos.shape[1], k_pos.shape[1])
+
+
+def test_a_non_finite_gradient_fails_learns_naming_the_parameter(monkeypatch):
+    monkeypatch.setitem(SCHEMES, "broken", NanGradient)
+    [result] = check(MODELS["gpt"], "broken", ["learns"])
+    assert result.status == "fails" and "non-finite gradient in" in result.detail and "weight" in result.detail
+
+
 def test_an_absolute_scheme_must_change_under_a_shift(monkeypatch):
     class DeclaresAbsolute(Scheme):
         shift_invariant = False  # but reads no positions at all

@@ -60,6 +60,24 @@ def _tasks_plan(cfg: Any) -> dict:
             "test_lengths": b.test_lengths, "samples": b.samples}
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _ladder_sizes_counted_once_per_model():
+    """A LadderConfig checks that its sizes go up in parameters by building each size's GPT on the meta device
+    (three per config, 15 of this file's 20 s, over a few hundred configs). The count is a function of the model
+    settings, the subject and the size: kept per distinct triple, so every config still runs the check."""
+    real, kept = LadderConfig.params_at, {}
+
+    def params_at(self: LadderConfig, size: str) -> int:
+        key = (repr(self.model), self.ladder.subject, size)
+        if key not in kept:
+            kept[key] = real(self, size)
+        return kept[key]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(LadderConfig, "params_at", params_at)
+        yield
+
+
 @functools.cache
 def _load(load: Callable[[list[str]], Any], overrides: tuple[str, ...]) -> Any:
     return load(list(overrides))  # configs are frozen: one load per distinct list of overrides

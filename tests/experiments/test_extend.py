@@ -55,6 +55,20 @@ def tiny_llama(vocab: int = 61, trained: int = 64) -> Llama:
     return Llama(cfg).eval()
 
 
+class AsciiTokenizer(CharTokenizer):
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [ord(c) % 128 for c in text]  # any corpus character inside the tiny model's 128 tokens
+
+
+def tiny_extend_model(cfg: ExtendConfig | None = None) -> Llama:
+    """extend's load_model for a test of the run's machinery (folders, stops, resumes), not of a model: a two-layer
+    Llama (trained context 64) and a character tokenizer, whose whole --quick sweep takes a second where a
+    SmolLM2 load alone took 10 (passkey prompts need passkey.lengths=[400]: the instructions are 300 characters)."""
+    model = tiny_llama(vocab=128, trained=64)
+    model._tokenizer = AsciiTokenizer()
+    return model
+
+
 def direct_ppl(model: Llama, ids: torch.Tensor) -> float:
     """exp(mean NLL of tokens 1..T-1) from one plain forward: no token_nll, no chunking, no memo."""
     logits = model(ids)[0, :-1].double()  # (T-1,V)
@@ -184,14 +198,13 @@ def test_quick_run_writes_results(tmp_path, capsys):
     assert record["wall_seconds"] >= results["wall_s"] > 0  # run.json is written last, after the report
 
 
-@pytest.mark.pretrained
 def test_a_stopped_run_writes_the_tables_of_what_finished_and_resume_completes_them(tmp_path, monkeypatch, capsys):
     """Ctrl-C (a real SIGINT, sent where passkey starts; SIGTERM takes the same path, tests/reliability/
     test_stop_signals.py) leaves perplexity tables marked incomplete, not only progress.json (issue 36: only
     SIGTERM did); --resume runs the rest and marks the results complete."""
     from posenc.experiments.extend import run as extend_run
 
-    smollm2_gguf()
+    monkeypatch.setattr(extend_run, "load_model", tiny_extend_model)
     real = extend_run.run_passkey
 
     def stopped(*args, **kwargs):
@@ -199,7 +212,8 @@ def test_a_stopped_run_writes_the_tables_of_what_finished_and_resume_completes_t
         time.sleep(30)  # the handler raises at the next bytecode: never reached
 
     monkeypatch.setattr(extend_run, "run_passkey", stopped)
-    assert cli_main(["extend", "--quick", "--scalings", "none,yarn", "--out-dir", str(tmp_path)]) == 128 + 2
+    assert cli_main(["extend", "--quick", "--scalings", "none,yarn", "--out-dir", str(tmp_path),
+                     "passkey.lengths=[400]"]) == 128 + 2
     (run_dir,) = tmp_path.iterdir()
     results = json.loads((run_dir / "results.json").read_text())
     assert results["complete"] is False and results["passkey"] == []

@@ -16,18 +16,19 @@ from pathlib import Path
 import pytest
 
 from posenc.experiments.runs.rule import RunRule, open_run
-from tests.conftest import smollm2_gguf
 from tests.experiments.cli_helpers import TINY, cli, one_line, snapshot
+from tests.experiments.test_extend import tiny_extend_model
 
 ROOT = Path(__file__).resolve().parents[2]
 WAIT = 600.0  # seconds a child may take to reach a state (a limit on a hang, not a speed requirement)
 HOLD = """
-import sys, time
+import contextlib, sys, time
 from pathlib import Path
 from posenc.experiments.runs.lock import locked
-folder = Path(sys.argv[1])
-folder.mkdir(parents=True, exist_ok=True)
-with locked(folder):
+with contextlib.ExitStack() as held:
+    for folder in map(Path, sys.argv[1:]):
+        folder.mkdir(parents=True, exist_ok=True)
+        held.enter_context(locked(folder))
     print("held", flush=True)
     time.sleep(600)
 """
@@ -51,9 +52,9 @@ def wait_for(condition: Callable[[], bool], what: str, process: subprocess.Popen
         time.sleep(0.1)
 
 
-def hold(folder: Path) -> subprocess.Popen:
-    """Another process that holds `folder` until killed."""
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(folder)], cwd=ROOT, stdout=subprocess.PIPE)
+def hold(*folders: Path) -> subprocess.Popen:
+    """Another process that holds the folders until killed."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, *map(str, folders)], cwd=ROOT, stdout=subprocess.PIPE)
     assert holder.stdout.readline().strip() == b"held"
     return holder
 
@@ -68,12 +69,12 @@ def wall(folder: Path) -> float:
 
 
 def _extend_folder(folder: Path) -> None:
-    folder.mkdir()
+    folder.mkdir(exist_ok=True)  # made by the process that holds it
     (folder / "run.json").write_text(json.dumps({"command": "extend", "config": QUICK_EXTEND, "corpus": None}))
 
 
 def _report_folder(folder: Path) -> None:
-    folder.mkdir()
+    folder.mkdir(exist_ok=True)  # made by the process that holds it
     (folder / "run.json").write_text(json.dumps({"command": "compare", "config": {}, "corpus": None}))
     (folder / "results.json").write_text(json.dumps({"units": []}))
 
@@ -90,22 +91,28 @@ LIVE = {
 }
 
 
+@pytest.fixture(scope="module")
+def live_folders(tmp_path_factory):
+    """A folder per command, all held by one other process (one interpreter start, not one per command)."""
+    root = tmp_path_factory.mktemp("live")
+    folders = {command: root / command for command in LIVE}
+    holder = hold(*folders.values())
+    yield folders
+    kill(holder)
+
+
 @pytest.mark.parametrize("command", list(LIVE))
-def test_a_second_process_on_a_live_run_folder_is_refused_in_one_line(command, tmp_path, capsys):
-    folder = tmp_path / "run"
+def test_a_second_process_on_a_live_run_folder_is_refused_in_one_line(command, live_folders, capsys):
+    folder = live_folders[command]
     prepare, argv = LIVE[command]
     if prepare is not None:
         prepare(folder)
-    holder = hold(folder)
-    try:
-        before = snapshot(folder)
-        code, _, err = cli(capsys, *argv(folder))
-        assert code == 2
-        line = one_line(err)
-        assert f"run_dir={str(folder)!r}" in line and "another posenc process" in line
-        assert folder.is_dir() and snapshot(folder) == before  # the live run's folder is left as it was
-    finally:
-        kill(holder)
+    before = snapshot(folder)
+    code, _, err = cli(capsys, *argv(folder))
+    assert code == 2
+    line = one_line(err)
+    assert f"run_dir={str(folder)!r}" in line and "another posenc process" in line
+    assert folder.is_dir() and snapshot(folder) == before  # the live run's folder is left as it was
 
 
 def test_a_killed_process_leaves_no_stale_lock(tmp_path):
@@ -141,36 +148,49 @@ def test_a_continuation_adds_its_wall_time_to_the_earlier_sessions(tmp_path):
     assert record["wall_seconds"] >= 100.0 and record["forked_from"] == {"step": 3}  # a study's own keys stay
 
 
-def start(argv: list[str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "posenc.cli", *argv], cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
+# `posenc ARGV...` that stops itself (SIGSTOP) as soon as the file argv[1] (the sign of its first saved work)
+# appears, until the test's SIGKILL: the kill lands after a known part of the work, not wherever a 0.1 s poll
+# found the run, so the run can be short (it was 300 steps a unit, 1,000 for train, to outlast the poll).
+FROZEN_AT_SAVED_WORK = """
+import os, signal, sys, threading, time
+from pathlib import Path
+from posenc.cli import main
+sign = Path(sys.argv[1])
+def freeze():
+    while not sign.exists():
+        time.sleep(0.001)
+    os.kill(os.getpid(), signal.SIGSTOP)
+threading.Thread(target=freeze, daemon=True).start()
+sys.exit(main(sys.argv[2:]))
+"""
 
 
-# command -> (argv on a folder, the sign that some of the work is saved, what a finished run holds)
+# command -> (argv on a folder, the file whose presence says some of the work is saved, what a finished run holds)
 KILLED = {
-    "compare": (lambda d: ["compare", *COMPARE, "compare.schemes=[alibi,rope,none]", "trainer.max_steps=300",
+    "compare": (lambda d: ["compare", *COMPARE, "compare.schemes=[alibi,rope,none]", "trainer.max_steps=20",
                            "--run-dir", d],
-                lambda d: (d / "results.json").is_file(),
+                "results.json",
                 lambda d: len(json.loads((d / "results.json").read_text())["units"]) == 3),
     "tasks": (lambda d: ["tasks", *TASKS, "leaderboard.schemes=[rope,alibi,none]", "leaderboard.seeds=[0]",
-                         "trainer.max_steps=300", "--run-dir", d],
-              lambda d: (d / "results.json").is_file(),
+                         "trainer.max_steps=20", "--run-dir", d],
+              "results.json",
               lambda d: json.loads((d / "results.json").read_text())["complete"]),
-    "train": (lambda d: ["train", *TINY, "trainer.max_steps=1000", "trainer.checkpoint_interval=20", "--run-dir", d],
-              lambda d: (d / "checkpoints" / "latest").is_file(),
+    "train": (lambda d: ["train", *TINY, "trainer.max_steps=40", "trainer.checkpoint_interval=10", "--run-dir", d],
+              "checkpoints/latest",
               lambda d: (d / "train.json").is_file()
-              and json.loads((d / "train.json").read_text())["history"][-1]["step"] == 1000),
+              and json.loads((d / "train.json").read_text())["history"][-1]["step"] == 40),
 }
 
 
 @pytest.mark.parametrize("command", list(KILLED))
 def test_a_killed_run_resumes_and_keeps_its_wall_time(command, tmp_path, capsys):
     folder = tmp_path / "run"
-    argv, saved, finished = KILLED[command]
-    child = start(argv(folder))
-    wait_for(lambda: saved(folder), "saved work", child)
+    argv, sign, finished = KILLED[command]
+    child = subprocess.Popen([sys.executable, "-c", FROZEN_AT_SAVED_WORK, folder / sign, *argv(folder)], cwd=ROOT,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    wait_for((folder / sign).exists, "saved work", child)
     kill(child)
-    assert not finished(folder), "the run ended before the kill: give it more work"
+    assert not finished(folder), "the run ended before the kill"
     killed_at = wall(folder)
     assert killed_at > 0  # the time of the finished work survived SIGKILL
     if command == "compare":  # one unit at a time: the session lasted at least as long as its finished units
@@ -180,25 +200,49 @@ def test_a_killed_run_resumes_and_keeps_its_wall_time(command, tmp_path, capsys)
     assert finished(folder) and wall(folder) > killed_at
 
 
-@pytest.mark.pretrained
+# `posenc extend` on the tiny model that stops in its second method's perplexities, its first row saved, until
+# the test's SIGKILL: the kill lands after a known amount of saved work, not at a time.
+EXTEND_STALLED = """
+import sys, time
+from pathlib import Path
+from posenc.cli import main
+from posenc.experiments.extend import perplexity, run
+from tests.experiments.test_extend import tiny_extend_model
+run.load_model = tiny_extend_model
+real, calls = perplexity.perplexities, []
+def perplexities(*args, **kwargs):
+    calls.append(1)
+    if len(calls) == 2:
+        Path(sys.argv[1]).touch()
+        time.sleep(600)
+    return real(*args, **kwargs)
+perplexity.perplexities = perplexities
+sys.exit(main(sys.argv[2:]))
+"""
+
+
 def test_a_killed_extend_run_resumes_and_keeps_its_wall_time(tmp_path, capsys, monkeypatch):
     """Also issue 24, item 2: the resume computes only what the killed run had not saved."""
     import posenc.experiments.extend.perplexity as extend_perplexity
+    from posenc.experiments.extend import run as extend_run
 
-    smollm2_gguf()
-    # three scalings: two left at the kill (a method's perplexities take about a second: the 0.1 s poll cannot miss)
-    child = start(["extend", "--quick", "--scalings", "none,linear,yarn", "--out-dir", str(tmp_path)])
-    wait_for(lambda: any(tmp_path.glob("extend-*/progress.json")), "saved work", child)
+    out, stalled = tmp_path / "runs", tmp_path / "stalled"
+    argv = ["extend", "--quick", "--scalings", "none,linear,yarn", "--out-dir", out, "passkey.lengths=[400]"]
+    child = subprocess.Popen([sys.executable, "-c", EXTEND_STALLED, stalled, *argv], cwd=ROOT,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    wait_for(stalled.exists, "saved work", child)
     kill(child)
-    (folder,) = tmp_path.iterdir()
+    (folder,) = out.iterdir()
     assert not (folder / "results.json").exists(), "the run ended before the kill"
     killed_at = wall(folder)
     assert killed_at > 0
     saved = json.loads((folder / "progress.json").read_text())["ppl"]
+    assert list(saved) == ["none"]  # the first method's row, saved before the second began
     computed: list[str] = []
     real = extend_perplexity.perplexities
     monkeypatch.setattr(extend_perplexity, "perplexities",
                         lambda model, method, *a, **k: computed.append(method) or real(model, method, *a, **k))
+    monkeypatch.setattr(extend_run, "load_model", tiny_extend_model)
     code, _, err = cli(capsys, "extend", "--resume", folder)
     assert code == 0, err
     assert (folder / "results.json").is_file() and wall(folder) > killed_at

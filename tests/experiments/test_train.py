@@ -127,28 +127,40 @@ def test_ctrl_c_under_torchrun_stops_every_rank_after_the_same_step_and_saves(tm
     """Issue 24, item 9: Ctrl-C reaches torchrun and both workers (the terminal signals the whole process
     group; the agent then forwards it again). Every rank stops after the same step (no rank left waiting
     in an all-reduce), rank 0 saves it and the run is recorded as interrupted, so it resumes."""
+    import re
     import signal
+    import threading
     import time
 
     from posenc.experiments.runs import checkpoint
 
     run_dir = tmp_path / "ddp"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # rank 0's progress bar on stderr says how many steps ran: the Ctrl-C comes after a few, not after 3 s of them
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "posenc.cli",
            "train", "--run-dir", str(run_dir), *TINY, "trainer.max_steps=1000000",
-           "trainer.checkpoint_interval=1000000"]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+           "trainer.checkpoint_interval=1000000", "trainer.progress=true"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    stderr = bytearray()
+
+    def drain() -> None:
+        for chunk in iter(lambda: os.read(proc.stderr.fileno(), 4096), b""):
+            stderr.extend(chunk)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    steps = lambda: max(map(int, re.findall(rb"(\d+)/1000000", bytes(stderr))), default=0)
     deadline = time.monotonic() + 120
-    while not (run_dir / "run.json").exists() and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.2)
-    time.sleep(3)  # some steps
+    while steps() < 3 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGINT)
     try:
-        _, err = proc.communicate(timeout=120)
+        proc.wait(timeout=120)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         pytest.fail("a rank hung after Ctrl-C")
+    reader.join()
+    err = stderr.decode(errors="replace")
     record = json.loads((run_dir / "train.json").read_text())
     assert record["status"] == "interrupted", err
     step = record["history"][-1]["step"]

@@ -272,7 +272,7 @@ def _comments(cls: type) -> dict[str, str]:
     return dict(_source_comments(cls))
 
 
-@functools.cache  # a class's source is read once per process: every parser() (each main() call) describes them all
+@functools.cache  # a class's source is read once per process: every parser() (each main() call) describes its commands
 def _source_comments(cls: type) -> dict[str, str]:
     notes: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
