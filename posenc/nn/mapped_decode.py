@@ -150,14 +150,14 @@ def map_decode(call: Call) -> Tensor | None:
     elif step.scale != 1.0:
         q = q * step.scale
     inner, position_map = scheme.inner, scheme.position_map
-    source, rotated, table_of = append_only_buffer(call.k_pos), {}, []
+    source, tables, table_at, table_of = append_only_buffer(call.k_pos), [], {}, []
     for m, pos in enumerate(step.key_positions):  # maps sharing one key-position tensor share its kept keys
-        if id(pos) not in rotated:
-            turns = None if step.key_turns is None else step.key_turns[len(rotated)]
-            rotated[id(pos)] = _rotate_keys(inner, k, pos, call.kept, m, ("rotated keys", position_map),
-                                            source=source, rotate_new=_new_key_rotation(inner, pos, turns))
-        table_of.append(list(rotated).index(id(pos)))
-    tables = list(rotated.values())  # (B,Hkv,Tk,Dh) each
+        if id(pos) not in table_at:
+            turns = None if step.key_turns is None else step.key_turns[len(tables)]
+            table_at[id(pos)] = len(tables)
+            tables.append(_rotate_keys(inner, k, pos, call.kept, m, ("rotated keys", position_map), source=source,
+                                       rotate_new=_new_key_rotation(inner, pos, turns)))  # (B,Hkv,Tk,Dh)
+        table_of.append(table_at[id(pos)])  # map m's key table
     b, h, _, dh = q.shape
     hkv = k.shape[1]
     if step.query_turns is not None:

@@ -391,9 +391,10 @@ def native_relative_table(call: Call) -> Tensor | None:
         return None
     if (table := call.scheme.relative_table(span.low, span.high, call.q)) is None:
         return None
-    shifts = (None if t is None else cast(t, torch.float32) for t in (table.row_shift, table.q_shift))
-    return fused_attention.attend_table(call.q, call.k, call.v, table.table, table.scale, table.values,
-                                        _e(call, span.offsets, table.low), call.causal, *shifts)
+    values, row_shift, q_shift = (None if t is None else cast(t, torch.float32)
+                                  for t in (table.values, table.row_shift, table.q_shift))
+    return fused_attention.attend_table(call.q, call.k, call.v, cast(table.table, torch.float32), table.scale, values,
+                                        _e(call, span.offsets, table.low), call.causal, row_shift, q_shift)
 
 
 def relative_decode(call: Call) -> Tensor | None:
