@@ -165,10 +165,9 @@ def map_decode(call: Call) -> Tensor | None:
     else:
         queries = torch.stack([_rotate_queries(inner, q, p).reshape(b, hkv, h // hkv, dh)
                                for p in step.query_positions])
-    # float32 models: one native call for the runs, the softmax and the values. Half precision keeps the operators
-    # (its keys kept in float32 differ from the same keys rotated at once by an ulp now and then, and the
-    # operators' rounding happened to hide that in the bf16 outputs that test_kept_keys compares bit for bit)
-    if dtype == torch.float32 and runs_attention.can_run(queries, tables, v):
+    # one native call for the runs, the softmax and the values (half precision: on its float32 queries, keys and
+    # values, as the operators below)
+    if runs_attention.can_run(queries, tables, v):
         runs = [(m, table_of[m], a, z) for m, a, z in step.runs]
         return runs_attention.attend_runs(queries, tables, v, runs, dh**-0.5).reshape(b, h, 1, dh).to(dtype)
     keys = [tables[t] for t in table_of]

@@ -190,3 +190,28 @@ def test_a_pair_the_native_kernel_does_not_take_is_rotated_all_the_same():
         rq, rk = _core.rotate_pair(a, b, cos, sin)
         torch.testing.assert_close(rq, apply_rotary(a, cos, sin), rtol=0, atol=0)
         torch.testing.assert_close(rk, apply_rotary(b, cos, sin), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("interleaved", [False, True], ids=["half_split", "interleaved"])
+def test_the_native_kernel_rounds_as_the_eager_kernel_and_a_decode_steps_turns(interleaved):
+    """float32 on the CPU: the native kernel's every bit equals the eager kernel's (x1 c rounded, then one fma with
+    x2 s: torch's mul and addcmul) and a mapped decode step's Turns' (addcmul), forwards and backwards, partial
+    rotations included: a key rotated with the prompt and the same key rotated by a decode step are one key.
+    (gcc's contraction fused the other product, and a third of the outputs differed by an ulp.)"""
+    if native_kernels.library() is None:
+        pytest.skip("no native kernels here (POSENC_NATIVE=0 or no compiler)")
+    from posenc.nn.mapped_decode import rotation_turns
+    from posenc.registry import build
+    from posenc.scheme import Dims
+
+    for dh, rot in ((64, 64), (48, 32)):
+        x, pos, _, cos, sin = case((2, 3, 37, dh), rot, torch.float32, seed=rot)
+        x = x * 40.0  # keys of a trained model's size: products far from 1
+        for sign in (1.0, -1.0):
+            native_out = _fast.rotate_native(x, cos, sin, interleaved, sign)
+            assert native_out is not None
+            torch.testing.assert_close(native_out, _core._eager(x, cos, sin, interleaved, sign), rtol=0, atol=0)
+        scheme = build("rope", Dims(d_model=3 * dh, n_head=3, head_dim=dh, max_seq_len=128),
+                       {"rotary_percentage": rot / dh, "rotary_interleaved": interleaved})
+        turns = rotation_turns(scheme, pos, torch.float32, dh)[1]
+        torch.testing.assert_close(turns(x), scheme.rotate(x, x, pos, pos)[1], rtol=0, atol=0)

@@ -4,6 +4,12 @@
 // or (x[2i], x[2i + 1]) (interleaved); dims past R are copied.
 #include "common.h"
 
+// The arithmetic of torch's mul then addcmul, which the other rotation paths use (the eager kernel, a decode
+// step's Turns): a * c rounded, then fma(-b, s, that). gcc's default -ffp-contract=fast fused the other product
+// instead (fma(a, c, -b * s)), and a third of the outputs differed from theirs by an ulp: a key rotated here and
+// the same key rotated by a decode step's Turns were not the same key. So no contraction, and the fma written.
+#pragma GCC optimize("fp-contract=off")
+
 sgemm_fn posenc_sgemm = nullptr;
 threads_local_fn posenc_blas_threads_local = nullptr;
 
@@ -18,8 +24,8 @@ inline void rotate_half_split(const float* x, float* o, const float* c, const fl
 #pragma omp simd
     for (int64_t i = 0; i < half; ++i) {
         const float a = x[i], b = x[i + half], sn = sign * s[i];
-        o[i] = a * c[i] - b * sn;
-        o[i + half] = b * c[i] + a * sn;
+        o[i] = std::fma(-b, sn, a * c[i]);
+        o[i + half] = std::fma(a, sn, b * c[i]);
     }
 }
 
@@ -27,8 +33,8 @@ inline void rotate_interleaved(const float* x, float* o, const float* c, const f
 #pragma omp simd
     for (int64_t i = 0; i < half; ++i) {
         const float a = x[2 * i], b = x[2 * i + 1], sn = sign * s[i];
-        o[2 * i] = a * c[i] - b * sn;
-        o[2 * i + 1] = b * c[i] + a * sn;
+        o[2 * i] = std::fma(-b, sn, a * c[i]);
+        o[2 * i + 1] = std::fma(a, sn, b * c[i]);
     }
 }
 
