@@ -299,6 +299,20 @@ def test_rope_kernel_equals_the_plain_formula_both_ways(interleaved, dtype):
     assert torch.equal(in_place, out)
 
 
+@pytest.mark.skipif(INTERPRETED, reason="the interpreter's fma rounds twice (numpy); a GPU's rounds once")
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_rope_kernel_rounds_as_torchs_mul_then_addcmul(interleaved):
+    """float32 on the GPU: every bit of the kernel's rotation equals the eager kernel's (torch's mul, then addcmul:
+    one fma) and so a mapped decode step's Turns': a key rotated with the prompt and by a decode step is one key."""
+    g = torch.Generator().manual_seed(6)
+    x = (40 * torch.randn(2, 4, 9 * SCALE, DIM, generator=g)).to(DEVICE)
+    pos = torch.randint(0, 100_000, (2, 9 * SCALE), generator=g)
+    cos, sin = (c.to(DEVICE) for c in _core.cos_sin(pos, _core.inv_frequencies(DIM, 10000.0)))
+    for sign in (1.0, -1.0):
+        assert torch.equal(rotary.rotate(x, cos, sin, interleaved, sign=sign),
+                           _core._eager(x, cos, sin, interleaved, sign))
+
+
 @pytest.mark.parametrize("name", ROTARY)
 def test_rotary_schemes_take_the_kernel_with_gradients(name, monkeypatch):
     cfg = tiny_config(name, n_head=4, d_model=4 * DIM, rotary_percentage=0.5)

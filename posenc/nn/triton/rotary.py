@@ -5,6 +5,11 @@ pairings, in bf16, fp16 or fp32, computing in float32 and rounding once (as pose
     interleaved (GPT-J, Meta Llama):  pair p = (x[2p], x[2p + 1])
     (a, b) -> (a cos - b sin, b cos + a sin)   with sin negated for the backward: R(theta)^T = R(-theta)
 
+Each output is a * cos rounded, then one fma with b * sin: the rounding of torch's mul then addcmul, which the
+other rotation paths use (a mapped decode step's Turns, the eager kernel, the CPU's native kernel), so a key
+rotated here and the same key rotated by a decode step are one key. (Left to Triton, which fuses a multiply and an
+add where it sees them, either product could have been the one fused.)
+
 cos/sin are the tables posenc.rotary builds (every scaling is already in them): (B|1, 1, T, R/2) float32.
 Dims past R pass through. One program per (block of positions, head, batch row): heads on the grid, so a
 (1, 32, 4096, 128) tensor runs 4,096 programs, not 256 that loop over heads. Every load is contiguous: the
@@ -45,13 +50,13 @@ def _rotate(X, OUT, COS, SIN, sxb, sxh, sxt, sob, soh, sot, scb, sct, T, sign,
         run_mask = t_ok & (c[None, :] < 2 * HALF)
         x1, x2 = tl.split(tl.reshape(tl.load(x_row + c[None, :], mask=run_mask, other=0.0).to(tl.float32),
                                      (BT, BP, 2)))
-        rotated = tl.reshape(tl.join(x1 * cos - x2 * sin, x2 * cos + x1 * sin), (BT, 2 * BP))
+        rotated = tl.reshape(tl.join(tl.fma(-x2, sin, x1 * cos), tl.fma(x1, sin, x2 * cos)), (BT, 2 * BP))
         tl.store(out_row + c[None, :], rotated.to(OUT.dtype.element_ty), mask=run_mask)
     else:
         x1 = tl.load(x_row + p[None, :], mask=mask, other=0.0).to(tl.float32)
         x2 = tl.load(x_row + HALF + p[None, :], mask=mask, other=0.0).to(tl.float32)
-        tl.store(out_row + p[None, :], (x1 * cos - x2 * sin).to(OUT.dtype.element_ty), mask=mask)
-        tl.store(out_row + HALF + p[None, :], (x2 * cos + x1 * sin).to(OUT.dtype.element_ty), mask=mask)
+        tl.store(out_row + p[None, :], tl.fma(-x2, sin, x1 * cos).to(OUT.dtype.element_ty), mask=mask)
+        tl.store(out_row + HALF + p[None, :], tl.fma(x1, sin, x2 * cos).to(OUT.dtype.element_ty), mask=mask)
     if COPY_REST:  # the dims past R, copied (not needed in place)
         rest = 2 * HALF + tl.arange(0, BREST)
         rest_mask = t_ok & (rest[None, :] < D)
