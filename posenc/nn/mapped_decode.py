@@ -18,6 +18,7 @@ Notation: B, H, Hkv, Tk, Dh as in attention.py; g = H // Hkv query heads per key
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -67,28 +68,63 @@ class Turns:
 
 
 def rotation_turns(inner: Scheme, pos: Tensor, dtype: torch.dtype, dh: int) -> tuple[Turns, Turns] | None:
-    """The rotation of queries and of keys at pos (B,T) as Turns with c, s (B,1,T,Dh) in dtype, from one rotate()
-    of two unit vectors (1 in the first, or the second, dim of every pair); None for a scheme without RoPE's
-    rot_dim and pairing."""
+    """The rotation of queries and of keys at pos (B,T) as Turns with c, s (B|1,1,T,Dh) in dtype; None for a scheme
+    without RoPE's rot_dim and pairing. From the scheme's RotationTables where it has them (rotate() applies those
+    tables, so c and s are their cos and sin, laid out over the pairs), else from one rotate() of two unit vectors."""
     if not (hasattr(inner, "rot_dim") and hasattr(inner, "interleaved")):
         return None
-    half = inner.rot_dim // 2
-    index = torch.arange(dh, device=pos.device)
-    first = index[0 : 2 * half : 2] if inner.interleaved else index[:half]
-    second = first + 1 if inner.interleaved else first + half
+    tables = inner.rotation_tables(pos, pos)
+    if tables is None:
+        return _turns_of_units(inner, pos, dtype, dh)
+    perm = _unit_vectors(inner.rot_dim, inner.interleaved, dh, dtype, pos.device)[2]
+    return tuple(Turns(*_over_pairs(cos.to(dtype), sin.to(dtype), inner.interleaved, dh), perm)
+                 for cos, sin in ((tables.cos_q, tables.sin_q), (tables.cos_k, tables.sin_k)))
+
+
+def _over_pairs(cos: Tensor, sin: Tensor, interleaved: bool, dh: int) -> tuple[Tensor, Tensor]:
+    """cos, sin (B|1,1,T,R/2) -> c, s (B|1,1,T,Dh): a pair's (first, second) dims take (cos, cos) and (-sin, sin),
+    the dims past R 1 and 0 (rotate() passes them through)."""
+    if interleaved:
+        c, s = torch.stack((cos, cos), -1).flatten(-2), torch.stack((-sin, sin), -1).flatten(-2)
+    else:
+        c, s = torch.cat((cos, cos), -1), torch.cat((-sin, sin), -1)
+    rest = dh - c.shape[-1]
+    if rest:
+        c, s = torch.cat((c, c.new_ones(*c.shape[:-1], rest)), -1), torch.cat((s, s.new_zeros(*s.shape[:-1], rest)), -1)
+    return c, s
+
+
+def _turns_of_units(inner: Scheme, pos: Tensor, dtype: torch.dtype, dh: int) -> tuple[Turns, Turns]:
+    """rotation_turns of a scheme without RotationTables: u1 holds 1 in the first dim of every pair and in the
+    dims past rot_dim, u2 in the second dim of every pair; R u1 = (cos, sin) on a pair's (first, second) dims and
+    whatever rotate() does to a dim it passes through, R u2 = (-sin, cos) and 0. So c is R u2 on second dims and
+    R u1 elsewhere, s the other way round."""
+    units, second, perm = _unit_vectors(inner.rot_dim, inner.interleaved, dh, dtype, pos.device)
+    units = units[None, :, None].expand(pos.shape[0], 2, pos.shape[1], dh)  # (B,2,T,Dh)
+    sides = []
+    for rotated in inner.rotate(units, units, pos, pos):  # as queries, as keys: (B,2,T,Dh), [R u1, R u2]
+        by_u1, by_u2 = rotated[:, None, 0], rotated[:, None, 1]  # (B,1,T,Dh)
+        sides.append(Turns(torch.where(second, by_u2, by_u1), torch.where(second, by_u1, by_u2), perm))
+    return sides[0], sides[1]
+
+
+@functools.lru_cache(maxsize=32)
+def _unit_vectors(rot_dim: int, interleaved: bool, dh: int, dtype: torch.dtype,
+                  device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+    """u1, u2 as (2,Dh) in dtype, the mask of second dims (Dh,) bool, and each dim's partner in its pair (Dh,)
+    long (itself past rot_dim). Made once per layout: never written to."""
+    half = rot_dim // 2
+    index = torch.arange(dh, device=device)
+    first = index[0 : 2 * half : 2] if interleaved else index[:half]
+    second = first + 1 if interleaved else first + half
     perm = index.clone()
     perm[first], perm[second] = second, first
-    units = torch.zeros(2, dh, dtype=dtype, device=pos.device)
-    units[0, first], units[1, second] = 1.0, 1.0
-    units = units[None, :, None].expand(pos.shape[0], 2, pos.shape[1], dh).contiguous()  # (B,2,T,Dh)
-    sides = []
-    for rotated in inner.rotate(units, units, pos, pos):  # as queries, as keys: (B,2,T,Dh), [R e1, R e2]
-        c = torch.ones(pos.shape[0], 1, pos.shape[1], dh, dtype=dtype, device=pos.device)
-        s = torch.zeros_like(c)
-        c[..., first], c[..., second] = rotated[:, None, 0, :, first], rotated[:, None, 1, :, second]
-        s[..., first], s[..., second] = rotated[:, None, 1, :, first], rotated[:, None, 0, :, second]
-        sides.append(Turns(c, s, perm))
-    return sides[0], sides[1]
+    units = torch.zeros(2, dh, dtype=dtype, device=device)
+    units[0] = 1.0
+    units[0, second], units[1, second] = 0.0, 1.0
+    is_second = torch.zeros(dh, dtype=torch.bool, device=device)
+    is_second[second] = True
+    return units, is_second, perm
 
 
 def decode_runs(scheme, q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype, dh: int) -> DecodeRuns | None:

@@ -200,7 +200,7 @@ def test_the_native_kernel_rounds_as_the_eager_kernel_and_a_decode_steps_turns(i
     (gcc's contraction fused the other product, and a third of the outputs differed by an ulp.)"""
     if native_kernels.library() is None:
         pytest.skip("no native kernels here (POSENC_NATIVE=0 or no compiler)")
-    from posenc.nn.mapped_decode import rotation_turns
+    from posenc.nn.mapped_decode import _turns_of_units, rotation_turns
     from posenc.registry import build
     from posenc.scheme import Dims
 
@@ -215,3 +215,5 @@ def test_the_native_kernel_rounds_as_the_eager_kernel_and_a_decode_steps_turns(i
                        {"rotary_percentage": rot / dh, "rotary_interleaved": interleaved})
         turns = rotation_turns(scheme, pos, torch.float32, dh)[1]
         torch.testing.assert_close(turns(x), scheme.rotate(x, x, pos, pos)[1], rtol=0, atol=0)
+        units = _turns_of_units(scheme, pos, torch.float32, dh)[1]  # a scheme without RotationTables
+        torch.testing.assert_close(units(x), turns(x), rtol=0, atol=0)
