@@ -30,8 +30,10 @@ from tests.nn.triton_support import (
     at_kernel_precision,
     attention_reference,
     exact_float32,
+    head_parameter_gradients_given_output,
     kernel_device,
     twins,
+    within_float32_sums,
     within_reach,
 )
 
@@ -432,10 +434,19 @@ def test_model_under_bf16_autocast_equals_float32(name, monkeypatch):
     head_bias.attend_head_bias) at the GPU's tiles; its logits and gradients are as near the float64 model without
     the kernels as that model under bf16 autocast is (low)."""
     gpu_tiles(monkeypatch)
-    calls = []
+    calls, head_calls = [], []
     for module, function in ((attention, "attend_rows"), (head_bias, "attend_head_bias")):
         kernel = getattr(module, function)
         monkeypatch.setattr(module, function, lambda *a, kernel=kernel: calls.append(a[0].dtype) or kernel(*a))
+    head_kernel = head_bias.attend_head_bias
+
+    def recorded(q, k, v, *rest):  # each head-kernel call's q, k, v, output and (in the backward) dO
+        out = head_kernel(q, k, v, *rest)
+        head_calls.append(call := [q, k, v, out])
+        out.register_hook(call.append)
+        return out
+
+    monkeypatch.setattr(head_bias, "attend_head_bias", recorded)
     # one batch row (two rows read the same positions at these tiles as one does; the kernels' batch rows and the
     # parameters' sums over them: triton_head_bias_cases.py), four heads of Dh 64, two layers, T = 150: two query
     # blocks of the GPU's tiles, the last ragged
@@ -447,6 +458,8 @@ def test_model_under_bf16_autocast_equals_float32(name, monkeypatch):
         fast = model(tokens).float()
     fast_grads = torch.autograd.grad(fast.square().mean(), list(model.parameters()), allow_unused=True)
     assert calls and set(calls) == {torch.bfloat16}, "the kernel must serve bf16 under autocast"
+    assert len(head_calls) == model.cfg.n_layer, "the head kernel must serve KERPLE's training call in each layer"
+    scheme_gradients_given_outputs(model, fast_grads, head_calls, tokens.shape[1])
     monkeypatch.setattr(gpu, "serves", lambda *t: False)
     exact_model = copy.deepcopy(model).double()
     exact = exact_model(tokens)
@@ -458,6 +471,22 @@ def test_model_under_bf16_autocast_equals_float32(name, monkeypatch):
     for (what, _), a, b, c in zip(model.named_parameters(), fast_grads, exact_grads, low_grads, strict=True):
         if a is not None and b is not None:
             close(a, b, c, torch.bfloat16, f"d{what}")
+
+
+def scheme_gradients_given_outputs(model, fast_grads, head_calls, length: int) -> None:
+    """The model's scheme parameters' gradients (KERPLE's b, a, p) are the sums over its head-kernel calls of the
+    float64 backward given each call's own output (triton_support.head_parameter_gradients_given_output: bf16's D
+    alone moves KERPLE's b by 17% of its gradient here, beyond the bf16 tolerance's reach at gradients of 1e-3),
+    within float32's sums: a derivative row scaled or read from another head shows."""
+    (scheme,) = [m for m in model.modules() if isinstance(m, Scheme)]  # one, shared by the layers
+    pos = torch.arange(length, device=DEVICE)[None]
+    per_call = [head_parameter_gradients_given_output(scheme, q, k, v, pos, pos, True, out, dout)
+                for q, k, v, out, dout in head_calls]
+    fast = dict(zip(model.parameters(), fast_grads, strict=True))  # keyed by the parameter itself
+    learned = [(name, p) for name, p in scheme.named_parameters() if p.requires_grad]
+    for n, (name, param) in enumerate(learned):
+        reference, size = (sum(call[n][i] for call in per_call) for i in range(2))
+        within_float32_sums(fast[param], reference, size, f"d{name} given the kernel's outputs")
 
 
 def test_float32_runs_here_only_as_tf32_where_torch_allows_it(monkeypatch):
