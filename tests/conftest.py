@@ -6,6 +6,7 @@ import copy
 import functools
 import importlib.util
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,13 @@ torch.set_num_threads(1)
 # file): they inherit the setting. A child with torch's default 2 threads beside the other worker spin-waits: the
 # killed-run test's 3-unit compare took 50 s wall with 2 threads against 8 s with 1 (measured, this machine busy).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# The Ctrl-C tests play a user pressing Ctrl-C at a terminal. pytest run as an asynchronous command of a shell without
+# job control (`bash -c 'make test & wait'`, nohup) starts with Ctrl-C ignored, and posenc leaves an ignored Ctrl-C
+# ignored as Python does (posenc/stop_signals.py; in an interactive shell `posenc ... &` then `kill -INT` stops it
+# cleanly: job control does not ignore it): the tests' SIGINT would reach nothing. Python's own handler, as in a
+# terminal; the processes they start then inherit the default action (an exec resets a handler, not SIG_IGN).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _once_per_file(function, hand_out):

@@ -58,6 +58,9 @@ def test_a_rung_pairs_seeds_and_measures_the_gap():
     # issue 36: [1x16,1x32] held and [1x32,1x16] failed on the same numbers: the verdict reads up the list
     ("ladder.sizes=[1x32,1x16]", r"ladder.sizes=\['1x32', '1x16'\] .*smallest first.*1x32: [\d,]+, 1x16: [\d,]+"),
     ("ladder.sizes=[2x16,1x16]", r"ladder.sizes=.*smallest first"),
+    # equal counts are no step up (no two distinct n_layer x d_model here share a count; one size spelled twice does)
+    ("ladder.sizes=[1x16,01x16]", r"ladder.sizes=\['1x16', '01x16'\] is not allowed: sizes smallest first, each "
+                                  r"with more parameters .*1x16: ([\d,]+), 01x16: \1\)$"),
 ])
 def test_bad_ladder_settings_name_the_field(override, message):
     with pytest.raises(ValueError) as caught:

@@ -23,8 +23,10 @@ from tests.nn.triton_support import (
     at_kernel_precision,
     attention_reference,
     exact_float32,
+    head_parameter_gradients_given_output,
     kernel_device,
     twins,
+    within_float32_sums,
     within_reach,
 )
 
@@ -83,7 +85,7 @@ def reference(scheme, q, k, v, q_pos, k_pos, causal, exact: bool):
     return attention_reference(*leaves, scheme.bias(q_pos, k_pos), causal), [*leaves, *params]
 
 
-def check(scheme, fast, qkv, q_pos, k_pos, causal, grad, dtype, what):
+def check(scheme, fast, qkv, q_pos, k_pos, causal, grad, dtype, what) -> tuple[torch.Tensor, ...]:
     exact, exact_leaves = reference(scheme, *qkv, q_pos, k_pos, causal, True)
     with at_kernel_precision():
         low, low_leaves = reference(scheme, *qkv, q_pos, k_pos, causal, False)
@@ -93,10 +95,12 @@ def check(scheme, fast, qkv, q_pos, k_pos, causal, grad, dtype, what):
     names = ["dq", "dk", "dv", *(f"d{n}" for n, p in scheme.named_parameters() if p.requires_grad)]
     with at_kernel_precision():
         rough = torch.autograd.grad(low, low_leaves, grad.to(low.dtype))
-    for name, a, b, c in zip(names, torch.autograd.grad(fast, [*qkv, *params], grad.to(fast.dtype)),
-                             torch.autograd.grad(exact, exact_leaves, grad.double()), rough, strict=True):
+    kernels = torch.autograd.grad(fast, [*qkv, *params], grad.to(fast.dtype))
+    for name, a, b, c in zip(names, kernels, torch.autograd.grad(exact, exact_leaves, grad.double()), rough,
+                             strict=True):
         wide = name not in ("dq", "dk", "dv") and dtype == torch.bfloat16
         within_reach(a, b, c, PARAMETER_TOLERANCE_BF16 if wide else floor, f"{what} {name}")
+    return kernels[3:]  # the parameters' gradients
 
 
 # Every variant in causal_gqa (GQA, two batch rows at other offsets); the log kernel, whose three parameters all
@@ -135,7 +139,13 @@ def test_the_dispatch_trains_kerple_in_bf16_through_the_head_kernel(variant, mon
     qkv, q_pos, k_pos, causal, grad = inputs("causal_gqa", torch.bfloat16, seed=4)
     fast = dispatch.fast_attention(*qkv, scheme, q_pos, k_pos, causal)
     assert used == ["attend_head_bias"]
-    check(scheme, fast, qkv, q_pos, k_pos, causal, grad, torch.bfloat16, f"{variant} bf16")
+    kernels = check(scheme, fast, qkv, q_pos, k_pos, causal, grad, torch.bfloat16, f"{variant} bf16")
+    # check's parameter tolerance is bf16's D (every logit of a query moved alike); the backward given the kernel's
+    # own output shares that D, so the kernel's float32 sums of dS times each derivative row must match it closely
+    names = [n for n, p in scheme.named_parameters() if p.requires_grad]
+    given = head_parameter_gradients_given_output(scheme, *qkv, q_pos, k_pos, causal, fast, grad.to(fast.dtype))
+    for name, actual, (reference, size) in zip(names, kernels, given, strict=True):
+        within_float32_sums(actual, reference, size, f"{variant} bf16 d{name} given the kernel's output")
     qkv32, *_ = inputs("causal_gqa", torch.float32, seed=4)
     dispatch.fast_attention(*qkv32, scheme, q_pos, k_pos, causal)
     assert used == ["attend_head_bias", "attend_rows"]

@@ -8,6 +8,7 @@ fresh Python process with the setting made before anything imports Triton."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import subprocess
 import sys
@@ -306,3 +307,53 @@ def all_within_reach(names, actual, exact, low, floor: float, what: str = "") ->
     """within_reach for each (name, kernel's, exact, low) tensor of parallel lists: an output's gradients."""
     for name, a, e, lo in zip(names, actual, exact, low, strict=True):
         within_reach(a, e, lo, floor, f"{what} {name}".strip())
+
+
+# float32's sums: a kernel's sum of n float32 terms errs by at most about n eps |terms| (pairwise or tiled sums far
+# less); measured, the head kernel's parameter gradients err by at most 0.17 eps x the size below (interpreter,
+# KERPLE log and power, bf16), and a compiled kernel's exp2 and float32 log-sum-exp add a few eps per probability.
+SUM_FACTOR = 32
+
+
+def head_parameter_gradients_given_output(scheme, q, k, v, q_pos, k_pos, causal: bool, out, dout):
+    """float64: the gradients of the scheme's per-head parameters (each of shape (H,): every bias entry reads its own
+    head's) by the backward the kernels run, FlashAttention-2's dS = P (dP - D), with D = rowsum(dO * O) read from
+    `out`, the kernel's own output. In 16 bits O is rounded and D with it, which moves every logit of a query alike:
+    a parameter's gradient sums that over every pair, weighted by d bias / d parameter (KERPLE's b in bf16: 17% of
+    the gradient in a tiny GPT, 3% at the head kernel's test sizes), an error of the backward's formula, not of the
+    kernel's arithmetic, which this reference shares so that a wrong derivative row shows. Also, per parameter
+    element, size = sum over pairs of P (|dP| + |D|) |d bias / d parameter|: what the kernel's float32 sum adds up.
+    q (B,H,Tq,Dh), k/v (B,Hkv,Tk,Dh), out/dout (B,H,Tq,Dh) -> [(gradient (H,), size (H,))] per learnable parameter."""
+    scheme = copy.deepcopy(scheme).double()
+    params = [p for p in scheme.parameters() if p.requires_grad]
+    q, k, v, out, dout = (t.detach().double() for t in (q, k, v, out, dout))
+    h, tq, tk = q.shape[1], q.shape[2], k.shape[2]
+    k, v = (t.repeat_interleave(h // t.shape[1], 1) for t in (k, v))
+    bias = scheme.bias(q_pos, k_pos)  # (B|1,H,Tq,Tk)
+    scores = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5 + bias
+    if causal and tq > 1:  # query i is key i + Tk - Tq
+        scores = scores.masked_fill(torch.ones(tq, tk, dtype=torch.bool, device=q.device).triu(tk - tq + 1),
+                                    float("-inf"))
+    p = torch.softmax(scores, -1)
+    d_p = dout @ v.transpose(-1, -2)  # (B,H,Tq,Tk)
+    delta = (dout * out).sum(-1, keepdim=True)  # (B,H,Tq,1)
+    weight = p * (d_p.abs() + delta.abs())
+    found = []
+    for param in params:
+        assert param.shape == (h,), f"a parameter per head, not {tuple(param.shape)}"
+        (gradient,) = torch.autograd.grad(scores, param, p * (d_p - delta), retain_graph=True)
+        tangent = torch.zeros_like(bias, requires_grad=True)  # d bias / d param per entry: the linear map's transpose
+        (through,) = torch.autograd.grad(bias, param, tangent, create_graph=True, retain_graph=True)
+        (jacobian,) = torch.autograd.grad(through.sum(), tangent, retain_graph=True)  # (B|1,H,Tq,Tk)
+        found.append((gradient, (weight * jacobian.abs()).sum((0, 2, 3))))
+    return found
+
+
+def within_float32_sums(actual: torch.Tensor, reference: torch.Tensor, size: torch.Tensor, what: str) -> None:
+    """Each element of `actual` within SUM_FACTOR float32 epsilons of its sum's size of `reference`."""
+    error = (actual.detach().double() - reference).abs()
+    bound = SUM_FACTOR * torch.finfo(torch.float32).eps * size
+    worst = int((error / bound).argmax())
+    assert (error <= bound).all(), (f"{what}: element {worst} errs by {error[worst]:.3g} > {SUM_FACTOR} float32 eps "
+                                    f"x its sum's size {size[worst]:.3g} = {bound[worst]:.3g} (the gradient: "
+                                    f"{reference[worst]:.4g})")
