@@ -7,8 +7,8 @@ pairings, in bf16, fp16 or fp32, computing in float32 and rounding once (as pose
 
 Each output is a * cos rounded, then one fma with b * sin: the rounding of torch's mul then addcmul, which the
 other rotation paths use (a mapped decode step's Turns, the eager kernel, the CPU's native kernel), so a key
-rotated here and the same key rotated by a decode step are one key. (Left to Triton, which fuses a multiply and an
-add where it sees them, either product could have been the one fused.)
+rotated here and the same key rotated by a decode step are one key. (Written out, not left to the compiler:
+whether it fuses a multiply and an add, and which product, would be its choice.)
 
 cos/sin are the tables posenc.rotary builds (every scaling is already in them): (B|1, 1, T, R/2) float32.
 Dims past R pass through. One program per (block of positions, head, batch row): heads on the grid, so a
