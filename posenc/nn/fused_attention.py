@@ -107,12 +107,13 @@ _NO_GRADS = (0,) * 4 + (0,) * 12  # dout, dq, dk, dv and their strides
 
 
 def _attention(q, k, v, out, lse, causal, scale, grads=None) -> Attention:
-    """The kernel's view of the operands; grads = (dout, dq, dk, dv) for the backward. (Packed with struct and
-    copied in once: a decode step builds this in every layer, and ctypes' keywords cost ~2x.)"""
+    """The kernel's view of the operands (lse None: a forward that writes none); grads = (dout, dq, dk, dv) for
+    the backward. (Packed with struct and copied in once: a decode step builds this in every layer, and ctypes'
+    keywords cost ~2x.)"""
     b, h, tq, d = q.shape
     q_block, kv_block = blocks(tq)
     attention = Attention.from_buffer_copy(_ATTENTION_BYTES.pack(
-        q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), *_NO_GRADS[:4],
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), 0 if lse is None else lse.data_ptr(), *_NO_GRADS[:4],
         *_stride_values(q), *_stride_values(k), *_stride_values(v), *_stride_values(out), *_NO_GRADS[4:],
         b, h, k.shape[1], tq, k.shape[2], d, scale, int(causal), q_block if grads is None else min(q_block, 64),
         kv_block, native.threads()))
@@ -303,12 +304,12 @@ def attend_table(q: Tensor, k: Tensor, v: Tensor, table: Tensor, table_scale: fl
     e = per_batch_row(e, q)
     check_table(table, values, row_shift, q_shift, q, e)
     q, k, v = _dense_last(q), _dense_last(k), _dense_last(v)
-    out, lse = torch.empty_like(q), torch.empty(q.shape[:3])
+    out = torch.empty_like(q)  # and no log-sum-exp (a null lse): no backward reads it
     args = RowArgs.from_buffer_copy(_ROW_ARGS_BYTES.pack(  # rows, their strides, grad, mass, dmass: none here
         0, 0, 0, 0, table.shape[1], e.data_ptr(), 0, 0, 0, 0, 0, 0, table.data_ptr(),
-        table.stride(0) if table.shape[0] > 1 else 0, table_scale, *(0 if t is None else t.data_ptr()
-                                                                     for t in (values, row_shift, q_shift))))
-    attention = _attention(q, k, v, out, lse, causal, q.shape[-1] ** -0.5)
+        table.stride(0) if table.shape[0] > 1 else 0, table_scale, 0 if values is None else values.data_ptr(),
+        0 if row_shift is None else row_shift.data_ptr(), 0 if q_shift is None else q_shift.data_ptr()))
+    attention = _attention(q, k, v, out, None, causal, q.shape[-1] ** -0.5)
     native.library().posenc_attention_rows_forward(ctypes.addressof(attention), ctypes.addressof(args))
     return out
 

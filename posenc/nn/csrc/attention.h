@@ -6,7 +6,7 @@
 
 struct Attention {
     const float *q, *k, *v;
-    float *out, *lse;  // out like q; lse (B, H, Tq) contiguous: log-sum-exp per query
+    float *out, *lse;  // out like q; lse (B, H, Tq) contiguous: log-sum-exp per query (forward: null skips it)
     const float* dout;  // backward only, then:
     float *dq, *dk, *dv;  // zero-filled by the caller (accumulated)
     int64_t q_strides[3], k_strides[3], v_strides[3], o_strides[3], do_strides[3], dq_strides[3], dk_strides[3],

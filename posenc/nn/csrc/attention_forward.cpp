@@ -81,7 +81,7 @@ void query_block(const Attention& a, const Bias& bias, const Mass& mass, int64_t
         const float inv = 1.0f / w.sum[r];
         float* o = a.at(a.out, a.o_strides, b, h, i);
         for (int64_t c = 0; c < D; ++c) o[c] = w.acc[r * D + c] * inv;
-        a.lse[(b * a.H + h) * a.Tq + i] = w.max[r] + std::log(w.sum[r]);
+        if (a.lse) a.lse[(b * a.H + h) * a.Tq + i] = w.max[r] + std::log(w.sum[r]);  // null: no backward wants it
         mass.store(w, r, b, h, i, inv, o, D);
     }
 }
