@@ -535,6 +535,38 @@ def test_a_gqa_groups_key_gradients_are_added_in_float32(dtype):
     key_gradients_within(fast, exact, TOLERANCE[dtype], f"rows {dtype}")
 
 
+def _pairs(x: torch.Tensor, generator: torch.Generator, opposite: bool = False) -> torch.Tensor:
+    """(1,1,N,Dh) -> (1,1,2N,Dh): each row followed by a twin, the row plus 0.05 noise (keys or queries of nearly
+    equal scores), or minus the row where opposite (values or dO)."""
+    twin = -x if opposite else x + 0.05 * torch.randn(x.shape, generator=generator)
+    return torch.stack((x, twin), 3).flatten(2, 3)
+
+
+def test_fp16_probabilities_are_rounded_to_fp16_not_bf16():
+    """fp16 attention rounds P to fp16 before P V and P^T dO (attention_kernels._fold_values, _dkdv): keys in
+    pairs of nearly equal scores with opposite values (v_2m+1 = -v_2m = +-8) make every output a difference of
+    nearly equal terms, and queries in such pairs with opposite dO (+-4) every dV the same, so their sizes are
+    about 1 while each term's rounding is not: P rounded to bf16 (8 bits against fp16's 11) errs by 8x fp16's.
+    Measured under the interpreter, error / bound: output 0.00092 / 0.005, dV 0.0019 / 0.005; with P in bf16 (in
+    _fold_values, in _dkdv) 0.0146 and 0.0160. The fixed tolerance, not within_reach's bound: its fp16 low
+    reference (scores and softmax in fp16) errs by 0.0029 on both (CPU), and 3x that leaves bf16's P less room."""
+    g = torch.Generator().manual_seed(0)
+    tq, tk = 16, 4
+    q, k = (_pairs(torch.randn(1, 1, t // 2, 16, generator=g), g) for t in (tq, tk))
+    v, dout = (_pairs(size * (2 * torch.randint(0, 2, (1, 1, t // 2, 16), generator=g) - 1.0), g, opposite=True)
+               for size, t in ((8, tk), (4, tq)))
+    q, k, v = (x.to(DEVICE, torch.float16).requires_grad_() for x in (q, k, v))
+    rows, e = torch.zeros(1, tq + tk - 1, device=DEVICE), torch.tensor([tq - 1], device=DEVICE)
+    out = attention.attend_rows(q, k, v, rows, e, False)
+    leaves = twins([q, k, v])
+    exact = rows_reference(*leaves, rows.double(), e, False)
+    dout = dout.to(DEVICE, torch.float16)
+    fast, slow = (torch.autograd.grad(o, x, d) for o, x, d in ((out, v, dout), (exact, leaves[2], dout.double())))
+    for name, actual, x in (("output", out, exact), ("dv", fast[0], slow[0])):
+        error, bound = (actual.double() - x).abs().max().item(), TOLERANCE[torch.float16] * max(1, x.abs().max().item())
+        assert error <= bound, f"fp16 {name}: max error {error:.3g} > {bound:.3g} (P rounded to bf16?)"
+
+
 def test_rows_that_do_not_cover_the_span_are_not_needed_past_the_padding(monkeypatch):
     """The kernels read the bias unmasked from rows padded on both sides: a row buffer exactly as long as the
     span (S = Tq + Tk - 1 for full attention) serves, and changing the padding's values changes nothing."""
