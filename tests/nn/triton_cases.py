@@ -30,8 +30,10 @@ from tests.nn.triton_support import (
     at_kernel_precision,
     attention_reference,
     exact_float32,
+    gqa_group_with_large_partials,
     head_parameter_gradients_given_output,
     kernel_device,
+    key_gradients_within,
     twins,
     within_float32_sums,
     within_reach,
@@ -518,35 +520,51 @@ def test_float32_runs_here_only_as_tf32_where_torch_allows_it(monkeypatch):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_a_gqa_groups_key_gradients_are_added_in_float32(dtype):
-    """A 4:1 group whose heads' dK and dV partials are up to 256x their sum: the kernel adds the heads' partials in
-    float32 and rounds once (key_gradients), so dK and dV are within the 16-bit tolerance of the float64 reference;
-    partials kept in 16 bits each lose 2^-9 (bf16) or 2^-12 (fp16) of 256x the result. Measured under the
-    interpreter, error / bound: bf16 dK 0.0069 / 0.031, dV 0.016 / 0.106; fp16 dK 0.00055 / 0.0051, dV 0.00088 /
-    0.018; with partials in 16 bits dK errs by 0.375 and 0.047, dV by 0.5 and 0.063.
-    The heads see the same scores (one q and one bias row in the first half of Dh; k is zero in the second half,
-    where q_h = c_h u), so their dS differ by the power of two d_h alone (dO_h = d_h dO in v's half), bit for bit
-    after the kernels round dS to 16 bits, and
-        dK = (sum d_h) A + (sum d_h c_h) B = A,   dV = (sum d_h) P^T dO + (sum e_h) P^T w = P^T dO
-    with dO_h's second half e_h w (v is zero there): sums of non-power-of-two multiples of one value, no longer 0
-    once each is rounded (power-of-two multiples round alike and would cancel)."""
+    """triton_support.gqa_group_with_large_partials through the row kernel, one bias row for every head: the kernel
+    adds the heads' partials in float32 and rounds once (key_gradients). Measured under the interpreter, error /
+    bound: bf16 dK 0.0069 / 0.031, dV 0.016 / 0.106; fp16 dK 0.00055 / 0.0051, dV 0.00088 / 0.018; with partials
+    in 16 bits dK errs by 0.375 and 0.047, dV by 0.5 and 0.063."""
     g = torch.Generator().manual_seed(0)
-    t, half = 16, DIM // 2
-    d = torch.tensor([256.0, -128.0, -128.0, 1.0])[:, None, None]  # sums to 1
-    c = torch.tensor([1.0, 1.5, 0.5, 0.0])[:, None, None]  # sum of d_h c_h = 0
-    e = torch.tensor([96.0, -40.0, -56.0, 0.0])[:, None, None]  # sums to 0
-    u, w = (torch.randint(-2, 3, (t, half), generator=g) / 2 for _ in range(2))  # exact in 16 bits, times c_h, e_h
-    q = torch.cat((torch.randn(t, half, generator=g).expand(4, t, half), c * u), -1)[None]  # (1,4,T,Dh)
-    k, v = (torch.cat((torch.randn(1, 1, t, half, generator=g), torch.zeros(1, 1, t, half)), -1) for _ in range(2))
-    dout = torch.cat((d * torch.randn(t, half, generator=g), e * w), -1)[None].to(DEVICE, dtype)
+    t = 16
+    q, k, v, dout = gqa_group_with_large_partials(t, DIM, dtype, DEVICE, g)
     row = torch.randn(1, 2 * t - 1, generator=g).expand(4, -1).contiguous().to(DEVICE)  # one row for every head
-    q, k, v = (x.to(DEVICE, dtype).requires_grad_() for x in (q, k, v))
     ends = torch.tensor([t - 1], device=DEVICE)
     fast = torch.autograd.grad(attention.attend_rows(q, k, v, row, ends, True), (k, v), dout)
     leaves = twins([q, k, v])
     exact = torch.autograd.grad(rows_reference(*leaves, row.double(), ends, True), leaves[1:], dout.double())
-    for name, actual, x in zip(("dk", "dv"), fast, exact, strict=True):
-        error, bound = (actual.double() - x).abs().max().item(), TOLERANCE[dtype] * max(1.0, x.abs().max().item())
-        assert error <= bound, f"{dtype} {name}: max error {error:.3g} > {bound:.3g} (partials added in 16 bits?)"
+    key_gradients_within(fast, exact, TOLERANCE[dtype], f"rows {dtype}")
+
+
+def _pairs(x: torch.Tensor, generator: torch.Generator, opposite: bool = False) -> torch.Tensor:
+    """(1,1,N,Dh) -> (1,1,2N,Dh): each row followed by a twin, the row plus 0.05 noise (keys or queries of nearly
+    equal scores), or minus the row where opposite (values or dO)."""
+    twin = -x if opposite else x + 0.05 * torch.randn(x.shape, generator=generator)
+    return torch.stack((x, twin), 3).flatten(2, 3)
+
+
+def test_fp16_probabilities_are_rounded_to_fp16_not_bf16():
+    """fp16 attention rounds P to fp16 before P V and P^T dO (attention_kernels._fold_values, _dkdv): keys in
+    pairs of nearly equal scores with opposite values (v_2m+1 = -v_2m = +-8) make every output a difference of
+    nearly equal terms, and queries in such pairs with opposite dO (+-4) every dV the same, so their sizes are
+    about 1 while each term's rounding is not: P rounded to bf16 (8 bits against fp16's 11) errs by 8x fp16's.
+    Measured under the interpreter, error / bound: output 0.00092 / 0.005, dV 0.0019 / 0.005; with P in bf16 (in
+    _fold_values, in _dkdv) 0.0146 and 0.0160. The fixed tolerance, not within_reach's bound: its fp16 low
+    reference (scores and softmax in fp16) errs by 0.0029 on both (CPU), and 3x that leaves bf16's P less room."""
+    g = torch.Generator().manual_seed(0)
+    tq, tk = 16, 4
+    q, k = (_pairs(torch.randn(1, 1, t // 2, 16, generator=g), g) for t in (tq, tk))
+    v, dout = (_pairs(size * (2 * torch.randint(0, 2, (1, 1, t // 2, 16), generator=g) - 1.0), g, opposite=True)
+               for size, t in ((8, tk), (4, tq)))
+    q, k, v = (x.to(DEVICE, torch.float16).requires_grad_() for x in (q, k, v))
+    rows, e = torch.zeros(1, tq + tk - 1, device=DEVICE), torch.tensor([tq - 1], device=DEVICE)
+    out = attention.attend_rows(q, k, v, rows, e, False)
+    leaves = twins([q, k, v])
+    exact = rows_reference(*leaves, rows.double(), e, False)
+    dout = dout.to(DEVICE, torch.float16)
+    fast, slow = (torch.autograd.grad(o, x, d) for o, x, d in ((out, v, dout), (exact, leaves[2], dout.double())))
+    for name, actual, x in (("output", out, exact), ("dv", fast[0], slow[0])):
+        error, bound = (actual.double() - x).abs().max().item(), TOLERANCE[torch.float16] * max(1, x.abs().max().item())
+        assert error <= bound, f"fp16 {name}: max error {error:.3g} > {bound:.3g} (P rounded to bf16?)"
 
 
 def test_rows_that_do_not_cover_the_span_are_not_needed_past_the_padding(monkeypatch):

@@ -357,3 +357,41 @@ def within_float32_sums(actual: torch.Tensor, reference: torch.Tensor, size: tor
     assert (error <= bound).all(), (f"{what}: element {worst} errs by {error[worst]:.3g} > {SUM_FACTOR} float32 eps "
                                     f"x its sum's size {size[worst]:.3g} = {bound[worst]:.3g} (the gradient: "
                                     f"{reference[worst]:.4g})")
+
+
+GROUP_SCALES = (256.0, -128.0, -128.0, 1.0)  # d_h: powers of two that sum to 1
+
+
+def gqa_group_with_large_partials(length: int, head_dim: int, dtype: torch.dtype, device: str,
+                                  generator: torch.Generator) -> tuple[torch.Tensor, ...]:
+    """q (1,4,T,Dh), k and v (1,1,T,Dh) leaves and dO (1,4,T,Dh), in dtype: a 4:1 GQA group whose heads' dK and dV
+    partials are up to 256x their sum. Adding the heads' partials in float32 and rounding once leaves dK and dV
+    within the 16-bit tolerance of the float64 reference; partials kept in 16 bits each lose 2^-9 (bf16) or 2^-12
+    (fp16) of 256x the result.
+    The heads see the same q . k (q's first half is shared; its second half, q_h = c_h u, meets k's zeros); the
+    caller makes the scheme's bias the same for every head too (one row, equal parameters, or a table read by q's
+    first half alone). Their dS then differ by the power of two d_h alone (dO_h = d_h dO in v's half), bit for bit
+    after the kernels round dS to 16 bits, and
+        dK = (sum d_h) A + (sum d_h c_h) B = A,   dV = (sum d_h) P^T dO + (sum e_h) P^T w = P^T dO
+    with dO_h's second half e_h w (v is zero there): sums of non-power-of-two multiples of one value, no longer 0
+    once each is rounded (power-of-two multiples round alike and would cancel). Every value is exact in bf16 and
+    fp16 but the random halves, which every head rounds alike."""
+    half = head_dim // 2
+    d = torch.tensor(GROUP_SCALES)[:, None, None]
+    c = torch.tensor([1.0, 1.5, 0.5, 0.0])[:, None, None]  # sum of d_h c_h = 0
+    e = torch.tensor([96.0, -40.0, -56.0, 0.0])[:, None, None]  # sums to 0
+    u, w = (torch.randint(-2, 3, (length, half), generator=generator) / 2 for _ in range(2))  # times c_h, e_h: exact
+    q = torch.cat((torch.randn(length, half, generator=generator).expand(4, length, half), c * u), -1)[None]
+    k, v = (torch.cat((torch.randn(1, 1, length, half, generator=generator), torch.zeros(1, 1, length, half)), -1)
+            for _ in range(2))
+    dout = torch.cat((d * torch.randn(length, half, generator=generator), e * w), -1)[None]
+    return (*(x.to(device, dtype).requires_grad_() for x in (q, k, v)), dout.to(device, dtype))
+
+
+def key_gradients_within(fast, exact, floor: float, what: str) -> None:
+    """dK and dV (fast: the kernel's, exact: float64's) within floor x max(1, max|exact|), the fixed 16-bit
+    tolerance: not within_reach's bound, whose low reference (autograd in 16 bits) rounds each head's partial to 16
+    bits itself and would let the kernel do the same on a GPU."""
+    for name, actual, x in zip(("dk", "dv"), fast, exact, strict=True):
+        error, bound = (actual.double() - x).abs().max().item(), floor * max(1.0, x.abs().max().item())
+        assert error <= bound, f"{what} {name}: max error {error:.3g} > {bound:.3g} (the group's partials in 16 bits?)"
