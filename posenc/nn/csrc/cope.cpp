@@ -136,7 +136,7 @@ void backward_row(const CopeArgs& c, const Row& row, int64_t far, float* dp, flo
     float *s = row.s, *count = row.count, *gate = row.gate;
     const int64_t n = row.n;
 #pragma omp simd
-    for (int64_t j = 0; j < n; ++j) {
+    for (int64_t j = first ? far : 0; j < n; ++j) {  // the first sweep reads the counted keys' alone
         s[j] = exp_nonpositive(s[j] - lse);  // P
         dp[j] = s[j] * (dp[j] - delta);  // d logit through the softmax
     }
