@@ -103,7 +103,7 @@ def _packing(cls: type[ctypes.Structure]) -> struct.Struct:
 
 
 _ATTENTION_BYTES, _ROW_ARGS_BYTES = _packing(Attention), _packing(RowArgs)
-_NO_GRADS = (0,) * 4 + (0,) * 12  # dout, dq, dk, dv and their strides
+_NO_GRADS, _NO_GRAD_STRIDES = (0,) * 4, (0,) * 12  # dout, dq, dk, dv (null) and their strides
 
 
 def _attention(q, k, v, out, lse, causal, scale, grads=None) -> Attention:
@@ -113,8 +113,8 @@ def _attention(q, k, v, out, lse, causal, scale, grads=None) -> Attention:
     b, h, tq, d = q.shape
     q_block, kv_block = blocks(tq)
     attention = Attention.from_buffer_copy(_ATTENTION_BYTES.pack(
-        q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), 0 if lse is None else lse.data_ptr(), *_NO_GRADS[:4],
-        *_stride_values(q), *_stride_values(k), *_stride_values(v), *_stride_values(out), *_NO_GRADS[4:],
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), 0 if lse is None else lse.data_ptr(), *_NO_GRADS,
+        *_stride_values(q), *_stride_values(k), *_stride_values(v), *_stride_values(out), *_NO_GRAD_STRIDES,
         b, h, k.shape[1], tq, k.shape[2], d, scale, int(causal), q_block if grads is None else min(q_block, 64),
         kv_block, native.threads()))
     if grads is not None:

@@ -115,14 +115,18 @@ void forward(const Attention& a, const Bias& bias, const Mass& mass) {
 // content_query() gives the query block the scores read (and its leading dimension), scratch() hands add() what it
 // needs for row r of the block, add() biases a block of scores.
 
-// Rows read from memory (RowArgs.rows).
-struct RowPolicy {
-    RowBias rows;
+// A policy whose bias needs nothing per query block: no scratch of its own, q read as it is.
+struct NothingPerBlock {
     void reserve(const Attention&, Scratch&) const {}
     void prepare(const Attention&, const float*, int64_t, int64_t, Scratch&) const {}
     const float* content_query(const Attention&, const float* q, int64_t&, int64_t, int64_t, Scratch&) const {
         return q;
     }
+};
+
+// Rows read from memory (RowArgs.rows).
+struct RowPolicy : NothingPerBlock {
+    RowBias rows;
     float* scratch(Scratch&, int64_t) const { return nullptr; }
     float add(float* s, int64_t n, float scale, int64_t b, int64_t h, int64_t i, int64_t j0, float*) const {
         return rows.add(s, n, scale, b, h, i, j0);
@@ -168,13 +172,8 @@ struct TableRowPolicy {
 };
 
 // The piecewise bias, evaluating its feature for a block of keys into the thread's x.
-struct PiecewisePolicy {
+struct PiecewisePolicy : NothingPerBlock {
     PiecewiseBias pieces;
-    void reserve(const Attention&, Scratch&) const {}
-    void prepare(const Attention&, const float*, int64_t, int64_t, Scratch&) const {}
-    const float* content_query(const Attention&, const float* q, int64_t&, int64_t, int64_t, Scratch&) const {
-        return q;
-    }
     float* scratch(Scratch& w, int64_t) const { return w.x.data(); }
     float add(float* s, int64_t n, float scale, int64_t b, int64_t h, int64_t i, int64_t j0, float* x) const {
         return pieces.add(s, n, scale, b, h, i, j0, x);
@@ -186,11 +185,11 @@ struct PiecewisePolicy {
 extern "C" int posenc_attention_rows_forward(const Attention* a, const RowArgs* r) {
     const Mass mass{r->mass || r->values ? r : nullptr};
     if (r->table) forward(*a, TableRowPolicy{*r}, mass);
-    else forward(*a, RowPolicy{row_bias(*r)}, mass);
+    else forward(*a, RowPolicy{{}, row_bias(*r)}, mass);
     return 0;
 }
 
 extern "C" int posenc_attention_piecewise_forward(const Attention* a, const PiecewiseArgs* p) {
-    forward(*a, PiecewisePolicy{PiecewiseBias{*p}}, Mass{nullptr});
+    forward(*a, PiecewisePolicy{{}, PiecewiseBias{*p}}, Mass{nullptr});
     return 0;
 }
