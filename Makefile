@@ -22,7 +22,7 @@ env: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check posenc tests benchmarks
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 demo: $(STAMP)
 	$(BIN)/posenc compare --config configs/compare.yaml

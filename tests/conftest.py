@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import copy
 import functools
 import importlib.util
@@ -33,6 +34,15 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # terminal; the processes they start then inherit the default action (an exec resets a handler, not SIG_IGN).
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Files holding a slow test first, then the others by their number of tests. `make test` hands whole files to
+    its two workers in this order (--dist loadfile --no-loadscope-reorder): xdist's own order (by number of tests)
+    handed the one-test interpreter files out last, and one worker ran them alone for the run's last ~40 s."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    counts = collections.Counter(item.path for item in items)
+    items.sort(key=lambda item: (item.path not in slow_files, -counts[item.path]))  # stable: a file stays in order
 
 
 def _once_per_file(function, hand_out):

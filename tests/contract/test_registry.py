@@ -132,6 +132,7 @@ def test_a_broken_entry_point_warns_and_stays_unknown(monkeypatch):
     assert "broken_plugin" not in names
 
 
+@pytest.mark.slow
 def test_posenc_check_and_import_run_a_users_module(tmp_path):
     """`posenc check my_scheme --import mymodule`: the contract suite on a scheme posenc never saw."""
     (tmp_path / "my_schemes.py").write_text(textwrap.dedent("""
@@ -162,6 +163,7 @@ def test_posenc_check_and_import_run_a_users_module(tmp_path):
     assert unknown.returncode == 2 and "nope_scheme" in unknown.stderr and "Traceback" not in unknown.stderr
 
 
+@pytest.mark.slow
 def test_import_finds_a_module_in_the_current_folder_and_every_failure_is_one_line(tmp_path):
     """The installed `posenc` script (its search path starts at its bin folder, not at the current one) with
     the README's `--import mymodule`; a module that raises, a relative name and a bias of the wrong shape

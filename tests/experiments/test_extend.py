@@ -179,6 +179,7 @@ def test_bad_options_fail_in_one_line_before_the_model_loads(argv, named, capsys
 
 
 @pytest.mark.pretrained
+@pytest.mark.slow
 def test_quick_run_writes_results(tmp_path, capsys):
     smollm2_gguf()
     assert cli_main(["extend", "--quick", "--scalings", "none,dynamic,yarn", "--out-dir", str(tmp_path)]) == 0

@@ -77,6 +77,7 @@ def test_a_map_the_family_cannot_carry_is_refused_in_one_line(tmp_path, tokenize
 
 
 @pytest.mark.pretrained
+@pytest.mark.slow
 def test_the_builtin_run_gives_the_same_numbers_through_hf_apply(tmp_path, capsys):
     """`posenc extend --quick` on SmolLM2 loaded by transformers (each method put in by posenc.hf.apply) and on
     posenc's decoder: the same perplexities (float32, to its rounding) and the same passkey answers, a map

@@ -116,6 +116,7 @@ def test_a_run_of_maps_and_scalings_records_each_row(tmp_path):
     assert len({round(r["ppl_by_length"][256]["ppl"], 6) for r in rows.values()}) == 3  # three computations
 
 
+@pytest.mark.slow
 def test_a_ruler_run_on_smollm2_with_a_map_writes_its_tables_and_the_recommendation(tmp_path, capsys):
     """`posenc extend --task ruler` end to end on the real model: the map's window is set small so the map is
     in use at this short length; every prompt is scored; the report holds the RULER tables, the rule and

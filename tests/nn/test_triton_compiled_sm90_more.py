@@ -14,7 +14,7 @@ from benchmarks import gpu_static
 from posenc.nn.triton import cope
 from tests.nn.sm90_support import check_attention, check_cope, check_piecewise, check_relative, needs_compiler
 
-pytestmark = needs_compiler
+pytestmark = [needs_compiler, pytest.mark.slow]
 
 
 @pytest.mark.parametrize("head_dim", [128])

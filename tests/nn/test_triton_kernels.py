@@ -24,6 +24,7 @@ from tests.nn.triton_support import run_interpreted
 CASES = [Path(__file__).with_name("triton_cases.py")]
 
 
+@pytest.mark.slow
 def test_triton_kernels_under_the_interpreter():
     run_interpreted(*CASES)  # one process: the interpreter's start is paid once
 

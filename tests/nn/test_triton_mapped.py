@@ -16,6 +16,7 @@ from tests.nn.triton_support import run_interpreted
 CASES = Path(__file__).with_name("triton_mapped_cases.py")
 
 
+@pytest.mark.slow
 def test_mapped_kernel_under_the_interpreter():
     run_interpreted(CASES)
 

@@ -20,6 +20,7 @@ CASES = [Path(__file__).with_name(name) for name in (
     "triton_bucket_bias_cases.py")]
 
 
+@pytest.mark.slow
 def test_scheme_kernels_under_the_interpreter():
     run_interpreted(*CASES)  # one process: the interpreter's start is paid once
 

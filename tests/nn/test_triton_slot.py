@@ -17,6 +17,7 @@ from tests.nn.triton_support import run_interpreted
 CASES = Path(__file__).with_name("triton_slot_cases.py")
 
 
+@pytest.mark.slow
 def test_slot_kernel_under_the_interpreter():
     run_interpreted(CASES)
 
