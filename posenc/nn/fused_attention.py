@@ -103,6 +103,9 @@ def _packing(cls: type[ctypes.Structure]) -> struct.Struct:
 
 
 _ATTENTION_BYTES, _ROW_ARGS_BYTES = _packing(Attention), _packing(RowArgs)
+_POINTERS = struct.Struct("@5P")  # Attention's first fields: q, k, v, out, lse
+if _POINTERS.size != Attention.dout.offset:
+    raise RuntimeError("Attention: q, k, v, out and lse are not its first five fields")
 _NO_GRADS, _NO_GRAD_STRIDES = (0,) * 4, (0,) * 12  # dout, dq, dk, dv (null) and their strides
 
 
@@ -110,18 +113,29 @@ def _attention(q, k, v, out, lse, causal, scale, grads=None) -> Attention:
     """The kernel's view of the operands (lse None: a forward that writes none); grads = (dout, dq, dk, dv) for
     the backward. (Packed with struct and copied in once: a decode step builds this in every layer, and ctypes'
     keywords cost ~2x.)"""
-    b, h, tq, d = q.shape
-    q_block, kv_block = blocks(tq)
-    attention = Attention.from_buffer_copy(_ATTENTION_BYTES.pack(
-        q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), 0 if lse is None else lse.data_ptr(), *_NO_GRADS,
-        *_stride_values(q), *_stride_values(k), *_stride_values(v), *_stride_values(out), *_NO_GRAD_STRIDES,
-        b, h, k.shape[1], tq, k.shape[2], d, scale, int(causal), q_block if grads is None else min(q_block, 64),
-        kv_block, native.threads()))
+    attention = Attention.from_buffer_copy(_pointers(q, k, v, out, lse) + _layout_bytes(q, k, v, out, causal, scale,
+                                                                                       grads is not None))
     if grads is not None:
         for name, t in zip(("do", "dq", "dk", "dv"), grads, strict=True):
             setattr(attention, "dout" if name == "do" else name, native.ptr(t))
             setattr(attention, f"{name}_strides", _strides(t))
     return attention
+
+
+def _pointers(q, k, v, out, lse) -> bytes:
+    return _POINTERS.pack(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
+                          0 if lse is None else lse.data_ptr())
+
+
+def _layout_bytes(q, k, v, out, causal, scale, backward=False) -> bytes:
+    """Attention's bytes after its first five pointers: the gradients' null pointers and strides, the operands'
+    strides, the sizes, the blocks and the thread count (all the layouts and the thread count decide)."""
+    b, h, tq, d = q.shape
+    q_block, kv_block = blocks(tq)
+    return _ATTENTION_BYTES.pack(
+        0, 0, 0, 0, 0, *_NO_GRADS, *_stride_values(q), *_stride_values(k), *_stride_values(v), *_stride_values(out),
+        *_NO_GRAD_STRIDES, b, h, k.shape[1], tq, k.shape[2], d, scale, int(causal),
+        min(q_block, 64) if backward else q_block, kv_block, native.threads())[_POINTERS.size :]
 
 
 def _zeros_like_operands(q, k, v):
@@ -300,18 +314,42 @@ def attend_table(q: Tensor, k: Tensor, v: Tensor, table: Tensor, table_scale: fl
     extra = tuple(t for t in (values, row_shift, q_shift) if t is not None)
     if _autograd(q, k, v, table, *extra):
         raise ValueError("attend_table runs without gradients (use attend_rows with relative_rows for a backward)")
-    check_operands(q, k, v, causal)
     e = per_batch_row(e, q)
-    check_table(table, values, row_shift, q_shift, q, e)
-    q, k, v = _dense_last(q), _dense_last(k), _dense_last(v)
+    layout = (causal, native.threads(), *map(_layout, (q, k, v, table, values, row_shift, q_shift, e)))
+    tail = _table_layouts.get(layout)
+    copied = False
+    if tail is None:  # layouts not met yet: checked, and kept below where no operand needs a copy
+        check_operands(q, k, v, causal)
+        check_table(table, values, row_shift, q_shift, q, e)
+        dense = _dense_last(q), _dense_last(k), _dense_last(v)
+        copied = any(a is not b for a, b in zip(dense, (q, k, v), strict=True))
+        q, k, v = dense
     out = torch.empty_like(q)  # and no log-sum-exp (a null lse): no backward reads it
+    if tail is None:
+        tail = _layout_bytes(q, k, v, out, causal, q.shape[-1] ** -0.5)
+        if not copied:
+            if len(_table_layouts) >= KEPT_LAYOUTS:
+                _table_layouts.clear()
+            _table_layouts[layout] = tail
     args = RowArgs.from_buffer_copy(_ROW_ARGS_BYTES.pack(  # rows, their strides, grad, mass, dmass: none here
         0, 0, 0, 0, table.shape[1], e.data_ptr(), 0, 0, 0, 0, 0, 0, table.data_ptr(),
         table.stride(0) if table.shape[0] > 1 else 0, table_scale, 0 if values is None else values.data_ptr(),
         0 if row_shift is None else row_shift.data_ptr(), 0 if q_shift is None else q_shift.data_ptr()))
-    attention = _attention(q, k, v, out, None, causal, q.shape[-1] ** -0.5)
+    attention = Attention.from_buffer_copy(_pointers(q, k, v, out, None) + tail)
     native.library().posenc_attention_rows_forward(ctypes.addressof(attention), ctypes.addressof(args))
     return out
+
+
+def _layout(t: Tensor | None) -> tuple | None:
+    return None if t is None else (t.dtype, t.is_cpu, t.shape, t.stride())
+
+
+# attend_table's operand layouts met and checked -> their _layout_bytes. A decode step calls it in every layer with
+# the same layouts (its key length new each step): the checks and the packing of strides and sizes run in the first
+# layer, the others copy them in (in the model, 15 checks and packings cost ~40 us a layer, cold after the layer's
+# weights; a layout kept is only ever one that passed the checks, and every check reads layouts alone).
+KEPT_LAYOUTS = 8
+_table_layouts: dict[tuple, bytes] = {}
 
 
 def attend_piecewise(q: Tensor, k: Tensor, v: Tensor, feature: Tensor, divisor: Tensor, knots: Tensor,

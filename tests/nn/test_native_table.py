@@ -83,6 +83,35 @@ def test_a_table_wanting_gradients_or_of_the_wrong_shape_is_refused_before_the_k
         fused_attention.attend_table(q, k, v, torch.randn(1, 16, 9).transpose(1, 2), 1.0, values, e, True)
 
 
+def test_kept_layouts_read_each_calls_own_operands_and_bad_ones_are_still_refused(monkeypatch):
+    """attend_table keeps the checked layouts (a decode step's layers share them): a call with kept layouts reads its
+    own tensors (as a fresh call does), a table of another shape is checked and refused as at a first call, and
+    operands that need a copy give the definition's output without being kept."""
+    monkeypatch.setattr(fused_attention, "_table_layouts", {})
+    checks = []
+    original = fused_attention.check_table
+    monkeypatch.setattr(fused_attention, "check_table", lambda *a: checks.append(1) or original(*a))
+    d, scale, e = 16, 0.3, torch.tensor([3 - 69])
+    with torch.no_grad():
+        for seed in range(3):
+            q, k, v = _operands(1, 4, 2, 1, 70, d, seed=seed)
+            g = torch.Generator().manual_seed(10 + seed)
+            table, values = torch.randn(1, 9, d, generator=g), torch.randn(9, d, generator=g)
+            out = fused_attention.attend_table(q, k, v, table, scale, values, e, True)
+            torch.testing.assert_close(out.double(), _definition(q, k, v, table, scale, values, e, True),
+                                       rtol=1e-5, atol=1e-5)
+        assert len(checks) == 1 and len(fused_attention._table_layouts) == 1  # checked once, then kept
+        with pytest.raises(ValueError, match="relative values shape"):
+            fused_attention.attend_table(q, k, v, table, scale, torch.randn(8, d), e, True)
+        with pytest.raises(ValueError, match="relative table shape"):
+            fused_attention.attend_table(q, k, v, torch.randn(1, 9, d + 1), scale, values, e, True)
+        spread = torch.randn(1, 2, 70, 2 * d)[..., ::2]  # keys whose last dim is strided: copied for the kernel
+        out = fused_attention.attend_table(q, spread, v, table, scale, values, e, True)
+    torch.testing.assert_close(out.double(), _definition(q, spread, v, table, scale, values, e, True),
+                               rtol=1e-5, atol=1e-5)
+    assert len(fused_attention._table_layouts) == 1  # the copied operands' layouts were not kept
+
+
 @pytest.mark.parametrize(("b", "h", "hkv", "tq", "tk"), [(1, 4, 4, 1, 70), (2, 4, 2, 1, 600), (1, 4, 1, 6, 1100)])
 def test_rows_with_shifts_of_q_equal_the_definition(b, h, hkv, tq, tk):
     """Transformer-XL's table: u shifts the content scores' query, v the rows' (a view of a longer kept span: the
