@@ -9,9 +9,10 @@ import torch
 
 from posenc.experiments.extend.config import ExtendConfig
 from posenc.experiments.extend.long_context import greedy_answer
-from posenc.experiments.extend.model import computation_key, plain_model, sweep_methods, use_method
+from posenc.experiments.extend.model import computation_key, sweep_methods
 from posenc.experiments.extend.passkey_prompts import PromptBuilder, answer, draw_key, is_correct
 from posenc.experiments.extend.progress import RunState, cell_id
+from posenc.experiments.extend.prompt_sweep import sweep_prompts
 from posenc.experiments.extend.resource_usage import PeakMemory
 from posenc.models.llama import Llama
 
@@ -36,29 +37,9 @@ def ask(model: Llama, builder: PromptBuilder, cfg: ExtendConfig, length: int, de
 
 
 def run_passkey(cfg: ExtendConfig, model: Llama, builder: PromptBuilder, state: RunState, progress: Any) -> None:
-    """Fill state.passkey. A method that computes at a length what one already run computed (dynamic = none
-    inside the trained context; a map inside its plain_within) reuses those answers, marked `shared_with`."""
-    answered: dict[tuple, dict[str, Any]] = {}  # (computation key, length, depth, trial) -> record
-    for method in sweep_methods(model, cfg):
-        for length, depth, trial in cells(cfg):
-            same = (computation_key(model, method, length), length, depth, trial)
-            done = state.passkey.get(cell_id(method.name, length, depth, trial))
-            if done is not None:
-                answered.setdefault(same, done)
-                continue
-            twin = answered.get(same)
-            if twin is not None:
-                record = {**twin, "method": method.name, "shared_with": twin.get("shared_with", twin["method"])}
-            else:
-                progress.set_description(f"passkey {method.name} {length}")
-                use_method(model, method, length)
-                record, usage = ask(model, builder, cfg, length, depth, trial)
-                record["method"] = method.name
-                state.forward_done("passkey", length, usage)
-                progress.update(length)
-            answered[same] = record
-            state.prompt_done(record)
-    plain_model(model)
+    """Fill state.passkey: every method x length x depth x trial (prompt_sweep.sweep_prompts)."""
+    sweep_prompts(cfg, model, "passkey", cells(cfg), lambda cell: cell[0], state.passkey, cell_id,
+                  lambda cell: ask(model, builder, cfg, *cell), state.prompt_done, state, progress)
 
 
 def planned_prompts(cfg: ExtendConfig, model: Llama) -> list[tuple[int, bool]]:

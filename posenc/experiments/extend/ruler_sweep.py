@@ -12,8 +12,9 @@ import torch
 
 from posenc.experiments.extend.config import ExtendConfig
 from posenc.experiments.extend.long_context import greedy_answer
-from posenc.experiments.extend.model import computation_key, plain_model, sweep_methods, use_method
+from posenc.experiments.extend.model import computation_key, sweep_methods
 from posenc.experiments.extend.progress import RunState, ruler_cell_id
+from posenc.experiments.extend.prompt_sweep import sweep_prompts
 from posenc.experiments.extend.resource_usage import PeakMemory
 from posenc.models.llama import Llama
 
@@ -40,27 +41,9 @@ def ask(model: Llama, builder: RulerBuilder, cfg: ExtendConfig, task: str, lengt
 
 
 def run_ruler(cfg: ExtendConfig, model: Llama, builder: RulerBuilder, state: RunState, progress: Any) -> None:
-    answered: dict[tuple, dict[str, Any]] = {}  # (computation key, task, length, trial) -> record
-    for method in sweep_methods(model, cfg):
-        for task, length, trial in ruler_cells(cfg):
-            same = (computation_key(model, method, length), task, length, trial)
-            done = state.ruler.get(ruler_cell_id(method.name, task, length, trial))
-            if done is not None:
-                answered.setdefault(same, done)
-                continue
-            twin = answered.get(same)
-            if twin is not None:
-                record = {**twin, "method": method.name, "shared_with": twin.get("shared_with", twin["method"])}
-            else:
-                progress.set_description(f"ruler {method.name} {task} {length}")
-                use_method(model, method, length)
-                record, usage = ask(model, builder, cfg, task, length, trial)
-                record["method"] = method.name
-                state.forward_done("ruler", length, usage)
-                progress.update(length)
-            answered[same] = record
-            state.ruler_done(record)
-    plain_model(model)
+    """Fill state.ruler: every method x task x length x trial (prompt_sweep.sweep_prompts)."""
+    sweep_prompts(cfg, model, "ruler", ruler_cells(cfg), lambda cell: cell[1], state.ruler, ruler_cell_id,
+                  lambda cell: ask(model, builder, cfg, *cell), state.ruler_done, state, progress)
 
 
 def planned_ruler_prompts(cfg: ExtendConfig, model: Llama) -> list[tuple[int, bool, int]]:
