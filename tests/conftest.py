@@ -39,7 +39,10 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 def pytest_collection_modifyitems(config, items):
     """Files holding a slow test first, then the others by their number of tests. `make test` hands whole files to
     its two workers in this order (--dist loadfile --no-loadscope-reorder): xdist's own order (by number of tests)
-    handed the one-test interpreter files out last, and one worker ran them alone for the run's last ~40 s."""
+    handed the one-test interpreter files out last, and one worker ran them alone for the run's last ~40 s. Only in
+    xdist's workers: a run in one process (`make mutation`'s -x runs among them) keeps the files' own order."""
+    if not hasattr(config, "workerinput"):
+        return
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
     counts = collections.Counter(item.path for item in items)
     items.sort(key=lambda item: (item.path not in slow_files, -counts[item.path]))  # stable: a file stays in order
