@@ -139,8 +139,7 @@ void backward(const Attention& a, const Policy& policy, Partials& partials) {
     const int64_t tasks = a.B * a.Hkv, group = a.H / a.Hkv;
 #pragma omp parallel num_threads(a.threads) if (a.threads > 1 && tasks > 1)
     {
-        const FlushDenormals flush;
-        const int saved = blas_threads_local(1);
+        const KernelThread thread;
         Scratch w;
         w.p.resize(a.q_block * a.kv_block);
         w.dp.resize(a.q_block * a.kv_block);
@@ -152,7 +151,6 @@ void backward(const Attention& a, const Policy& policy, Partials& partials) {
             const int64_t b = task / a.Hkv, hk = task % a.Hkv;
             for (int64_t h = hk * group; h < (hk + 1) * group; ++h) head_backward(a, policy, b, h, mine, w);
         }
-        blas_threads_local(saved);
     }
 }
 

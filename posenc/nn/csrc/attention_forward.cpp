@@ -91,8 +91,7 @@ void forward(const Attention& a, const Bias& bias, const Mass& mass) {
     const int64_t q_blocks = (a.Tq + a.q_block - 1) / a.q_block, tasks = a.B * a.H * q_blocks;
 #pragma omp parallel num_threads(a.threads) if (a.threads > 1 && tasks > 1)
     {
-        const FlushDenormals flush;
-        const int saved = blas_threads_local(1);
+        const KernelThread thread;
         Scratch w;
         w.scores.resize(a.q_block * a.kv_block);
         w.acc.resize(a.q_block * a.D);
@@ -107,7 +106,6 @@ void forward(const Attention& a, const Bias& bias, const Mass& mass) {
             const int64_t q0 = a.causal ? (q_blocks - 1 - qb) * a.q_block : qb * a.q_block;  // longest first
             query_block(a, bias, mass, bh / a.H, bh % a.H, q0, std::min(a.q_block, a.Tq - q0), w);
         }
-        blas_threads_local(saved);
     }
 }
 

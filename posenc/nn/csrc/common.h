@@ -33,6 +33,14 @@ struct FlushDenormals {
 #endif
 };
 
+// What each thread of a kernel's parallel region holds while it runs: denormals flushed, and BLAS on this one
+// thread (the region's threads are the parallelism); both restored when it ends.
+struct KernelThread {
+    const FlushDenormals flush;
+    const int saved_blas_threads = blas_threads_local(1);
+    ~KernelThread() { blas_threads_local(saved_blas_threads); }
+};
+
 // Row-major C (m x n) = alpha * op(A) (m x k) @ op(B) (k x n) + beta * C.
 // A row-major matrix is the column-major transpose, so this is the column-major C^T = op(B)^T op(A)^T.
 static inline void gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,

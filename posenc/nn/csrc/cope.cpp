@@ -238,8 +238,7 @@ extern "C" int posenc_cope_forward(const Attention* a, const CopeArgs* c) {
     const int64_t q_blocks = (a->Tq + a->q_block - 1) / a->q_block, tasks = a->B * a->H * q_blocks;
 #pragma omp parallel num_threads(a->threads) if (a->threads > 1 && tasks > 1)
     {
-        const FlushDenormals flush;
-        const int saved = blas_threads_local(1);
+        const KernelThread thread;
         Scratch w(*a);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < tasks; ++task) {
@@ -247,7 +246,6 @@ extern "C" int posenc_cope_forward(const Attention* a, const CopeArgs* c) {
             const int64_t q0 = qb * a->q_block;
             forward_block(*a, *c, bh / a->H, bh % a->H, q0, std::min(a->q_block, a->Tq - q0), w);
         }
-        blas_threads_local(saved);
     }
     return 0;
 }
@@ -256,8 +254,7 @@ extern "C" int posenc_cope_backward(const Attention* a, const CopeArgs* c) {
     const int64_t tasks = a->B * a->Hkv, group = a->H / a->Hkv;
 #pragma omp parallel num_threads(a->threads) if (a->threads > 1 && tasks > 1)
     {
-        const FlushDenormals flush;
-        const int saved = blas_threads_local(1);
+        const KernelThread thread;
         Scratch w(*a);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < tasks; ++task) {
@@ -277,7 +274,6 @@ extern "C" int posenc_cope_backward(const Attention* a, const CopeArgs* c) {
                 }
             }
         }
-        blas_threads_local(saved);
     }
     return 0;
 }

@@ -60,13 +60,11 @@ extern "C" int posenc_attention_runs(const RunsArgs* a) {
     const int64_t tasks = a->B * a->Hkv;
 #pragma omp parallel num_threads(a->threads) if (a->threads > 1 && tasks > 1)
     {
-        const FlushDenormals flush;
-        const int saved = blas_threads_local(1);
+        const KernelThread thread;
         std::vector<float> scores(a->G * a->block), acc(a->G * a->D), max(a->G), sum(a->G);
 #pragma omp for schedule(static)
         for (int64_t task = 0; task < tasks; ++task)
             one_task(*a, task / a->Hkv, task % a->Hkv, scores.data(), acc.data(), max.data(), sum.data());
-        blas_threads_local(saved);
     }
     return 0;
 }
