@@ -8,7 +8,8 @@ that take the time.
 Cases (bf16 on a GPU): rope_backward (RoPE forward+backward, 1x32x4096x128), kerple_backward, relative_backward
 (T5's table trained per bucket inside dQ) and alibi_backward
 (attention forward+backward, B=4, T=4096, Dh 64, 16 heads), alibi_1k (the forward at B=16, T=1024: the launch-bound
-end), decode_none (the ordinary eager decode step of the 12 x 768 GPT against a 4k cache), self_extend_prompt and
+end), decode_none (the ordinary eager decode step of the 12 x 768 GPT against a 4k cache), train_step_none, _rope,
+_alibi and _kerple (the target table's training step of GPT-2 small, 8 x 1024 tokens), self_extend_prompt and
 lm_infinite_prompt_32k (a 16k / 32k prompt's attention under the map, Dh 128, GQA 32:8), static_step_rope_32k,
 static_step_self_extend_32k and static_step_dual_chunk_32k (the SmolLM2-shaped static decode step at a 32k cache, run
 eagerly: the kernels its graph replays), slot_triton_* and slot_torch_* (one layer's attention of that step under
@@ -26,7 +27,7 @@ from collections.abc import Callable
 import torch
 from torch.autograd import DeviceType
 
-from benchmarks.gpu_sections import _forward_backward, attention_cells
+from benchmarks.gpu_sections import _forward_backward, attention_cells, training_step
 from posenc.models import GPT, GPTConfig
 from posenc.nn import dispatch
 from posenc.registry import POSITION_MAPS
@@ -61,6 +62,17 @@ def decode_none(device, dtype, quick):
         with torch.no_grad():
             return model(token, cache=cache)
     return step
+
+
+def train_step(name: str):
+    """The GPU benchmark's training step (gpu_sections.train_rows: GPT-2 small, 12 x 768, 12 heads, 8 x 1024 tokens,
+    AdamW, autocast) under `name`: whether its distance to `none`'s (rope 0.76, alibi 0.65 on the H200) is host time
+    (a wall above the kernels' sum) or the kernels' own, and which kernels."""
+    def case(device, dtype, quick):
+        if quick:
+            return training_step(name, 2, 64, 2, 32, 2, device, dtype, vocab=256)
+        return training_step(name, 12, 768, 12, 1024, 8, device, dtype)
+    return case
 
 
 def static_step(name: str, context: int):
@@ -152,6 +164,7 @@ CASES: dict[str, Callable] = {
         name, backward, 16, 1024, device, dtype, quick)
        for name in ("fire", "cope") for suffix, backward in (("", False), ("_backward", True))},
     "decode_none": decode_none,
+    **{f"train_step_{name}": train_step(name) for name in ("none", "rope", "alibi", "kerple")},
     "self_extend_prompt": map_prompt({"type": "self_extend", "group_size": 8, "window": 1024}, 16384),
     "lm_infinite_prompt_32k": map_prompt({"type": "lm_infinite"}, 32768),
     "static_step_rope_32k": static_step("smollm2-shaped", 32768),

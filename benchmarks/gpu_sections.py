@@ -219,9 +219,9 @@ def _us(value: float | str) -> float | str:
     return value if isinstance(value, str) else 1e6 * value
 
 
-def _gpt(name: str, layers: int, d_model: int, heads: int, seq: int, device) -> GPT:
+def _gpt(name: str, layers: int, d_model: int, heads: int, seq: int, device, vocab: int = 50304) -> GPT:
     torch.manual_seed(0)
-    cfg = GPTConfig(vocab_size=50304, n_layer=layers, n_head=heads, d_model=d_model, max_seq_len=seq,
+    cfg = GPTConfig(vocab_size=vocab, n_layer=layers, n_head=heads, d_model=d_model, max_seq_len=seq,
                     position_embedding_type=name)
     return GPT(cfg).to(device)
 
@@ -233,26 +233,32 @@ def train_rows(schemes: list[str], layers: int, d_model: int, heads: int, seq: i
     base = None
     for name in ["none", *(s for s in schemes if s != "none")]:
         try:
-            model = _gpt(name, layers, d_model, heads, seq, device).train()
-            opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
-            data = torch.randint(0, 50304, (batch, seq + 1), device=device)
+            step = training_step(name, layers, d_model, heads, seq, batch, device, dtype)
         except torch.OutOfMemoryError:
             sink("train", {"scheme": name, "ms/step": "OOM", "tokens/s": "OOM", "x none": float("nan")})
             continue
-
-        def step(model=model, opt=opt, data=data):
-            with torch.autocast(device.type, dtype=dtype):
-                loss = F.cross_entropy(model(data[:, :-1]).flatten(0, 1).float(), data[:, 1:].flatten())
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-
         result = timed(step, device, repeats)
         base = result if name == "none" else base
         tokens = float("nan") if isinstance(result, str) else batch * seq / result
         sink("train", {"scheme": name, "ms/step": _ms(result), "tokens/s": tokens,
                        "x none": _ratio(base, result) if base is not None else float("nan")})
-        del model, opt
+        del step
+
+
+def training_step(name: str, layers: int, d_model: int, heads: int, seq: int, batch: int, device, dtype,
+                  vocab: int = 50304) -> Callable[[], None]:
+    """One AdamW step of a fresh GPT under `name` on a fixed batch (batch, seq) of tokens, under autocast."""
+    model = _gpt(name, layers, d_model, heads, seq, device, vocab).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
+    data = torch.randint(0, vocab, (batch, seq + 1), device=device)
+
+    def step() -> None:
+        with torch.autocast(device.type, dtype=dtype):
+            loss = F.cross_entropy(model(data[:, :-1]).flatten(0, 1).float(), data[:, 1:].flatten())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return step
 
 
 def _decode_steps(models: dict[str, Callable[[], GPT]], context: int, repeats: int, device, section: str,
@@ -362,4 +368,4 @@ def map_decode_rows(maps: list[str], context: int, layers: int, d_model: int, he
 
 
 __all__ = ["MAP_SPECS", "attention_rows", "decode_rows", "map_decode_rows", "map_rows", "rope_rows", "seconds",
-           "timed", "train_rows"]
+           "timed", "train_rows", "training_step"]
