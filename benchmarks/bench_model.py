@@ -4,6 +4,7 @@ a training step (forward, backward, AdamW), an inference forward with its peak m
 from __future__ import annotations
 
 import statistics
+import time
 
 import torch
 import torch.nn.functional as F
@@ -91,6 +92,58 @@ def _decoder(name: str, ctx: int, new_tokens: int, d_model: int, layers: int, he
             state["token"] = model(state["token"], cache=cache)[:, -1:].argmax(-1)
 
     return step
+
+
+def _static_steps(name: str, ctx: int, new_tokens: int, d_model: int, layers: int, heads: int) -> dict:
+    """Three decoders of one model continuing one prefilled cache: the ordinary step, the static step eager and the
+    static step with its part (b) compiled (posenc.models.static_decode); each call decodes one more token. The
+    compiled decoder's first step (the compile) is timed as 'compile s'."""
+    from posenc.models.static_decode import StaticDecoder
+
+    model = _model(name, ctx + new_tokens + 8, d_model, layers, heads).eval()
+    prompt = torch.randint(0, 256, (1, ctx), generator=torch.Generator().manual_seed(0))
+    cache = model.new_cache()
+    with torch.no_grad():
+        for start in range(0, ctx, PREFILL_CHUNK):
+            logits = model(prompt[:, start : start + PREFILL_CHUNK], cache=cache)
+    first = logits[:, -1:].argmax(-1)  # (1,1)
+    steps = {}
+    for path, compiled in (("static", False), ("compiled", True)):
+        decoder = StaticDecoder(model, 1, ctx + new_tokens + 4, cuda_graph=False, compiled=compiled)
+        decoder.load(cache, prompt, torch.arange(ctx)[None])
+        state = {"token": first}
+
+        def step(decoder=decoder, state=state):
+            state["token"] = decoder.step(state["token"]).argmax(-1, keepdim=True)
+        steps[path] = step
+    started = time.perf_counter()
+    steps["compiled"]()
+    compile_seconds = time.perf_counter() - started
+    state = {"token": first}
+
+    def ordinary():
+        with torch.no_grad():
+            state["token"] = model(state["token"], cache=cache)[:, -1:].argmax(-1)
+    return {"ordinary": ordinary, **steps, "compile s": compile_seconds}
+
+
+def static_decode_rows(schemes: list[str], contexts: list[int], new_tokens: int, d_model=256, layers=4,
+                       heads=8) -> list[dict]:
+    """The decode step captured whole on the CPU: per scheme the ordinary step, the static step eager and compiled
+    (ms per token, medians of interleaved rounds), the compile's seconds, and the compiled step's per-token ratio
+    to `none`'s compiled step (median, quartiles) and to the scheme's own ordinary step."""
+    rows = []
+    for ctx in contexts:
+        built = {name: _static_steps(name, ctx, new_tokens + 4, d_model, layers, heads) for name in schemes}
+        calls = {(name, path): fn for name, steps in built.items() for path, fn in steps.items() if path != "compile s"}
+        times = interleaved_times(calls, new_tokens, warmup=2)
+        for name, steps in built.items():
+            middle, low, high = ratio_spread(times[(name, "compiled")], times[("none", "compiled")])
+            ms = {path: 1e3 * statistics.median(times[(name, path)]) for path in ("ordinary", "static", "compiled")}
+            rows.append({"context": ctx, "scheme": name, **{f"{path} ms": v for path, v in ms.items()},
+                         "compile s": steps["compile s"], "x none": middle, "quartiles": f"{low:.2f}-{high:.2f}",
+                         "x ordinary": ms["compiled"] / ms["ordinary"]})
+    return rows
 
 
 def decode_rows(schemes: list[str], contexts: list[int], new_tokens: int, d_model=256, layers=4,

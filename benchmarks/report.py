@@ -79,6 +79,7 @@ def _decode_table(section: str, label: str, base: str, target: Callable[[str], f
 
 
 decode_table = _decode_table("decode", "scheme", "none", targets.decode_target)
+static_decode_table = _decode_table("static_decode", "scheme", "none", targets.decode_target)
 map_decode_table = _decode_table("map_decode", "map", "rope", targets.map_decode_target)
 
 
@@ -103,6 +104,13 @@ SECTIONS = {
                    "the cache (4x), under each map (Self-Extend G 8, W an eighth of the trained length; the others at "
                    "their defaults): median latency of one new token, the per-token ratio to plain RoPE's step "
                    "(median and quartiles, as above). Target (issue 34): every map <= 1.3x.", map_decode_table),
+    "static_decode": ("Decode step captured whole", "The decode section's model and cache through "
+                      "posenc.models.static_decode (a fixed cache, the position terms computed once per step for "
+                      "every layer): `ordinary ms` the ordinary cached step, `static ms` the static step eager, "
+                      "`compiled ms` with its fixed-shape part under torch.compile (`compile s`: its first step); "
+                      "`x none` the compiled step's per-token ratio to `none`'s compiled step (median, `quartiles`), "
+                      "`x ordinary` its ratio to the scheme's own ordinary step. Schemes the static step serves. "
+                      "Target: every scheme <= 1.1x.", static_decode_table),
     "rope": ("RoPE on q and k", "Time to rotate q and k; `x copy` is the ratio to cloning the same bytes (the "
              "floor), `x posenc` the ratio to posenc. Target: posenc <= 1.5x copy, and >= 2x faster than "
              "transformers.", None),
@@ -114,13 +122,16 @@ ISA_ORDER = ("avx512", "avx2")
 
 def section(results: dict, baseline: dict | None = None) -> str:
     """One machine kind's section: what it ran on, then a table per benchmark."""
+    runs = results.get("runs", {})
     parts = [f"\n## CPU: {label(results['machine'])}\n\n",
-             f"{results['seconds']:.0f} s. Every ratio comes from this one run"]
+             "Every ratio comes from one run of its section (its date beside its title where the results record "
+             "one), all of its rows measured side by side"]
     parts.append(f"; `(was x)`: the same harness on {baseline['label']}.\n" if baseline else ".\n")
     for key, (title, note, shape) in SECTIONS.items():
         if key in results:
             rows = shape(results[key], baseline) if shape else results[key]
-            parts += [f"\n### {title}\n", f"{note}\n\n", table(rows)]
+            when = f" ({runs[key]})" if key in runs else ""
+            parts += [f"\n### {title}{when}\n", f"{note}\n\n", table(rows)]
     return "".join(parts)
 
 

@@ -36,15 +36,21 @@ class CausalGeneration:
     @torch.no_grad()
     def generate(self, input_ids: Tensor, max_new_tokens: int, use_cache: bool = True,
                  temperature: float = 0.0, top_k: int | None = None, position_ids: Tensor | None = None,
-                 generator: torch.Generator | None = None, static_cache: bool = False) -> Tensor:
+                 generator: torch.Generator | None = None, static_cache: bool = False,
+                 compiled: bool = False) -> Tensor:
         """Greedy (temperature 0) or sampled continuation; returns (B, T + max_new_tokens). static_cache: decode
-        through posenc.models.static_decode (a fixed cache; each step a CUDA graph's replay on CUDA)."""
+        through posenc.models.static_decode (a fixed cache; each step a CUDA graph's replay on CUDA); compiled: its
+        step under torch.compile instead (on the CPU 0.79-0.93x the ordinary step's time at a 4k cache after a
+        compile of seconds: BENCHMARKS.md, "Decode step captured whole")."""
         check_sampling(max_new_tokens, temperature, top_k)
         check_token_ids(input_ids, self.cfg.vocab_size)
+        if compiled and not static_cache:
+            raise bad_value("compiled", compiled, "False unless static_cache=True (the step it compiles)")
         if static_cache:
             if not use_cache:
                 raise bad_value("static_cache", static_cache, "False when use_cache is False")
-            return self._generate_static(input_ids, max_new_tokens, temperature, top_k, position_ids, generator)
+            return self._generate_static(input_ids, max_new_tokens, temperature, top_k, position_ids, generator,
+                                         compiled)
         b, t = input_ids.shape
         pos = (torch.arange(t, device=input_ids.device).expand(b, t) if position_ids is None
                else check_positions(position_ids.to(input_ids.device), input_ids))
@@ -62,11 +68,12 @@ class CausalGeneration:
         return ids
 
     def _generate_static(self, input_ids: Tensor, max_new_tokens: int, temperature: float, top_k: int | None,
-                         position_ids: Tensor | None, generator: torch.Generator | None) -> Tensor:
+                         position_ids: Tensor | None, generator: torch.Generator | None, compiled: bool) -> Tensor:
         from posenc.models.static_decode import StaticDecoder  # it imports this module's siblings
 
         b, t = input_ids.shape
-        decoder = StaticDecoder(self, b, t + max(max_new_tokens, 1))
+        decoder = StaticDecoder(self, b, t + max(max_new_tokens, 1), cuda_graph=False if compiled else None,
+                                compiled=compiled)
         logits, tokens = decoder.prefill(input_ids, position_ids), [input_ids]
         for step in range(max_new_tokens):
             tokens.append(pick_token(logits, temperature, top_k, generator))  # (B,1)

@@ -9,23 +9,30 @@ step is split in two:
   (b) the rest: embeddings, every layer's projections, the rotation read from (a)'s tables, the new k, v written into
       the fixed cache at a slot held in a device tensor, attention over every slot with (a)'s row, the MLPs, the
       head. (b) reads nothing back to the host and has fixed shapes: on CUDA it is captured once into a CUDA graph
-      (warm-up on a side stream, as torch.cuda.graphs' docs ask) and replayed at every step; on the CPU it runs
-      eagerly.
+      (warm-up on a side stream, as torch.cuda.graphs' docs ask) and replayed at every step; elsewhere it runs
+      eagerly, or compiled (compiled=True: torch.compile of (b) as one graph, the rotation as its formula, which the
+      compiler fuses).
 
 Which schemes are served is decided by posenc.nn.dispatch (static_refusal, static_map_refusal): those whose terms
 positions alone decide, a rotary scheme under a position map among them (its terms: posenc.models.static_map_terms;
 its (a) reads nothing back and allocates nothing by the cache's length, so it can run ahead of the device). On the
 CPU the static step is opt-in (generate(static_cache=True)) and pays only in host operators: under a map it issues
 ~30% fewer operators than the ordinary step and no host reads, but scores every slot under every map where the
-ordinary map_decode scores only the keys each map attends (benchmarks/map_decode_ops.py --static).
+ordinary map_decode scores only the keys each map attends (benchmarks/map_decode_ops.py --static). Compiled, it
+pays on the CPU for every scheme it serves: 0.79-0.93x the ordinary step at a 4k cache in BENCHMARKS.md's "Decode
+step captured whole" (the 4 x 256 GPT; `python -m benchmarks.run --sections static_decode`), each within 0.95-1.06x
+`none`'s compiled step, after a first step that compiles (~8 s cold on 2 cores, under a second from the compiler's
+cache).
 
     decoder = StaticDecoder(model, batch=1, max_len=4096)
     logits = decoder.prefill(input_ids)          # (B, V): the ordinary eager prefill, its cache copied in
     logits = decoder.step(next_token)            # (B, V), next_token (B, 1)
+    StaticDecoder(model, 1, 4096, compiled=True)  # on the CPU: (b) compiled at the first step
 """
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable
 
 import torch
@@ -78,13 +85,18 @@ class StaticDecoder:
     """A model's decoding through a fixed cache of max_len tokens for `batch` rows; cuda_graph None: capture the step
     where the model is on CUDA."""
 
-    def __init__(self, model: nn.Module, batch: int, max_len: int, cuda_graph: bool | None = None) -> None:
+    def __init__(self, model: nn.Module, batch: int, max_len: int, cuda_graph: bool | None = None,
+                 compiled: bool = False) -> None:
         check_model(model)
         self.batch, self.max_len = _positive("batch", batch), _positive("max_len", max_len)
         weight = next(model.parameters())
         if cuda_graph and weight.device.type != "cuda":
             raise bad_value("cuda_graph", cuda_graph, f"None or False for a model on {weight.device.type}")
         self.model, self.graphed = model, weight.device.type == "cuda" if cuda_graph is None else cuda_graph
+        if not isinstance(compiled, bool) or (compiled and self.graphed):
+            raise bad_value("compiled", compiled, "True or False; False where the step is a CUDA graph's replay "
+                            "(cuda_graph=False to compile it instead)")
+        self._heavy = _compiled(self) if compiled else self.heavy
         slots = -(-max_len // SLOT_MULTIPLE) * SLOT_MULTIPLE
         shapes = [layer_shape(block.attn) for block in model.blocks]
         schemes = [model.layer_scheme(i) for i in range(len(shapes))]
@@ -134,6 +146,7 @@ class StaticDecoder:
         if self.terms.maps:  # the maps' turn tables reach the last step's positions (one host read, not per step)
             self._check_reach(int(position_ids[:, -1].max()) + self.max_len - t)
         self.cache.load(cache, t)
+        self.terms.restart()
         self.terms.positions[:, :t].copy_(position_ids)
         self.terms.tokens[:, :t].copy_(input_ids)
         self.terms.load(cache, t)
@@ -156,7 +169,7 @@ class StaticDecoder:
         self.terms.write(n)  # (a)
         if self._layers is None:
             self._layers = self.terms.layer_schemes(self.model.schemes.dims)
-        logits = self._graphed() if self.graphed else self.heavy()  # (b)
+        logits = self._graphed() if self.graphed else self._heavy()  # (b)
         self.length = n + 1
         return logits
 
@@ -176,6 +189,16 @@ class StaticDecoder:
             self._graph, self._out = capture(self.heavy)
         self._graph.replay()
         return self._out.clone()  # the graph's output is overwritten by the next replay
+
+
+def _compiled(decoder: StaticDecoder) -> Callable[[], Tensor]:
+    """decoder.heavy under torch.compile, as one graph (fullgraph: a break fails at the first step instead of leaving
+    part of the step to Python). It runs a code object of its own: torch.compile keeps what it compiled per code
+    object, up to a limit of recompiles (8) past which fullgraph fails, and every decoder's buffers (another max_len,
+    another model) recompile; with its own code each decoder has its own count."""
+    heavy = StaticDecoder.heavy
+    own = types.FunctionType(heavy.__code__.replace(), heavy.__globals__, heavy.__name__)
+    return torch.compile(types.MethodType(own, decoder), fullgraph=True, dynamic=False)
 
 
 def capture(fn: Callable[[], Tensor]) -> tuple[torch.cuda.CUDAGraph, Tensor]:

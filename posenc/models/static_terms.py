@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from posenc.models.static_map_terms import MapTerms
 from posenc.nn import dispatch
 from posenc.nn.call import Call
-from posenc.nn.kv_cache import KVCache
+from posenc.nn.kv_cache import APPEND_ONLY, AppendOnly, KVCache
 from posenc.nn.static_attention import MapSlots, SlotAttention, map_rotate, slot_attention
 from posenc.nn.static_cache import StaticKVCache
 from posenc.rotary import apply_rotary
@@ -116,6 +116,7 @@ class StepTerms:
         self.rows: dict[tuple[int, int | None], Tensor] = {}  # per (scheme instance, window)
         self.maps = {id(scheme): MapTerms(scheme, shape.head_dim, batch, slots, dtype, device)
                      for scheme, shape in zip(schemes, shapes, strict=True) if dispatch.static_by_map(type(scheme))}
+        self.restart()
 
     def kinds(self) -> dict[tuple[int, int | None], int]:
         """(scheme instance, window) -> the first layer of that kind."""
@@ -142,18 +143,29 @@ class StepTerms:
         """The terms of a step whose token (self.token) and position (self.positions[:, n]) sit at slot n; the
         slots before it hold the earlier tokens."""
         self.tokens[:, n : n + 1].copy_(self.token)
-        # every slot framed (a fixed shape; frame() is per position, from the first key at most), the filled ones read
-        q, every = self.framing.frame(self.positions[:, n : n + 1], self.positions)  # (B,1), (B,L)
-        k = every[:, : n + 1]  # (B,n+1)
+        # the filled slots framed: the leading entries of an append-only buffer (restart), so the framing and the
+        # rows' checks of their positions read only the new slot (from_first_entry, row_paths.position_offsets)
+        q, k = self.framing.frame(self.positions[:, n : n + 1], self.positions[:, : n + 1])  # (B,1), (B,n+1)
         if self.embedding is not None:
             self.embedding.copy_(self.framing.embed(self._zeros, q, input_ids=self.tokens[:, : n + 1]))
         for scheme in {id(s): s for s in self.schemes if id(s) not in self.maps}.values():
             self._write_tables(scheme, q)
         for (key, window), layer in self.kinds().items():
             self._write_row(key, window, layer, q, k, n)
-        for terms in self.maps.values():
-            terms.write(q, every, n)
+        if self.maps:  # every slot framed (a fixed shape; frame() is per position, from the first key at most)
+            every = self.framing.frame(self.positions[:, n : n + 1], self.positions)[1]  # (B,L)
+            for terms in self.maps.values():
+                terms.write(q, every, n)
         self.cache.slot.fill_(n)
+
+    def restart(self) -> None:
+        """Slots from 0 anew (a prefill's load). The rows go back to -inf: a step writes slots 0..n only, so a run
+        shorter than the last would read that run's later slots. The positions buffer is append-only until the next
+        restart (a step writes the slot after the last filled one), under a new name, so nothing read from the
+        previous run's positions is trusted for this one."""
+        for row in self.rows.values():
+            row.fill_(float("-inf"))
+        setattr(self.positions, APPEND_ONLY, AppendOnly())
 
     def load(self, cache: KVCache, t: int) -> None:
         """The keys of the layers under a map, from an ordinary cache's first t raw keys (their positions in

@@ -118,13 +118,15 @@ package (posenc.rotary._core.ROTATION_KERNELS: rotary/ imports nn/, never the re
 names only. The key is (device, dtype, grad):
   device  cuda: Triton's rotary kernel takes x with these tables (a CUDA tensor, or the interpreter's CPU tensor,
           in a table layout it reads: posenc.rotary._fast.triton_fits); cpu: another CPU tensor; other: the rest
-          (a CUDA tensor in a layout the Triton kernel does not read, or another device)
+          (a CUDA tensor in a layout the Triton kernel does not read, or another device); traced: any tensor while
+          torch.compile traces (a compiled decode step), which fuses the formula's operators itself
   grad    none; x: a gradient to x only, the kernels run forward and by the opposite angle backward inside one
           autograd function (rotation_function); tables: cos/sin carry parameters (learned), the formula left to
           autograd (formula), never on the Triton kernel
 Kernels decline (None) where their own condition fails: native wants float32 on the CPU with the native library
 built, complex interleaved pairs whose strides allow a complex view, compiled half-split pairs of at least
-COMPILE_MIN_ELEMENTS elements and torch.compile working; triton always serves on its key, eager and formula always.
+COMPILE_MIN_ELEMENTS elements and torch.compile working; triton always serves on its key, eager, traced and formula
+always.
 
     device  dtypes             computes in  grad none (x: the same in rotation_function)   grad tables
     ------  -----------------  -----------  ---------------------------------------------  -----------
@@ -135,6 +137,8 @@ COMPILE_MIN_ELEMENTS elements and torch.compile working; triton always serves on
     cpu     bfloat16 float16   float32      native complex compiled eager                  formula
     other   float32 float64    own dtype    complex compiled eager                         formula
     other   bfloat16 float16   float32      complex compiled eager                         formula
+    traced  float32 float64    own dtype    traced                                         formula
+    traced  bfloat16 float16   float32      traced                                         formula
 
 (native is first on cuda for the interpreter's CPU float32 tensors, which it serves before Triton; it declines a
 CUDA tensor.) Any other dtype computes in float32 when narrower than 4 bytes and tries every kernel in order.
@@ -153,6 +157,18 @@ from posenc.nn import triton as gpu
 from posenc.nn.call import Call, needs_grad
 from posenc.position_map import MappedScheme
 from posenc.scheme import Scheme, cast, materialises_bias
+
+
+def constant(decide: Callable) -> Callable:
+    """A decision of this module: a pure function of its arguments, answered once per key (functools.cache). A
+    compiled step (posenc.models.static_decode) takes its answer while tracing, as a constant: torch.compile would
+    otherwise trace through the cache's wrapper (and warn that it does)."""
+    cached = functools.cache(decide)
+
+    def answer(*args, **kwargs):
+        return cached(*args, **kwargs)
+    return torch.compiler.assume_constant_result(functools.update_wrapper(answer, decide))
+
 
 KERNELS: dict[str, Callable[[Call], Tensor | None]] = {
     "sdpa": bias_paths.plain,  # SDPA's own kernels (a CPU decode in half precision: float32)
@@ -259,12 +275,14 @@ ROTATION_RULES: tuple[tuple[str, tuple[torch.dtype, ...], torch.dtype | None, tu
     ("cpu", (torch.bfloat16, torch.float16), torch.float32, ("native", "complex", "compiled", "eager")),
     ("other", (torch.float32, torch.float64), None, ("complex", "compiled", "eager")),
     ("other", (torch.bfloat16, torch.float16), torch.float32, ("complex", "compiled", "eager")),
+    ("traced", (torch.float32, torch.float64), None, ("traced",)),  # under torch.compile: the formula, fused by it
+    ("traced", (torch.bfloat16, torch.float16), torch.float32, ("traced",)),
 )
 ROTATION_EVERY = ("native", "triton", "complex", "compiled", "eager")  # a dtype without a rule: each declines itself
 ROTATION_GRADS = ("none", "x", "tables")
 
 
-@functools.cache
+@constant
 def rotation_plan(device: str, dtype: torch.dtype, grad: str) -> tuple[torch.dtype | None, tuple[str, ...]]:
     """(the dtype x is rotated in, None: its own; the rotation kernels tried in order) for RoPE's key."""
     default = (torch.float32 if dtype.itemsize < 4 else None), ROTATION_EVERY
@@ -279,7 +297,7 @@ def _overrides(cls: type[Scheme], hook: str) -> bool:
     return getattr(cls, hook) is not getattr(Scheme, hook)
 
 
-@functools.cache
+@constant
 def form_of(cls: type[Scheme], attends: bool = True) -> str:
     """The scheme class's bias form (the first of FORMS that its hooks give); attends=False: ignoring attend()."""
     if issubclass(cls, MappedScheme):
@@ -323,7 +341,7 @@ def static_by_map(cls: type[Scheme]) -> bool:
     return form_of(cls) == "mapped"
 
 
-@functools.cache
+@constant
 def slot_plan(device: str, dtype: torch.dtype) -> tuple[str, ...]:
     """The static step's attentions under a map tried in order for (device, dtype) (SLOT_RULES)."""
     return next((kernels for rule_device, dtypes, kernels in SLOT_RULES if rule_device == device and dtype in dtypes),
@@ -372,7 +390,7 @@ def device_of(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> str:
     return kind
 
 
-@functools.cache
+@constant
 def plan(cls: type[Scheme], device: str, dtype: torch.dtype, grad: bool, decode: bool) -> tuple[str, ...]:
     """The kernels tried, in order, for a scheme class and a key: the whole decision."""
     form = form_of(cls)
@@ -462,7 +480,7 @@ def table(classes: dict[str, type[Scheme]], devices: tuple[str, ...] = ("cpu", "
     return rows
 
 
-def rotation_table(devices: tuple[str, ...] = ("cuda", "cpu", "other"),
+def rotation_table(devices: tuple[str, ...] = ("cuda", "cpu", "other", "traced"),
                    dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
                    ) -> list[tuple]:
     """(device, dtype, grad, computes in, kernels) for RoPE's rotation; on cuda only the keys it is asked (Triton

@@ -97,8 +97,10 @@ def rotation_grad(x: Tensor, cos: Tensor, sin: Tensor) -> str:
 
 
 def rotation_device(x: Tensor, cos: Tensor, sin: Tensor, grad: str) -> str:
-    """The device of the rotation's key: cuda where the Triton kernel takes x with these tables (and they are not
-    learned), cpu for another CPU tensor, other for the rest."""
+    """The device of the rotation's key: traced while torch.compile traces, cuda where the Triton kernel takes x
+    with these tables (and they are not learned), cpu for another CPU tensor, other for the rest."""
+    if torch.compiler.is_compiling():  # traced by torch.compile (a compiled decode step): no native code, no out=
+        return "traced"
     if x.is_cpu and not gpu.interpreting():  # the common case first: Triton serves no CPU tensor but the interpreter's
         return "cpu"
     if grad != "tables" and _fast.triton_fits(x, cos, sin):
@@ -179,6 +181,12 @@ def _eager(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, sign: float) 
     return out
 
 
+def _traced(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, sign: float) -> Tensor:
+    """The formula as plain operators, for torch.compile to trace and fuse (it traces no native call and no write
+    into an out= view); the products and sums round as _eager's do."""
+    return apply_rotary_autograd(x, cos, _signed(sin, sign), interleaved)
+
+
 def apply_rotary_autograd(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False) -> Tensor:
     """The plain formula, differentiated by autograd: the reference for apply_rotary's gradients."""
     rot_dim = 2 * cos.shape[-1]
@@ -203,6 +211,7 @@ ROTATION_KERNELS: dict[str, Callable[..., Tensor | None]] = {
     "complex": _complex,
     "compiled": _compiled,
     "eager": _eager,
+    "traced": _traced,
     "rotation_function": lambda x, cos, sin, interleaved, kernels: _Rotate.apply(x, cos, sin, interleaved, kernels),
     "formula": lambda x, cos, sin, interleaved, kernels: apply_rotary_autograd(x, cos, sin, interleaved),
 }

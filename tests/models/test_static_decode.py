@@ -148,12 +148,83 @@ def test_bad_input_is_one_line_before_any_work(monkeypatch):
              (lambda: decoder.step(torch.zeros(2, 2, dtype=torch.int64)), "token=.*shape \\(2, 1\\)"),
              (lambda: StaticDecoder(model, 0, 8), "batch=0"),
              (lambda: StaticDecoder(model.train(), 2, 8), "model.training=True"),
+             (lambda: StaticDecoder(model, 2, 8, compiled=1), "compiled=1 .*True or False"),
              (lambda: StaticDecoder(gpt("learned_absolute"), 1, 65), "max_len=65 .*position")]
     for call, pattern in cases:
         with pytest.raises(ValueError, match=pattern) as err:
             call()
         assert "\n" not in str(err.value)
         model.eval()
+
+
+def test_a_decoder_prefilled_again_forgets_the_positions_of_its_first_prompt():
+    """The positions buffer is append-only between prefills (what the rows' checks and FIRE's frame read of it is
+    kept): a second prompt, whose positions skip (a packed layout the fast rows refuse), decodes as a fresh
+    decoder does and as the ordinary cached step does, after a first prompt whose positions counted up by one."""
+    for name in ("alibi", "fire"):
+        model = gpt(name)
+        again = StaticDecoder(model, 2, 24)
+        token = again.prefill(prompt()).argmax(-1, keepdim=True)
+        for _ in range(4):
+            token = again.step(token).argmax(-1, keepdim=True)
+        second, positions = prompt(seed=2), torch.tensor([[0, 1, 2, 9, 10], [3, 4, 5, 6, 20]])
+        fresh = StaticDecoder(model, 2, 24)
+        got, want = again.prefill(second, positions), fresh.prefill(second, positions)
+        cache = model.new_cache()
+        with torch.no_grad():
+            ordinary = model(second, positions, cache)[:, -1]
+        for step in range(5):
+            torch.testing.assert_close(got, want, rtol=0, atol=0, msg=lambda m, s=step, n=name: f"{n} step {s}: {m}")
+            torch.testing.assert_close(got, ordinary, rtol=0, atol=ATOL, msg=lambda m, s=step, n=name: f"{n} {s}: {m}")
+            token, positions = got.argmax(-1, keepdim=True), positions[:, -1:] + 1
+            got, want = again.step(token), fresh.step(token)
+            with torch.no_grad():
+                ordinary = model(token, positions, cache)[:, -1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["alibi", "fire", "rope", "gemma3"])
+def test_the_compiled_step_decodes_as_the_eager_step(name):
+    """On the CPU, part (b) under torch.compile (one graph, fullgraph) gives the eager static step's logits and the
+    ordinary decoding's greedy tokens, step after step; a second decoder of other shapes compiles its own step
+    (under a recompile limit of 1: decoders that shared one compiled function would fail at the second)."""
+    model = gemma_like() if name == "gemma3" else gpt(name)
+    for max_len in (24, 40):
+        want, tokens = cached_logits(model, prompt(), STEPS)
+        compiled, eager = StaticDecoder(model, 2, max_len, compiled=True), StaticDecoder(model, 2, max_len)
+        torch.testing.assert_close(compiled.prefill(prompt()), eager.prefill(prompt()), rtol=0, atol=0)
+        for step, token in enumerate(tokens, start=1):
+            with torch._dynamo.config.patch(recompile_limit=1):
+                got = compiled.step(token)
+            torch.testing.assert_close(got, eager.step(token), rtol=0, atol=1e-12, msg=lambda m, s=step: f"{s}: {m}")
+            assert torch.equal(got.argmax(-1), want[step].argmax(-1)), f"greedy token differs at step {step}"
+
+
+@pytest.mark.slow
+def test_generate_with_a_compiled_static_step_gives_the_cached_tokens():
+    model, ids = gpt("alibi"), prompt()
+    assert torch.equal(model.generate(ids, 12, static_cache=True, compiled=True), model.generate(ids, 12))
+
+
+def test_compiled_without_a_static_cache_is_refused_before_any_work(monkeypatch):
+    model = gpt("alibi")
+    monkeypatch.setattr(model, "new_cache", lambda: pytest.fail("work started"))
+    with pytest.raises(ValueError, match=r"compiled=True .*static_cache=True") as err:
+        model.generate(prompt(), 4, compiled=True)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [*served_schemes(), "gemma3"])
+def test_the_fixed_shape_part_of_the_step_is_one_graph_for_every_served_scheme(name):
+    """What compiled=True compiles traces whole: one graph, no break, for every scheme the static step serves (a
+    break would leave that part to Python at every step; fullgraph=True makes it an error at the first step)."""
+    model = gemma_like() if name == "gemma3" else gpt(name)
+    decoder = StaticDecoder(model, 2, 24)
+    decoder.step(decoder.prefill(prompt()).argmax(-1, keepdim=True))  # the first step allocates the buffers
+    with torch.no_grad():
+        explained = torch._dynamo.explain(decoder.heavy)()
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
 
 
 def test_a_full_cache_is_refused():
