@@ -15,14 +15,16 @@ step is split in two:
 
 Which schemes are served is decided by posenc.nn.dispatch (static_refusal, static_map_refusal): those whose terms
 positions alone decide, a rotary scheme under a position map among them (its terms: posenc.models.static_map_terms;
-its (a) reads nothing back and allocates nothing by the cache's length, so it can run ahead of the device). On the
-CPU the static step is opt-in (generate(static_cache=True)) and pays only in host operators: under a map it issues
-~30% fewer operators than the ordinary step and no host reads, but scores every slot under every map where the
-ordinary map_decode scores only the keys each map attends (benchmarks/map_decode_ops.py --static). Compiled, it
-pays on the CPU for every scheme it serves: 0.79-0.93x the ordinary step at a 4k cache in BENCHMARKS.md's "Decode
-step captured whole" (the 4 x 256 GPT; `python -m benchmarks.run --sections static_decode`), each within 0.95-1.06x
-`none`'s compiled step, after a first step that compiles (~8 s cold on 2 cores, under a second from the compiler's
-cache).
+its (a) reads nothing back and allocates nothing by the cache's length, so it can run ahead of the device), and
+those whose rows per query are one product of q with a table that positions pick rows of (Shaw, Transformer-XL:
+posenc.models.static_relative_terms). On the CPU the static step is opt-in (generate(static_cache=True)) and pays
+only in host operators: under a map it issues ~30% fewer operators than the ordinary step and no host reads, but
+scores every slot under every map where the ordinary map_decode scores only the keys each map attends
+(benchmarks/map_decode_ops.py --static). Compiled, it pays on the CPU for every scheme it serves: 0.79-0.91x the
+ordinary step at a 4k cache in BENCHMARKS.md's "Decode step captured whole" (the 4 x 256 GPT; `python -m
+benchmarks.run --sections static_decode`), 0.96-1.02x `none`'s compiled step for the schemes whose terms positions
+decide, 1.13x for Shaw (its value term needs the weights in memory) and 1.37x for Transformer-XL (its table is as
+large as the keys), after a first step that compiles (5-9 s on 2 cores, under a second from the compiler's cache).
 
     decoder = StaticDecoder(model, batch=1, max_len=4096)
     logits = decoder.prefill(input_ids)          # (B, V): the ordinary eager prefill, its cache copied in
@@ -149,7 +151,8 @@ class StaticDecoder:
         self.terms.restart()
         self.terms.positions[:, :t].copy_(position_ids)
         self.terms.tokens[:, :t].copy_(input_ids)
-        self.terms.load(cache, t)
+        if self.terms.load(cache, t):  # buffers the step's layers read have moved: layers and graph anew
+            self._layers, self._graph, self._out = None, None, None
         self.length = t
 
     @torch.no_grad()

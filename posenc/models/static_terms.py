@@ -7,6 +7,8 @@ Per step, for the new token at slot n (positions as the model's stack frames the
   rotation   each rotating scheme's RotationTables at the new position (queries and the new key)   (B,1,1,R/2)
   rows       per (scheme, window) of the layers: the bias row a decode step adds (dispatch.step_bias_row), or 0,
              over slots 0..n; -inf on the slots not yet filled and on keys at distance >= the window   (B,H|1,1,L)
+  relative   per scheme with rows per query (dispatch.static_by_table): its table over the span the slots can hold
+             and each slot's row of it (RelativeTerms, static_relative_terms.py), beside a row of 0 / -inf
   maps       per scheme under a position map (dispatch.static_by_map): its MapTerms (static_map_terms.py), in
              place of the tables and the row; its layers attend through MapStepScheme
 Notation as in posenc.nn.attention; L the cache's slots.
@@ -20,10 +22,18 @@ import torch
 from torch import Tensor, nn
 
 from posenc.models.static_map_terms import MapTerms
+from posenc.models.static_relative_terms import RelativeTerms
 from posenc.nn import dispatch
 from posenc.nn.call import Call
 from posenc.nn.kv_cache import APPEND_ONLY, AppendOnly, KVCache
-from posenc.nn.static_attention import MapSlots, SlotAttention, map_rotate, slot_attention
+from posenc.nn.static_attention import (
+    MapSlots,
+    RelativeSlots,
+    SlotAttention,
+    map_rotate,
+    relative_slot_attention,
+    slot_attention,
+)
 from posenc.nn.static_cache import StaticKVCache
 from posenc.rotary import apply_rotary
 from posenc.scheme import Dims, RotationTables, Scheme
@@ -52,9 +62,10 @@ class StepScheme(Scheme):
     with the layer's row. The attention modules call its hooks as they call any scheme's (it attends itself, so
     they hand it q, k, v after the cache's update)."""
 
-    def __init__(self, dims: Dims, tables: RotationTables | None, row: Tensor, softcap: float | None) -> None:
+    def __init__(self, dims: Dims, tables: RotationTables | None, row: Tensor, softcap: float | None,
+                 relative: RelativeSlots | None = None) -> None:
         super().__init__(dims)
-        self.tables, self.row, self.softcap = tables, row, softcap
+        self.tables, self.row, self.softcap, self.relative = tables, row, softcap, relative
 
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
         t = self.tables
@@ -67,6 +78,8 @@ class StepScheme(Scheme):
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, k_pos: Tensor, causal: bool,
                dropout: float = 0.0) -> Tensor:
+        if self.relative is not None:  # rows per query formed from the scheme's table
+            return relative_slot_attention(q, k, v, self.row, self.relative, self.softcap)
         return slot_attention(q, k, v, self.row, self.softcap)  # (B,H,1,Dh)
 
 
@@ -116,6 +129,8 @@ class StepTerms:
         self.rows: dict[tuple[int, int | None], Tensor] = {}  # per (scheme instance, window)
         self.maps = {id(scheme): MapTerms(scheme, shape.head_dim, batch, slots, dtype, device)
                      for scheme, shape in zip(schemes, shapes, strict=True) if dispatch.static_by_map(type(scheme))}
+        self.relative = {id(scheme): RelativeTerms(scheme, batch, slots, dtype, device)
+                         for scheme in schemes if dispatch.static_by_table(type(scheme))}
         self.restart()
 
     def kinds(self) -> dict[tuple[int, int | None], int]:
@@ -152,6 +167,8 @@ class StepTerms:
             self._write_tables(scheme, q)
         for (key, window), layer in self.kinds().items():
             self._write_row(key, window, layer, q, k, n)
+        for terms in self.relative.values():
+            terms.write(q, k, n)
         if self.maps:  # every slot framed (a fixed shape; frame() is per position, from the first key at most)
             every = self.framing.frame(self.positions[:, n : n + 1], self.positions)[1]  # (B,L)
             for terms in self.maps.values():
@@ -167,15 +184,17 @@ class StepTerms:
             row.fill_(float("-inf"))
         setattr(self.positions, APPEND_ONLY, AppendOnly())
 
-    def load(self, cache: KVCache, t: int) -> None:
+    def load(self, cache: KVCache, t: int) -> bool:
         """The keys of the layers under a map, from an ordinary cache's first t raw keys (their positions in
-        self.positions) rotated per key table into the static cache (which copied the other layers' keys)."""
-        if not self.maps:
-            return
+        self.positions) rotated per key table into the static cache (which copied the other layers' keys); the
+        span of the tables of rows per query. True where a buffer the step's layers read has moved."""
+        if not (self.maps or self.relative):
+            return False
         _, k = self.framing.frame(self.positions[:, :t], self.positions[:, :t])  # (B,t)
         for layer, scheme in enumerate(self.schemes):
             if id(scheme) in self.maps:
                 self.maps[id(scheme)].load(self.cache.keys[layer], cache.layers[layer][0].data[:, :, :t], k)
+        return any([terms.load(k) for terms in self.relative.values()])  # every one loaded, not the first only
 
     def _write_tables(self, scheme: Scheme, q: Tensor) -> None:
         tables = scheme.rotation_tables(q, q)  # the new key sits at the new position
@@ -213,7 +232,8 @@ class StepTerms:
     def layer_schemes(self, dims: Dims) -> list[StepScheme]:
         """One StepScheme per layer over the buffers (after the first write, which allocates them)."""
         return [MapStepScheme(dims, self.maps[id(scheme)].step) if id(scheme) in self.maps else
-                StepScheme(dims, self.tables[id(scheme)], self.rows[(id(scheme), shape.window)], shape.softcap)
+                StepScheme(dims, self.tables[id(scheme)], self.rows[(id(scheme), shape.window)], shape.softcap,
+                           self.relative[id(scheme)].terms if id(scheme) in self.relative else None)
                 for scheme, shape in zip(self.schemes, self.shapes, strict=True)]
 
 

@@ -81,18 +81,23 @@ tests/nn/test_dispatch.py prints the table for every registered scheme on cpu an
 The decode step captured whole (posenc.models.static_decode: a fixed-size KV cache, CUDA graphs) asks STATIC_ROWS.
 Its position terms are computed on the host once per step for every layer and read from fixed buffers, so it serves
 the forms whose terms positions alone decide, each as one row over every slot of the cache (-inf on empty slots and
-on keys outside a layer's window); a rotating scheme also gives its tables (Scheme.rotation_tables):
+on keys outside a layer's window), and rows per query, which are one product of q with a table that positions pick
+rows of; a rotating scheme also gives its tables (Scheme.rotation_tables):
 
     form        the step's row                                       refused
     ----------  ---------------------------------------------------  -------------------------------------------
     plain       0                                                    a class that rotates without rotation_tables
     distance    rows_decode's row (where it declines: bias()'s); head_distance and bucket_distance likewise
     piecewise   pieces_decode's row (where it declines: bias()'s)
+    relative    0, and per slot its row of Scheme.relative_table     a class without relative_table
+    values      (relative_slot_attention: q times the table, then
+                gathered; Shaw's value term by the same index)
     mapped      map_rotate, then SLOT_RULES' attention (below):      a scheme under the map whose rotation does
                 per map the query's rotation, the new key rotated    not turn pairs of dims (no rot_dim and
                 per key table as the cache keeps it, the selector    interleaved: it cannot be read off as
                 as a mask over every slot (static_map_refusal)       multipliers); it stays on the eager path
-    the rest    refused (rows per query, content, the scheme's own attention: q or k decides the terms)
+    the rest    refused (CoPE's gates, weights or a bias from q and k, the scheme's own attention: q and k decide
+                the terms beyond one product with a table)
 
 A layer under a map attends over every slot through SLOT_RULES, keyed by (device, dtype) as the table below: the
 first kernel of its row that serves the layer's shapes is planned once, at the layer's first step (slot_attention_for:
@@ -250,7 +255,9 @@ FORMS = ("mapped", "attends", "plain", "contextual", "head_distance", "bucket_di
 
 # The static decode step (docstring): form -> the decode kernels whose bias row it reads, then bias()'s.
 STATIC_ROWS: dict[str, tuple[str, ...]] = {"plain": (), "distance": ("rows_decode",), "head_distance": ("rows_decode",),
-                                           "bucket_distance": ("rows_decode",), "piecewise": ("pieces_decode",)}
+                                           "bucket_distance": ("rows_decode",), "piecewise": ("pieces_decode",),
+                                           "relative": (), "values": ()}  # rows per query: their table (below)
+STATIC_BY_TABLE = ("relative", "values")  # the step forms their rows from Scheme.relative_table, per slot
 STATIC_FORMS = (*STATIC_ROWS, "mapped")  # the mapped form: SLOT_RULES' attention, refused per instance
 STEP_ROWS: dict[str, Callable[[Call], Tensor | None]] = {
     "rows_decode": decode_paths.distance_step_row, "pieces_decode": decode_paths.pieces_step_row}
@@ -323,6 +330,8 @@ def static_refusal(cls: type[Scheme]) -> str | None:
         return f"its attention form is {form!r} (served: {', '.join(STATIC_FORMS)})"
     if form != "mapped" and _overrides(cls, "rotate") and not _overrides(cls, "rotation_tables"):
         return "it rotates q and k without giving its tables (Scheme.rotation_tables)"
+    if form in STATIC_BY_TABLE and not _overrides(cls, "relative_table"):
+        return "it gives rows per query without their table (Scheme.relative_table)"
     return None
 
 
@@ -334,6 +343,11 @@ def static_map_refusal(scheme: MappedScheme) -> str | None:
         return (f"under a map, {type(inner).__name__} does not rotate pairs of dims as RoPE does (rot_dim, "
                 "interleaved), so its rotation is not read off as multipliers")
     return None
+
+
+def static_by_table(cls: type[Scheme]) -> bool:
+    """The static step forms the scheme class's rows per query from its table in the captured part."""
+    return form_of(cls) in STATIC_BY_TABLE
 
 
 def static_by_map(cls: type[Scheme]) -> bool:
@@ -370,9 +384,10 @@ def step_bias_row(call: Call) -> Tensor | None:
     reference; flex and chunked decline one query after a cache). None for a scheme without a bias. Only positions
     and shapes are read: q and k may be placeholders of the right shape."""
     cls = type(call.scheme)
-    if STATIC_ROWS.get(form_of(cls)) is None:
+    kernels = STATIC_ROWS.get(form_of(cls))
+    if kernels is None:
         raise ValueError(f"{cls.__name__}: no decode row, {static_refusal(cls)}")
-    if form_of(cls) == "plain":
+    if not kernels:  # no bias, or rows per query (formed in the step from the scheme's table)
         return None
     for name in plan(cls, device_of(call.q, call.k, call.v, call.causal), call.q.dtype, False, True):
         build = STEP_ROWS.get(name)
@@ -503,5 +518,5 @@ def render(rows: list[tuple]) -> str:
 
 
 __all__ = ["KERNELS", "Call", "attention", "fast_attention", "form_of", "map_plan", "needs_grad", "plan",
-           "rotation_plan", "rotation_table", "slot_attention_for", "slot_plan", "static_by_map", "static_map_refusal",
-           "static_refusal", "step_bias_row", "table"]
+           "rotation_plan", "rotation_table", "slot_attention_for", "slot_plan", "static_by_map", "static_by_table",
+           "static_map_refusal", "static_refusal", "step_bias_row", "table"]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -43,6 +44,45 @@ def slot_attention(q: Tensor, k: Tensor, v: Tensor, row: Tensor, softcap: float 
     # every slot, 0.52 ms a layer at 32k slots for SmolLM2's 3 key heads, against 0.06 ms (H200, torch 2.11).
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=row.expand(b, h, 1, slots), enable_gqa=hkv != h)
     return out  # (B,H,1,Dh), in whatever memory order the device's kernel returns
+
+
+class RelativeSlots(NamedTuple):
+    """A layer's rows per query over every slot (Scheme.relative_table: Shaw, Transformer-XL), in buffers that never
+    move (posenc.models.static_relative_terms writes them before each step). Slot j's bias is
+        scale * (q + row_shift[h]) . table[h|0, index[b, j]]
+    the scores' query is q + q_shift[h], and the output gains mass @ values, the weights summed by the same index
+    (Shaw's value term)."""
+
+    table: Tensor  # (H|1,S,Dh)
+    index: Tensor  # (B,1,1,L) int64: each slot's row of the table (0 on empty slots, which the step's row masks)
+    scale: float
+    row_shift: Tensor | None  # (H,1,Dh)
+    q_shift: Tensor | None  # (H,1,Dh)
+    values: Tensor | None  # (S,Dh)
+
+
+def relative_slot_attention(q: Tensor, k: Tensor, v: Tensor, row: Tensor, terms: RelativeSlots,
+                            softcap: float | None = None) -> Tensor:
+    """slot_attention with a scheme's rows per query added to the row: q (B,H,1,Dh), k/v (B,Hkv,L,Dh) -> (B,H,1,Dh).
+    The rows are one product of q with the table's S rows, gathered by slot; with a value term the weights are
+    formed in memory (one query row per head)."""
+    b, h, _, dh = q.shape
+    shifted = q if terms.row_shift is None else q + terms.row_shift  # (B,H,1,Dh)
+    per_row = (shifted @ terms.table.transpose(-1, -2)) * terms.scale  # (B,H,1,S)
+    bias = row + per_row.gather(-1, terms.index.expand(b, h, 1, -1))  # (B,H,1,L)
+    query = q if terms.q_shift is None else q + terms.q_shift
+    if terms.values is None:
+        return slot_attention(query, k, v, bias, softcap)
+    g = h // k.shape[1]
+    if g > 1:
+        k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+    scores = (query @ k.transpose(-1, -2)) * dh**-0.5  # (B,H,1,L)
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)  # as slot_attention's: capped before the row is added
+    weights = torch.softmax(scores + bias, dim=-1)
+    mass = weights.new_zeros(b, h, 1, terms.values.shape[0]).scatter_add_(-1, terms.index.expand(b, h, 1, -1),
+                                                                         weights)  # (B,H,1,S)
+    return weights @ v + mass @ terms.values
 
 
 @dataclass
@@ -113,5 +153,5 @@ def slot_triton(queries: Tensor, keys: Tensor, v: Tensor, mask: Tensor,
     return None if plan is None else functools.partial(slots.attend, plan)
 
 
-__all__ = ["MapSlots", "SlotAttention", "map_rotate", "map_slot_attention", "slot_attention", "slot_torch",
-           "slot_triton"]
+__all__ = ["MapSlots", "RelativeSlots", "SlotAttention", "map_rotate", "map_slot_attention", "relative_slot_attention",
+           "slot_attention", "slot_torch", "slot_triton"]

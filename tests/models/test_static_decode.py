@@ -44,6 +44,11 @@ def test_static_decoding_equals_cached_decoding_for_every_served_scheme(name):
     assert_same_decoding(gpt(name), prompt())
 
 
+def test_shaw_decodes_alike_past_its_clipping_distance():
+    """Keys farther than k = 2 share the clipped rows of P_K and P_V: the step's index clamps as eq. 5 clips."""
+    assert_same_decoding(gpt("shaw", shaw_max_relative_position=2), prompt())
+
+
 @pytest.mark.parametrize("scaling", SCALINGS, ids=lambda s: s["rope_type"])
 def test_static_decoding_equals_cached_decoding_under_rope_scalings(scaling):
     """dynamic too: its frequencies follow the length, and the step's tables are computed on the host at each step."""
@@ -89,7 +94,8 @@ def test_generate_with_a_static_cache_gives_the_cached_tokens():
         assert torch.equal(model.generate(ids, 12, static_cache=True), model.generate(ids, 12))
 
 
-@pytest.mark.parametrize("name", ["rope", "xpos", "alibi", "fire", "learned_absolute", "abacus", "gemma3"])
+@pytest.mark.parametrize("name", ["rope", "xpos", "alibi", "fire", "learned_absolute", "abacus", "shaw",
+                                  "transformer_xl", "gemma3"])
 def test_the_captured_part_reads_nothing_back_to_the_host(name):
     model = gemma_like() if name == "gemma3" else gpt(name)
     decoder = StaticDecoder(model, 2, 24)
@@ -125,8 +131,18 @@ class _RotatesWithoutTables(Scheme):
         return q.flip(-1), k.flip(-1)
 
 
+class _RowsWithoutTable(Scheme):
+    def bias(self, q_pos, k_pos, q=None, k=None):
+        raise AssertionError("not called: the refusal reads the class")
+
+    def relative_rows(self, q, low, high):
+        raise AssertionError("not called: the refusal reads the class")
+
+
 def test_refusals_come_from_the_dispatch_form_and_hooks():
-    assert set(REFUSED) >= {"shaw", "transformer_xl", "cope"}
+    assert "cope" in REFUSED and not {"shaw", "transformer_xl"} & set(REFUSED)
+    assert dispatch.static_refusal(_RowsWithoutTable) == (
+        "it gives rows per query without their table (Scheme.relative_table)")
     assert dispatch.static_refusal(_RotatesWithoutTables) == (
         "it rotates q and k without giving its tables (Scheme.rotation_tables)")
     # a rotary scheme under a position map is served (tests/models/test_static_map_decode.py), refused per instance
@@ -161,13 +177,13 @@ def test_a_decoder_prefilled_again_forgets_the_positions_of_its_first_prompt():
     """The positions buffer is append-only between prefills (what the rows' checks and FIRE's frame read of it is
     kept): a second prompt, whose positions skip (a packed layout the fast rows refuse), decodes as a fresh
     decoder does and as the ordinary cached step does, after a first prompt whose positions counted up by one."""
-    for name in ("alibi", "fire"):
+    for name in ("alibi", "fire", "shaw", "transformer_xl"):  # Transformer-XL: a span its table did not cover
         model = gpt(name)
         again = StaticDecoder(model, 2, 24)
         token = again.prefill(prompt()).argmax(-1, keepdim=True)
         for _ in range(4):
             token = again.step(token).argmax(-1, keepdim=True)
-        second, positions = prompt(seed=2), torch.tensor([[0, 1, 2, 9, 10], [3, 4, 5, 6, 20]])
+        second, positions = prompt(seed=2), torch.tensor([[0, 1, 2, 40, 41], [3, 4, 5, 6, 50]])
         fresh = StaticDecoder(model, 2, 24)
         got, want = again.prefill(second, positions), fresh.prefill(second, positions)
         cache = model.new_cache()
@@ -182,8 +198,26 @@ def test_a_decoder_prefilled_again_forgets_the_positions_of_its_first_prompt():
                 ordinary = model(token, positions, cache)[:, -1]
 
 
+@pytest.mark.parametrize("name", ["shaw", "transformer_xl"])
+def test_a_table_of_rows_per_query_follows_its_parameters_between_steps(name):
+    """The step's copy of the scheme's table is formed again when a parameter changes (an optimizer step between
+    two tokens): the decoding stays the ordinary step's."""
+    model, ids = gpt(name), prompt()
+    decoder, cache = StaticDecoder(model, 2, 24), model.new_cache()
+    with torch.no_grad():
+        want, got = model(ids, cache=cache)[:, -1], decoder.prefill(ids)
+        for step in range(6):
+            torch.testing.assert_close(got, want, rtol=0, atol=ATOL, msg=lambda m, s=step: f"step {s}: {m}")
+            if step == 2:
+                for scheme in model.schemes.modules():
+                    for parameter in scheme.parameters(recurse=False):
+                        parameter.mul_(1.5)
+            token = want.argmax(-1, keepdim=True)
+            want, got = model(token, cache=cache)[:, -1], decoder.step(token)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["alibi", "fire", "rope", "gemma3"])
+@pytest.mark.parametrize("name", ["alibi", "fire", "rope", "shaw", "transformer_xl", "gemma3"])
 def test_the_compiled_step_decodes_as_the_eager_step(name):
     """On the CPU, part (b) under torch.compile (one graph, fullgraph) gives the eager static step's logits and the
     ordinary decoding's greedy tokens, step after step; a second decoder of other shapes compiles its own step
