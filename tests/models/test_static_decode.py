@@ -270,7 +270,7 @@ def test_a_full_cache_is_refused():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("name", ["rope", "alibi", "fire", "smollm2"])
+@pytest.mark.parametrize("name", ["rope", "alibi", "fire", "shaw", "transformer_xl", "smollm2"])
 def test_the_captured_step_replays_what_the_eager_step_computes(name):
     """On CUDA: the graph captured at the first step and replayed at every other gives the eager static step's
     logits (the same kernels) and the ordinary decoding's greedy tokens."""
