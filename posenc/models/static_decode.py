@@ -17,14 +17,15 @@ Which schemes are served is decided by posenc.nn.dispatch (static_refusal, stati
 positions alone decide, a rotary scheme under a position map among them (its terms: posenc.models.static_map_terms;
 its (a) reads nothing back and allocates nothing by the cache's length, so it can run ahead of the device), and
 those whose rows per query are one product of q with a table that positions pick rows of (Shaw, Transformer-XL:
-posenc.models.static_relative_terms). On the CPU the static step is opt-in (generate(static_cache=True)) and pays
-only in host operators: under a map it issues ~30% fewer operators than the ordinary step and no host reads, but
-scores every slot under every map where the ordinary map_decode scores only the keys each map attends
-(benchmarks/map_decode_ops.py --static). Compiled, it pays on the CPU for every scheme it serves: 0.79-0.91x the
-ordinary step at a 4k cache in BENCHMARKS.md's "Decode step captured whole" (the 4 x 256 GPT; `python -m
-benchmarks.run --sections static_decode`), 0.96-1.02x `none`'s compiled step for the schemes whose terms positions
-decide, 1.13x for Shaw (its value term needs the weights in memory) and 1.37x for Transformer-XL (its table is as
-large as the keys), after a first step that compiles (5-9 s on 2 cores, under a second from the compiler's cache).
+posenc.models.static_relative_terms), and CoPE, whose gates the captured part counts over the filled slots. On the
+CPU the static step is opt-in (generate(static_cache=True)) and pays only in host operators: under a map it issues
+~30% fewer operators than the ordinary step and no host reads, but scores every slot under every map where the
+ordinary map_decode scores only the keys each map attends (benchmarks/map_decode_ops.py --static). Compiled, it pays
+on the CPU for every scheme it serves: 0.79-0.91x the ordinary step at a 4k cache in BENCHMARKS.md's "Decode step
+captured whole" (the 4 x 256 GPT; `python -m benchmarks.run --sections static_decode`), 0.96-1.02x `none`'s compiled
+step for the schemes whose terms positions decide, 1.13x for Shaw (its value term needs the weights in memory) and
+1.37x for Transformer-XL (its table is as large as the keys), after a first step that compiles (5-9 s on 2 cores,
+under a second from the compiler's cache).
 
     decoder = StaticDecoder(model, batch=1, max_len=4096)
     logits = decoder.prefill(input_ids)          # (B, V): the ordinary eager prefill, its cache copied in
@@ -76,6 +77,9 @@ def check_model(model: nn.Module) -> None:
         reason = dispatch.static_refusal(type(scheme))
         if reason is None and dispatch.static_by_map(type(scheme)):
             reason = dispatch.static_map_refusal(scheme)
+        if reason is None and dispatch.static_by_gates(type(scheme)) and layer_shape(model.blocks[i].attn).window:
+            reason = (f"layer {i} has a sliding window, where the ordinary step counts the gates of contextual "
+                      "positions per block of the window")
         if reason is not None:
             extension = getattr(model.cfg, "attention_extension", None)
             name = model.schemes.name + (f" under attention_extension {extension.get('type')}" if extension else "")

@@ -9,6 +9,7 @@ Per step, for the new token at slot n (positions as the model's stack frames the
              over slots 0..n; -inf on the slots not yet filled and on keys at distance >= the window   (B,H|1,1,L)
   relative   per scheme with rows per query (dispatch.static_by_table): its table over the span the slots can hold
              and each slot's row of it (RelativeTerms, static_relative_terms.py), beside a row of 0 / -inf
+  (CoPE's gates and rows need q and k alone: formed in the captured part, beside a row of 0 / -inf)
   maps       per scheme under a position map (dispatch.static_by_map): its MapTerms (static_map_terms.py), in
              place of the tables and the row; its layers attend through MapStepScheme
 Notation as in posenc.nn.attention; L the cache's slots.
@@ -30,6 +31,7 @@ from posenc.nn.static_attention import (
     MapSlots,
     RelativeSlots,
     SlotAttention,
+    contextual_slot_attention,
     map_rotate,
     relative_slot_attention,
     slot_attention,
@@ -63,9 +65,11 @@ class StepScheme(Scheme):
     they hand it q, k, v after the cache's update)."""
 
     def __init__(self, dims: Dims, tables: RotationTables | None, row: Tensor, softcap: float | None,
-                 relative: RelativeSlots | None = None) -> None:
+                 relative: RelativeSlots | None = None, contextual: Scheme | None = None,
+                 slot: Tensor | None = None) -> None:
         super().__init__(dims)
         self.tables, self.row, self.softcap, self.relative = tables, row, softcap, relative
+        self.contextual, self.slot = contextual, slot  # a scheme whose rows the gates read (CoPE), the step's slot
 
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
         t = self.tables
@@ -80,6 +84,9 @@ class StepScheme(Scheme):
                dropout: float = 0.0) -> Tensor:
         if self.relative is not None:  # rows per query formed from the scheme's table
             return relative_slot_attention(q, k, v, self.row, self.relative, self.softcap)
+        if self.contextual is not None:  # CoPE: its rows read at the gates' counts over the filled slots
+            rows = self.contextual.contextual_rows(q)  # (B,H,1,P)
+            return contextual_slot_attention(q, k, v, self.row, rows, self.slot, self.softcap)
         return slot_attention(q, k, v, self.row, self.softcap)  # (B,H,1,Dh)
 
 
@@ -233,7 +240,8 @@ class StepTerms:
         """One StepScheme per layer over the buffers (after the first write, which allocates them)."""
         return [MapStepScheme(dims, self.maps[id(scheme)].step) if id(scheme) in self.maps else
                 StepScheme(dims, self.tables[id(scheme)], self.rows[(id(scheme), shape.window)], shape.softcap,
-                           self.relative[id(scheme)].terms if id(scheme) in self.relative else None)
+                           self.relative[id(scheme)].terms if id(scheme) in self.relative else None,
+                           scheme if dispatch.static_by_gates(type(scheme)) else None, self.cache.slot)
                 for scheme, shape in zip(self.schemes, self.shapes, strict=True)]
 
 

@@ -92,12 +92,13 @@ rows of; a rotating scheme also gives its tables (Scheme.rotation_tables):
     relative    0, and per slot its row of Scheme.relative_table     a class without relative_table
     values      (relative_slot_attention: q times the table, then
                 gathered; Shaw's value term by the same index)
+    contextual  0, and CoPE's rows interpolated at the gates' counts  a layer with a sliding window (the ordinary
+                over the filled slots (contextual_slot_attention)    step counts its gates per window block)
     mapped      map_rotate, then SLOT_RULES' attention (below):      a scheme under the map whose rotation does
                 per map the query's rotation, the new key rotated    not turn pairs of dims (no rot_dim and
                 per key table as the cache keeps it, the selector    interleaved: it cannot be read off as
                 as a mask over every slot (static_map_refusal)       multipliers); it stays on the eager path
-    the rest    refused (CoPE's gates, weights or a bias from q and k, the scheme's own attention: q and k decide
-                the terms beyond one product with a table)
+    the rest    refused (weights or a bias from q and k, the scheme's own attention: q and k decide the terms)
 
 A layer under a map attends over every slot through SLOT_RULES, keyed by (device, dtype) as the table below: the
 first kernel of its row that serves the layer's shapes is planned once, at the layer's first step (slot_attention_for:
@@ -256,7 +257,7 @@ FORMS = ("mapped", "attends", "plain", "contextual", "head_distance", "bucket_di
 # The static decode step (docstring): form -> the decode kernels whose bias row it reads, then bias()'s.
 STATIC_ROWS: dict[str, tuple[str, ...]] = {"plain": (), "distance": ("rows_decode",), "head_distance": ("rows_decode",),
                                            "bucket_distance": ("rows_decode",), "piecewise": ("pieces_decode",),
-                                           "relative": (), "values": ()}  # rows per query: their table (below)
+                                           "relative": (), "values": (), "contextual": ()}  # formed in the step
 STATIC_BY_TABLE = ("relative", "values")  # the step forms their rows from Scheme.relative_table, per slot
 STATIC_FORMS = (*STATIC_ROWS, "mapped")  # the mapped form: SLOT_RULES' attention, refused per instance
 STEP_ROWS: dict[str, Callable[[Call], Tensor | None]] = {
@@ -348,6 +349,11 @@ def static_map_refusal(scheme: MappedScheme) -> str | None:
 def static_by_table(cls: type[Scheme]) -> bool:
     """The static step forms the scheme class's rows per query from its table in the captured part."""
     return form_of(cls) in STATIC_BY_TABLE
+
+
+def static_by_gates(cls: type[Scheme]) -> bool:
+    """The static step counts the scheme class's contextual positions over the filled slots in the captured part."""
+    return form_of(cls) == "contextual"
 
 
 def static_by_map(cls: type[Scheme]) -> bool:
@@ -518,5 +524,5 @@ def render(rows: list[tuple]) -> str:
 
 
 __all__ = ["KERNELS", "Call", "attention", "fast_attention", "form_of", "map_plan", "needs_grad", "plan",
-           "rotation_plan", "rotation_table", "slot_attention_for", "slot_plan", "static_by_map", "static_by_table",
-           "static_map_refusal", "static_refusal", "step_bias_row", "table"]
+           "rotation_plan", "rotation_table", "slot_attention_for", "slot_plan", "static_by_gates", "static_by_map",
+           "static_by_table", "static_map_refusal", "static_refusal", "step_bias_row", "table"]

@@ -85,6 +85,23 @@ def relative_slot_attention(q: Tensor, k: Tensor, v: Tensor, row: Tensor, terms:
     return weights @ v + mass @ terms.values
 
 
+def contextual_slot_attention(q: Tensor, k: Tensor, v: Tensor, row: Tensor, rows: Tensor, slot: Tensor,
+                              softcap: float | None = None) -> Tensor:
+    """slot_attention with CoPE's bias (Scheme.contextual_rows): rows (B,H,1,P) float32 read at p_j = sum of the
+    gates sigmoid(q . k_t / sqrt(Dh)) over the filled slots t >= j (slot: the step's own, (1,) int64), linearly
+    interpolated, p clamped to P - 1; in float32 as posenc.content.cope computes them. -> (B,H,1,Dh)"""
+    h, slots = q.shape[1], k.shape[2]
+    keys = k.repeat_interleave(h // k.shape[1], 1) if k.shape[1] != h else k
+    logits = (q.float() @ keys.float().transpose(-1, -2)) * q.shape[-1] ** -0.5  # (B,H,1,L)
+    filled = torch.arange(slots, device=slot.device) <= slot  # (L,)
+    gates = torch.sigmoid(logits).masked_fill(~filled, 0.0)
+    p = gates.flip(-1).cumsum(-1).flip(-1).clamp(max=rows.shape[-1] - 1)  # sum over t >= j, nothing past the step
+    floor = p.floor()
+    weight = p - floor
+    bias = weight * rows.gather(-1, p.ceil().long()) + (1.0 - weight) * rows.gather(-1, floor.long())
+    return slot_attention(q, k, v, row + bias.to(row.dtype), softcap)
+
+
 @dataclass
 class MapSlots:
     """A map's terms of one step, shared by the layers under it, in buffers that never move (written before each
@@ -153,5 +170,5 @@ def slot_triton(queries: Tensor, keys: Tensor, v: Tensor, mask: Tensor,
     return None if plan is None else functools.partial(slots.attend, plan)
 
 
-__all__ = ["MapSlots", "RelativeSlots", "SlotAttention", "map_rotate", "map_slot_attention", "relative_slot_attention",
-           "slot_attention", "slot_torch", "slot_triton"]
+__all__ = ["MapSlots", "RelativeSlots", "SlotAttention", "contextual_slot_attention", "map_rotate",
+           "map_slot_attention", "relative_slot_attention", "slot_attention", "slot_torch", "slot_triton"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from posenc import registry
 from posenc.models.static_decode import StaticDecoder, served_schemes
 from posenc.models.static_terms import StepScheme
 from posenc.nn import dispatch
@@ -42,6 +43,17 @@ def prompt(batch: int = 2, length: int = 5, seed: int = 1) -> torch.Tensor:
 @pytest.mark.parametrize("name", served_schemes())
 def test_static_decoding_equals_cached_decoding_for_every_served_scheme(name):
     assert_same_decoding(gpt(name), prompt())
+
+
+def test_cope_with_a_learned_table_decodes_alike():
+    """CoPE's table starts at zero (its bias then is 0 whatever the gates count): drawn here, every layer's, so the
+    step's count of gates over the filled slots decides the logits."""
+    model = gpt("cope")
+    with torch.no_grad():
+        for scheme in model.schemes.modules():
+            if isinstance(getattr(scheme, "table", None), torch.nn.Parameter):
+                scheme.table.normal_(0.0, 1.0, generator=torch.Generator().manual_seed(3))
+    assert_same_decoding(model, prompt())
 
 
 def test_shaw_decodes_alike_past_its_clipping_distance():
@@ -94,7 +106,7 @@ def test_generate_with_a_static_cache_gives_the_cached_tokens():
         assert torch.equal(model.generate(ids, 12, static_cache=True), model.generate(ids, 12))
 
 
-@pytest.mark.parametrize("name", ["rope", "xpos", "alibi", "fire", "learned_absolute", "abacus", "shaw",
+@pytest.mark.parametrize("name", ["rope", "xpos", "alibi", "fire", "learned_absolute", "abacus", "shaw", "cope",
                                   "transformer_xl", "gemma3"])
 def test_the_captured_part_reads_nothing_back_to_the_host(name):
     model = gemma_like() if name == "gemma3" else gpt(name)
@@ -115,15 +127,37 @@ def test_the_sync_check_fails_on_the_ordinary_step():
             model(token, cache=cache)
 
 
-REFUSED = sorted(name for name, cls in SCHEMES.items() if dispatch.static_refusal(cls) is not None)
+class _BiasFromPositions(Scheme):
+    """A user's scheme with a bias() alone: the static step has no row for it."""
+
+    def bias(self, q_pos, k_pos, q=None, k=None):
+        return -(q_pos[:, :, None] - k_pos[:, None, :]).abs().to(torch.float64)[:, None] / 8  # (B,1,Tq,Tk)
 
 
-@pytest.mark.parametrize("name", REFUSED)
-def test_a_refused_scheme_is_one_line_naming_it_and_what_is_served(name):
+@pytest.fixture
+def user_bias():
+    registry.register("user_bias", _BiasFromPositions)
+    yield "user_bias"
+    SCHEMES.pop("user_bias")
+
+
+def test_every_registered_scheme_is_served():
+    assert served_schemes() == sorted(SCHEMES)
+
+
+def test_a_refused_scheme_is_one_line_naming_it_and_what_is_served(user_bias):
     with pytest.raises(ValueError) as err:
-        StaticDecoder(gpt(name), 1, 16)
+        StaticDecoder(gpt(user_bias), 1, 16)
     message = str(err.value)
-    assert "\n" not in message and f"position_embedding_type={name!r}" in message and "rope" in message
+    assert "\n" not in message and f"position_embedding_type={user_bias!r}" in message and "rope" in message
+    assert "its attention form is 'bias'" in message
+
+
+def test_cope_in_a_layer_with_a_sliding_window_is_refused_in_one_line():
+    """The ordinary step counts CoPE's gates per block of a window; the static step over every filled slot."""
+    with pytest.raises(ValueError, match="layer 0 has a sliding window") as err:
+        StaticDecoder(gemma_like(position_embedding_type="cope", local_rotary_base=None), 1, 16)
+    assert "\n" not in str(err.value)
 
 
 class _RotatesWithoutTables(Scheme):
@@ -140,7 +174,6 @@ class _RowsWithoutTable(Scheme):
 
 
 def test_refusals_come_from_the_dispatch_form_and_hooks():
-    assert "cope" in REFUSED and not {"shaw", "transformer_xl"} & set(REFUSED)
     assert dispatch.static_refusal(_RowsWithoutTable) == (
         "it gives rows per query without their table (Scheme.relative_table)")
     assert dispatch.static_refusal(_RotatesWithoutTables) == (
@@ -217,7 +250,7 @@ def test_a_table_of_rows_per_query_follows_its_parameters_between_steps(name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["alibi", "fire", "rope", "shaw", "transformer_xl", "gemma3"])
+@pytest.mark.parametrize("name", ["alibi", "fire", "rope", "shaw", "transformer_xl", "cope", "gemma3"])
 def test_the_compiled_step_decodes_as_the_eager_step(name):
     """On the CPU, part (b) under torch.compile (one graph, fullgraph) gives the eager static step's logits and the
     ordinary decoding's greedy tokens, step after step; a second decoder of other shapes compiles its own step
@@ -270,7 +303,7 @@ def test_a_full_cache_is_refused():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("name", ["rope", "alibi", "fire", "shaw", "transformer_xl", "smollm2"])
+@pytest.mark.parametrize("name", ["rope", "alibi", "fire", "shaw", "transformer_xl", "cope", "smollm2"])
 def test_the_captured_step_replays_what_the_eager_step_computes(name):
     """On CUDA: the graph captured at the first step and replayed at every other gives the eager static step's
     logits (the same kernels) and the ordinary decoding's greedy tokens."""
