@@ -8,11 +8,22 @@ kernels at their AVX2 level, MKL limited to AVX2, posenc's kernels built for x86
 
 from __future__ import annotations
 
+import getpass
 import os
 import platform
+import tempfile
 from pathlib import Path
 
 AVX2_EMULATION = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "POSENC_NATIVE_MARCH": "x86-64-v3"}
+
+
+def emulation_env() -> dict[str, str]:
+    """AVX2_EMULATION, with a torch.compile cache of its own: the compiler's cache does not key its kernels on
+    ATEN_CPU_CAPABILITY, and the static decode step compiled under the emulation segfaulted a later run without it
+    that found it in the shared cache (torch 2.13, 2026-11-27)."""
+    cache = Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}_avx2"
+    return {**AVX2_EMULATION, "TORCHINDUCTOR_CACHE_DIR": str(cache)}
+
 VECTOR_EXTENSIONS = ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
                      "amx_tile", "amx_bf16")
 

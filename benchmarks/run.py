@@ -24,7 +24,7 @@ from pathlib import Path
 from benchmarks.bench_attention import attention_rows
 from benchmarks.bench_model import decode_rows, forward_rows, map_decode_rows, static_decode_rows, train_rows
 from benchmarks.bench_rope import rope_rows
-from benchmarks.machine import AVX2_EMULATION, cpu_flags, describe, emulating_avx2
+from benchmarks.machine import cpu_flags, describe, emulating_avx2, emulation_env
 from benchmarks.report import markdown
 from posenc.models.static_decode import served_schemes
 
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.isa == "avx2" and not emulating_avx2():
         # torch and MKL read these when they load: run the harness again in a process that starts with them.
-        os.execve(sys.executable, [sys.executable, "-m", "benchmarks.run", *argv], {**os.environ, **AVX2_EMULATION})
+        os.execve(sys.executable, [sys.executable, "-m", "benchmarks.run", *argv], {**os.environ, **emulation_env()})
     p, sections = plan(args.quick), set(args.sections.split(","))
     if unknown := sections - set(SECTIONS):
         parser.error(f"--sections: unknown {sorted(unknown)}; allowed: {', '.join(SECTIONS)}")

@@ -91,15 +91,19 @@ def contextual_slot_attention(q: Tensor, k: Tensor, v: Tensor, row: Tensor, rows
     gates sigmoid(q . k_t / sqrt(Dh)) over the filled slots t >= j (slot: the step's own, (1,) int64), linearly
     interpolated, p clamped to P - 1; in float32 as posenc.content.cope computes them. -> (B,H,1,Dh)"""
     h, slots = q.shape[1], k.shape[2]
-    keys = k.repeat_interleave(h // k.shape[1], 1) if k.shape[1] != h else k
-    logits = (q.float() @ keys.float().transpose(-1, -2)) * q.shape[-1] ** -0.5  # (B,H,1,L)
+    if k.shape[1] != h:
+        k, v = k.repeat_interleave(h // k.shape[1], 1), v.repeat_interleave(h // k.shape[1], 1)
+    logits = (q.float() @ k.float().transpose(-1, -2)) * q.shape[-1] ** -0.5  # (B,H,1,L)
     filled = torch.arange(slots, device=slot.device) <= slot  # (L,)
     gates = torch.sigmoid(logits).masked_fill(~filled, 0.0)
     p = gates.flip(-1).cumsum(-1).flip(-1).clamp(max=rows.shape[-1] - 1)  # sum over t >= j, nothing past the step
     floor = p.floor()
     weight = p - floor
-    bias = weight * rows.gather(-1, p.ceil().long()) + (1.0 - weight) * rows.gather(-1, floor.long())
-    return slot_attention(q, k, v, row + bias.to(row.dtype), softcap)
+    bias = (weight * rows.gather(-1, p.ceil().long()) + (1.0 - weight) * rows.gather(-1, floor.long())).to(row.dtype)
+    if q.dtype != torch.float32 or softcap is not None:
+        return slot_attention(q, k, v, row + bias, softcap)
+    # float32: the gates' logits are the scores (one product of q with every key, not two)
+    return torch.softmax(logits + row + bias, dim=-1) @ v
 
 
 @dataclass

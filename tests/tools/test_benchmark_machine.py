@@ -55,3 +55,4 @@ def test_isa_avx2_on_an_avx512_machine_runs_again_with_the_emulation_settings(mo
     argv, env = seen[0]
     assert argv == [sys.executable, "-m", "benchmarks.run", "--isa", "avx2", "--quick"]
     assert all(env[k] == v for k, v in machine.AVX2_EMULATION.items())
+    assert env["TORCHINDUCTOR_CACHE_DIR"].endswith("_avx2")  # compiled kernels kept apart from the native ISA's
