@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from posenc.nn.triton import kernel_prologues as prologue
-from posenc.nn.triton.attention_kernels import LOG2E, _dot, _fold_values, _softmax_step, _valid
+from posenc.nn.triton.attention_kernels import LOG2E, _dot, _dq_rows, _fold_values, _softmax_step, _valid
 
 _LOG2E = tl.constexpr(LOG2E)  # softmax in base 2, as attention_kernels (a jit function reads constexpr globals only)
 
@@ -84,13 +84,15 @@ def _cope_forward(Q, K, V, OUT, LSE, ROWS,
                   PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """One program per (query block, h, b): online softmax over key tiles from the diagonal back to key 0; the
     gates only until every query has counted P - 1 of them (_all_far), plain tiles after."""
-    m0, h, b, hk, bh = prologue.program(BM, H, GROUP)
-    i, d, i_ok, d_ok, q_mask = prologue.block_indices(m0, TQ, D, BM, BD)
-    jl = tl.arange(0, BN)
-    q = tl.load(Q + b * sqb + h * sqh + i[:, None] * sqt + d[None, :], mask=q_mask, other=0.0)  # (BM,BD)
+    m0 = tl.program_id(0) * BM
+    h, b, hk = prologue.heads(GROUP)
+    i, jl, d = prologue.tile_ranges(m0, BM, BN, BD)
+    d_ok, i_ok = d < D, i < TQ
+    q = tl.load(Q + b * sqb + h * sqh + i[:, None] * sqt + d[None, :], mask=i_ok[:, None] & d_ok[None, :],
+                other=0.0)  # (BM,BD)
     k_base = K + b * skb + hk * skh + d[:, None]  # (BD,1)
     v_base = V + b * svb + hk * svh + d[None, :]  # (1,BD)
-    rows_at = ROWS + (bh * TQ + i) * P  # (BM,)
+    rows_at = ROWS + ((b * H + h) * TQ + i) * P  # (BM,)
     last = tl.load(rows_at + (P - 1), mask=i_ok, other=0.0) * _LOG2E  # the far pairs' bias, base 2
     carry = tl.zeros((BM,), tl.float32)
     best = tl.full((BM,), float("-inf"), tl.float32)  # base 2
@@ -119,8 +121,9 @@ def _cope_forward(Q, K, V, OUT, LSE, ROWS,
         v = tl.load(v_base + j[:, None] * svt, mask=seen[:, None] & d_ok[None, :], other=0.0)
         acc, best, total = _online(acc, best, total, s, v, PRECISION, UPCAST)
     acc = acc / total[:, None]
-    tl.store(OUT + b * sob + h * soh + i[:, None] * sot + d[None, :], acc.to(OUT.dtype.element_ty), mask=q_mask)
-    tl.store(LSE + bh * TQ + i, best + tl.log2(total), mask=i_ok)  # base 2
+    tl.store(OUT + b * sob + h * soh + i[:, None] * sot + d[None, :], acc.to(OUT.dtype.element_ty),
+             mask=i_ok[:, None] & d_ok[None, :])
+    tl.store(LSE + (b * H + h) * TQ + i, best + tl.log2(total), mask=i_ok)  # base 2
 
 
 @triton.jit
@@ -134,11 +137,13 @@ def _cope_dq(Q, K, V, DO, LSE, DELTA, DQ_NEAR, END, ROWS, DROWS, CARRY_G, CARRY_
     like ROWS), the carries entering each of those key tiles (CARRY_G, CARRY_D: (B,H,Tq,KB)), D per query (DTOTAL
     (B,H,Tq)) and the far keys' end per query (END (B,H,Tq) int32: keys j < END[i] are _cope_dq_far's, their
     carries never stored: _cope_dkdv reads END first)."""
-    m0, h, b, hk, bh = prologue.program(BM, H, GROUP)
-    i, d, i_ok, d_ok, q_mask = prologue.block_indices(m0, TQ, D, BM, BD)
-    jl = tl.arange(0, BN)
-    q, do, lse, delta = prologue.dq_rows(Q, DO, LSE, DELTA, b, h, bh, i, d, i_ok, q_mask, TQ, sqb, sqh, sqt, sdob,
-                                         sdoh, sdot)
+    m0 = tl.program_id(0) * BM
+    h, b, hk = prologue.heads(GROUP)
+    bh = b * H + h
+    i, jl, d = prologue.tile_ranges(m0, BM, BN, BD)
+    i_ok, d_ok = i < TQ, d < D
+    q_mask = i_ok[:, None] & d_ok[None, :]
+    q, do, lse, delta = _dq_rows(Q, DO, LSE, DELTA, b, h, bh, i, d, i_ok, q_mask, TQ, sqb, sqh, sqt, sdob, sdoh, sdot)
     k_base = K + b * skb + hk * skh + d[:, None]
     v_base = V + b * svb + hk * svh + d[:, None]
     rows_at = ROWS + (bh * TQ + i) * P
@@ -195,11 +200,13 @@ def _cope_dq_far(Q, K, V, DO, LSE, DELTA, DQ, DQ_NEAR, END, ROWS, DROWS,
     (past P - 1 gates: one bias per query, the last entry, dz = dS) as plain flash dQ tiles, left to right; adds
     _cope_dq's part (DQ_NEAR) into DQ (contiguous (B,H,Tq,Dh)) and the tiles' dS to the last entry of d rows.
     Keys below every query's END need no mask; the tiles between the smallest and the largest END mask by row."""
-    m0, h, b, hk, bh = prologue.program(BM, H, GROUP)
-    i, d, i_ok, d_ok, q_mask = prologue.block_indices(m0, TQ, D, BM, BD)
-    jl = tl.arange(0, BN)
-    q, do, lse, delta = prologue.dq_rows(Q, DO, LSE, DELTA, b, h, bh, i, d, i_ok, q_mask, TQ, sqb, sqh, sqt, sdob,
-                                         sdoh, sdot)
+    m0 = tl.program_id(0) * BM
+    h, b, hk = prologue.heads(GROUP)
+    bh = b * H + h
+    i, jl, d = prologue.tile_ranges(m0, BM, BN, BD)
+    i_ok, d_ok = i < TQ, d < D
+    q_mask = i_ok[:, None] & d_ok[None, :]
+    q, do, lse, delta = _dq_rows(Q, DO, LSE, DELTA, b, h, bh, i, d, i_ok, q_mask, TQ, sqb, sqh, sqt, sdob, sdoh, sdot)
     k_base = K + b * skb + hk * skh + d[:, None]
     v_base = V + b * svb + hk * svh + d[:, None]
     end = tl.load(END + bh * TQ + i, mask=i_ok, other=0)  # (BM,) <= TK
@@ -241,12 +248,14 @@ def _cope_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, ROWS, END, CARRY_G, CARRY_D, DTO
     """One program per (key tile, h, b): dK, dV of query head h into DK/DV contiguous (B,H,Tk,Dh) (GQA: the host
     adds a group's heads up), from the carries _dq left at this key tile. BN must be _dq's."""
     kb = tl.program_id(0)
-    n0, h, b, hk, bh = prologue.program(BN, H, GROUP)
-    j, d, j_ok, d_ok, kv_mask = prologue.block_indices(n0, TK, D, BN, BD)  # kv_mask (BN,BD): the stores'
-    il = tl.arange(0, BM)
-    kv_mask_t = j_ok[None, :] & d_ok[:, None]
-    k_t = tl.load(K + b * skb + hk * skh + j[None, :] * skt + d[:, None], mask=kv_mask_t, other=0.0)  # (BD,BN)
-    v_t = tl.load(V + b * svb + hk * svh + j[None, :] * svt + d[:, None], mask=kv_mask_t, other=0.0)
+    n0 = kb * BN
+    h, b, hk = prologue.heads(GROUP)
+    bh = b * H + h
+    j, il, d = prologue.tile_ranges(n0, BN, BM, BD)
+    j_ok, d_ok = j < TK, d < D
+    kv_mask = j_ok[None, :] & d_ok[:, None]
+    k_t = tl.load(K + b * skb + hk * skh + j[None, :] * skt + d[:, None], mask=kv_mask, other=0.0)  # (BD,BN)
+    v_t = tl.load(V + b * svb + hk * svh + j[None, :] * svt + d[:, None], mask=kv_mask, other=0.0)
     top = P * 1.0 - 1.0  # P may arrive as a constexpr 1
     dk = tl.zeros((BN, BD), tl.float32)
     dv = tl.zeros((BN, BD), tl.float32)
@@ -284,8 +293,9 @@ def _cope_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, ROWS, END, CARRY_G, CARRY_D, DTO
             dz = tl.where(valid, ds + (total[:, None] - later) * g * (1.0 - g), 0.0)
         dk += _dot(tl.trans(dz).to(q.dtype), q, PRECISION, UPCAST)
     out = (bh * TK + j[:, None]) * D + d[None, :]
-    tl.store(DK + out, (dk * scale).to(DK.dtype.element_ty), mask=kv_mask)
-    tl.store(DV + out, dv.to(DV.dtype.element_ty), mask=kv_mask)
+    mask = j_ok[:, None] & d_ok[None, :]
+    tl.store(DK + out, (dk * scale).to(DK.dtype.element_ty), mask=mask)
+    tl.store(DV + out, dv.to(DV.dtype.element_ty), mask=mask)
 
 
 __all__: list[str] = []

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from posenc.nn.triton import kernel_prologues as prologue
-from posenc.nn.triton.attention_kernels import _bias, _dot, _interior_end, _key_end, _key_tile, _probabilities
+from posenc.nn.triton.attention_kernels import _bias, _dot, _dq_rows, _interior_end, _key_end, _key_tile, _probabilities
 
 
 @triton.jit
@@ -53,11 +53,14 @@ def _dq_head_params(Q, K, V, DO, LSE, DELTA, DQ, ROWS, JAC, E, G,
                     BD: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """dQ of one query block (DQ contiguous (B,H,Tq,Dh)) and its three parameter sums into G[b, h, block, 0:3]
     (each written once: no atomics; the host adds them up in a fixed order)."""
-    m0, h, b, hk, bh = prologue.program(BM, H, GROUP)
-    i, d, i_ok, d_ok, q_mask = prologue.block_indices(m0, TQ, D, BM, BD)
-    q, do, lse, delta = prologue.dq_rows(Q, DO, LSE, DELTA, b, h, bh, i, d, i_ok, q_mask, TQ, sqb, sqh, sqt, sdob,
-                                         sdoh, sdot)
-    k_ptrs, v_ptrs = prologue.dq_key_pointers(K, V, b, hk, d, skb, skh, skt, svb, svh, svt, BN)  # at key 0
+    m0 = tl.program_id(0) * BM
+    h, b, hk = prologue.heads(GROUP)
+    bh = b * H + h
+    i, jl, d = prologue.tile_ranges(m0, BM, BN, BD)
+    i_ok, d_ok = i < TQ, d < D
+    q_mask = i_ok[:, None] & d_ok[None, :]
+    q, do, lse, delta = _dq_rows(Q, DO, LSE, DELTA, b, h, bh, i, d, i_ok, q_mask, TQ, sqb, sqh, sqt, sdob, sdoh, sdot)
+    k_ptrs, v_ptrs = prologue.dq_key_pointers(K, V, b, hk, jl, d, skb, skh, skt, svb, svh, svt)  # at key 0
     e = tl.load(E + b)
     bias_ptrs = ROWS + h * row_stride + e - m0  # the row at query m0, key 0
     jac_ptrs = JAC + h * jac_head_stride + e - m0  # J[h, 0] likewise; J[h, k] k rows of jac_stride further

@@ -39,6 +39,7 @@ from posenc.nn.triton import kernel_prologues as prologue
 from posenc.nn.triton.attention_kernels import (
     _bias,
     _dot,
+    _dq_rows,
     _interior_end,
     _key_end,
     _key_scores,
@@ -146,10 +147,13 @@ def _forward(Q, K, V, OUT, LSE, FEATURE, E, INV, SEGS, SPLIT, KNOTS, SLOPE, INTE
     """INV (B|1,Tq) with batch stride inv_stride_b; SEGS (B, NQ, NK, 2) int32: each tile's segment range;
     SPLIT (B, NQ): the first key tile crossing more than one knot; SLOPE, INTERCEPT (H, n_knots + 1) contiguous;
     KNOTS (n_knots + 1,) ending in +inf."""
-    m0, h, b, hk, bh = prologue.program(BM, H, GROUP)
-    i, d, i_ok, d_ok, q_mask = prologue.block_indices(m0, TQ, D, BM, BD)
-    q = tl.load(Q + b * sqb + h * sqh + i[:, None] * sqt + d[None, :], mask=q_mask, other=0.0)  # (BM,BD)
-    k_ptrs, v_ptrs = prologue.forward_key_pointers(K, V, b, hk, d, skb, skh, skt, svb, svh, svt, BN)  # at key 0
+    m0 = tl.program_id(0) * BM
+    h, b, hk = prologue.heads(GROUP)
+    i, jl, d = prologue.tile_ranges(m0, BM, BN, BD)
+    d_ok, i_ok = d < D, i < TQ
+    q = tl.load(Q + b * sqb + h * sqh + i[:, None] * sqt + d[None, :], mask=i_ok[:, None] & d_ok[None, :],
+                other=0.0)  # (BM,BD)
+    k_ptrs, v_ptrs = prologue.forward_key_pointers(K, V, b, hk, jl, d, skb, skh, skt, svb, svh, svt)  # at key 0
     feature_base = FEATURE + tl.load(E + b) - m0  # the feature at query m0, key 0
     inv = tl.load(INV + b * inv_stride_b + tl.minimum(i, TQ - 1))  # (BM,) padded rows: the last query's
     block = b * NQ + tl.program_id(0)
@@ -170,8 +174,9 @@ def _forward(Q, K, V, OUT, LSE, FEATURE, E, INV, SEGS, SPLIT, KNOTS, SLOPE, INTE
                                   intercept_row, i, interior, _key_end(m0, TQ, TK, CAUSAL, BM), TQ, TK, qk_scale, skt,
                                   svt, d_ok, CAUSAL, True, False, BD == D, BM, BN, PRECISION, UPCAST)
     acc = acc / total[:, None]
-    tl.store(OUT + b * sob + h * soh + i[:, None] * sot + d[None, :], acc.to(OUT.dtype.element_ty), mask=q_mask)
-    tl.store(LSE + bh * TQ + i, best + tl.log2(total), mask=i_ok)  # base 2
+    tl.store(OUT + b * sob + h * soh + i[:, None] * sot + d[None, :], acc.to(OUT.dtype.element_ty),
+             mask=i_ok[:, None] & d_ok[None, :])
+    tl.store(LSE + (b * H + h) * TQ + i, best + tl.log2(total), mask=i_ok)  # base 2
 
 
 @triton.jit
@@ -215,11 +220,16 @@ def _dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, FEATURE, E, INV, SEGS, SPLIT, KNOTS, 
           PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """dK, dV of one key block for query head h into DK/DV contiguous (B,H,Tk,Dh); SEGS (B, NQ, NK, 2) for this
     kernel's tiles, SPLIT (B, NK): one past the last query block whose tile crosses more than one knot."""
-    n0, h, b, hk, bh = prologue.program(BN, H, GROUP)
-    j, d, _, d_ok, kv_mask = prologue.block_indices(n0, TK, D, BN, BD)
-    k, v = prologue.key_block(K, V, b, hk, j, d, kv_mask, skb, skh, skt, svb, svh, svt)  # (BN,BD) each
-    q_ptrs, do_ptrs, lse_ptrs, delta_ptrs = prologue.dkdv_query_pointers(Q, DO, LSE, DELTA, b, h, bh, d, TQ, sqb,
-                                                                         sqh, sqt, sdob, sdoh, sdot, BM)  # at query 0
+    n0 = tl.program_id(0) * BN
+    h, b, hk = prologue.heads(GROUP)
+    j, il, d = prologue.tile_ranges(n0, BN, BM, BD)
+    j_ok, d_ok = j < TK, d < D
+    kv_mask = j_ok[:, None] & d_ok[None, :]
+    k = tl.load(K + b * skb + hk * skh + j[:, None] * skt + d[None, :], mask=kv_mask, other=0.0)  # (BN,BD)
+    v = tl.load(V + b * svb + hk * svh + j[:, None] * svt + d[None, :], mask=kv_mask, other=0.0)
+    bh = b * H + h
+    q_ptrs, do_ptrs, lse_ptrs, delta_ptrs = prologue.dkdv_query_pointers(Q, DO, LSE, DELTA, b, h, bh, il, d, TQ,
+                                                                         sqb, sqh, sqt, sdob, sdoh, sdot)  # at query 0
     feature_base = FEATURE + tl.load(E + b) + n0  # the feature at key n0, query 0
     inv_ptrs = INV + b * inv_stride_b
     segs = SEGS + (b * NQ * NK + tl.program_id(0)) * 2
@@ -323,11 +333,14 @@ def _dq(Q, K, V, DO, LSE, DELTA, DQ, FEATURE, DERIVATIVE, E, INV, SEGS, SPLIT, K
     DIAG[b, h, block, 0] = sum over the block's pairs of dx * inv * DERIVATIVE[r] (the feature's one parameter's;
     DERIVATIVE indexed and padded as FEATURE); DINV[b, h, i] = sum_j dx x / inv; SEG[b, h, block, 0 or 1, s] = the
     sums of dS and dS x over segment s."""
-    m0, h, b, hk, bh = prologue.program(BM, H, GROUP)
-    i, d, i_ok, d_ok, q_mask = prologue.block_indices(m0, TQ, D, BM, BD)
-    q, do, lse, delta = prologue.dq_rows(Q, DO, LSE, DELTA, b, h, bh, i, d, i_ok, q_mask, TQ, sqb, sqh, sqt, sdob,
-                                         sdoh, sdot)
-    k_ptrs, v_ptrs = prologue.dq_key_pointers(K, V, b, hk, d, skb, skh, skt, svb, svh, svt, BN)  # at key 0
+    m0 = tl.program_id(0) * BM
+    h, b, hk = prologue.heads(GROUP)
+    bh = b * H + h
+    i, jl, d = prologue.tile_ranges(m0, BM, BN, BD)
+    i_ok, d_ok = i < TQ, d < D
+    q_mask = i_ok[:, None] & d_ok[None, :]
+    q, do, lse, delta = _dq_rows(Q, DO, LSE, DELTA, b, h, bh, i, d, i_ok, q_mask, TQ, sqb, sqh, sqt, sdob, sdoh, sdot)
+    k_ptrs, v_ptrs = prologue.dq_key_pointers(K, V, b, hk, jl, d, skb, skh, skt, svb, svh, svt)  # at key 0
     e = tl.load(E + b)
     feature_base = FEATURE + e - m0  # the feature at query m0, key 0
     derivative_base = DERIVATIVE + e - m0  # its derivative likewise

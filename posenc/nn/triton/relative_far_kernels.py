@@ -50,10 +50,13 @@ def _far_forward(Q, K, V, OUT, LSE, E, sqb, sqh, sqt, skb, skh, skt, svb, svh, s
                  D: tl.constexpr, CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
                  PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """O and LSE of the far tiles: OUT (B,H,Tq,Dh) float32 contiguous (0 where none), LSE (B,H,Tq) base 2."""
-    m0, h, b, hk, bh = prologue.program(BM, H, GROUP)
-    i, d, i_ok, d_ok, q_mask = prologue.block_indices(m0, TQ, D, BM, BD)
-    q = tl.load(Q + b * sqb + h * sqh + i[:, None] * sqt + d[None, :], mask=q_mask, other=0.0)  # (BM,BD)
-    k_ptrs, v_ptrs = prologue.forward_key_pointers(K, V, b, hk, d, skb, skh, skt, svb, svh, svt, BN)  # at key 0
+    m0 = tl.program_id(0) * BM
+    h, b, hk = prologue.heads(GROUP)
+    i, jl, d = prologue.tile_ranges(m0, BM, BN, BD)
+    d_ok, i_ok = d < D, i < TQ
+    q = tl.load(Q + b * sqb + h * sqh + i[:, None] * sqt + d[None, :], mask=i_ok[:, None] & d_ok[None, :],
+                other=0.0)  # (BM,BD)
+    k_ptrs, v_ptrs = prologue.forward_key_pointers(K, V, b, hk, jl, d, skb, skh, skt, svb, svh, svt)  # at key 0
     far = far_keys(tl.load(E + b) - m0, m0, TQ, TK, CAUSAL, BM, BN)
     best = tl.full((BM,), float("-inf"), tl.float32)
     total = tl.zeros((BM,), tl.float32)
@@ -62,7 +65,8 @@ def _far_forward(Q, K, V, OUT, LSE, E, sqb, sqh, sqt, skb, skh, skt, svb, svh, s
                                   d_ok, CAUSAL, False, False, BD == D, BN, PRECISION, UPCAST)
     some = total > 0.0
     acc = tl.where(some[:, None], acc / tl.where(some, total, 1.0)[:, None], 0.0)
-    tl.store(OUT + (bh * TQ + i[:, None]) * D + d[None, :], acc, mask=q_mask)
+    bh = b * H + h
+    tl.store(OUT + (bh * TQ + i[:, None]) * D + d[None, :], acc, mask=i_ok[:, None] & d_ok[None, :])
     tl.store(LSE + bh * TQ + i, tl.where(some, best + tl.log2(tl.where(some, total, 1.0)), float("-inf")), mask=i_ok)
 
 
@@ -72,11 +76,17 @@ def _far_dq(Q, K, V, DO, LSE_FAR, DELTA_FAR, DQ, E, sqb, sqh, sqt, skb, skh, skt
             D: tl.constexpr, CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
             PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """dQ of the far tiles, before the scale: DQ (B,H,Tq,Dh) float32 contiguous (0 where none)."""
-    m0, h, b, hk, bh = prologue.program(BM, H, GROUP)
-    i, d, i_ok, d_ok, q_mask = prologue.block_indices(m0, TQ, D, BM, BD)
-    q, do, lse, delta = prologue.dq_rows(Q, DO, LSE_FAR, DELTA_FAR, b, h, bh, i, d, i_ok, q_mask, TQ, sqb, sqh, sqt,
-                                         sdob, sdoh, sdot)
-    k_ptrs, v_ptrs = prologue.dq_key_pointers(K, V, b, hk, d, skb, skh, skt, svb, svh, svt, BN)  # at key 0
+    m0 = tl.program_id(0) * BM
+    h, b, hk = prologue.heads(GROUP)
+    bh = b * H + h
+    i, jl, d = prologue.tile_ranges(m0, BM, BN, BD)
+    d_ok, i_ok = d < D, i < TQ
+    q_mask = i_ok[:, None] & d_ok[None, :]
+    q = tl.load(Q + b * sqb + h * sqh + i[:, None] * sqt + d[None, :], mask=q_mask, other=0.0)  # (BM,BD)
+    do = tl.load(DO + b * sdob + h * sdoh + i[:, None] * sdot + d[None, :], mask=q_mask, other=0.0)
+    lse = tl.load(LSE_FAR + bh * TQ + i, mask=i_ok, other=float("inf"))
+    delta = tl.load(DELTA_FAR + bh * TQ + i, mask=i_ok, other=0.0)
+    k_ptrs, v_ptrs = prologue.dq_key_pointers(K, V, b, hk, jl, d, skb, skh, skt, svb, svh, svt)  # at key 0
     far = far_keys(tl.load(E + b) - m0, m0, TQ, TK, CAUSAL, BM, BN)
     dq = tl.zeros((BM, BD), tl.float32)
     dq, _ = _dq_tiles(dq, tl.zeros((BN,), tl.float32), q, do, lse, delta, k_ptrs, v_ptrs, Q, Q, i, 0, far, TQ, TK,
@@ -90,16 +100,22 @@ def _far_dkdv(Q, K, V, DO, LSE_FAR, DELTA_FAR, DK, DV, E, sqb, sqh, sqt, skb, sk
               D: tl.constexpr, CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
               PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """dK (before the scale) and dV of the far tiles for query head h: DK, DV (B,H,Tk,Dh) float32 contiguous."""
-    n0, h, b, hk, bh = prologue.program(BN, H, GROUP)
-    j, d, _, d_ok, kv_mask = prologue.block_indices(n0, TK, D, BN, BD)
-    k, v = prologue.key_block(K, V, b, hk, j, d, kv_mask, skb, skh, skt, svb, svh, svt)  # (BN,BD) each
-    q_ptrs, do_ptrs, lse_ptrs, delta_ptrs = prologue.dkdv_query_pointers(Q, DO, LSE_FAR, DELTA_FAR, b, h, bh, d, TQ,
-                                                                         sqb, sqh, sqt, sdob, sdoh, sdot, BM)
+    n0 = tl.program_id(0) * BN
+    h, b, hk = prologue.heads(GROUP)
+    bh = b * H + h
+    j, il, d = prologue.tile_ranges(n0, BN, BM, BD)
+    d_ok = d < D
+    kv_mask = (j < TK)[:, None] & d_ok[None, :]
+    k = tl.load(K + b * skb + hk * skh + j[:, None] * skt + d[None, :], mask=kv_mask, other=0.0)  # (BN,BD)
+    v = tl.load(V + b * svb + hk * svh + j[:, None] * svt + d[None, :], mask=kv_mask, other=0.0)
+    q_ptrs = Q + b * sqb + h * sqh + il[None, :] * sqt + d[:, None]  # (BD,BM) at query 0
+    do_ptrs = DO + b * sdob + h * sdoh + il[:, None] * sdot + d[None, :]
     start, end = far_queries(tl.load(E + b) + n0, n0, TQ, TK, CAUSAL, BM, BN)
     dk = tl.zeros((BN, BD), tl.float32)
     dv = tl.zeros((BN, BD), tl.float32)
-    dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, Q, j, start, end, TQ, TK, qk_scale,
-                         sqt, sdot, d_ok, CAUSAL, False, False, BD == D, BM, PRECISION, UPCAST)
+    dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, LSE_FAR + bh * TQ + il, DELTA_FAR + bh * TQ + il, Q, j,
+                         start, end, TQ, TK, qk_scale, sqt, sdot, d_ok, CAUSAL, False, False, BD == D, BM,
+                         PRECISION, UPCAST)
     out = (bh * TK + j[:, None]) * D + d[None, :]
     tl.store(DK + out, dk, mask=kv_mask)
     tl.store(DV + out, dv, mask=kv_mask)

@@ -189,8 +189,11 @@ def _forward(Q, QR, K, V, R, VT, OUT, LSE, O_FAR, LSE_FAR, E,
              PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """One query block's output and log-sum-exp. FAR: the far tiles of the FBM x FBN block that holds this one
     were run by relative_far_kernels._far_forward (O_FAR, LSE_FAR: no bias); this program starts from them."""
-    m0, h, b, hk, bh = prologue.program(BM, H, GROUP)
-    i, d, i_ok, d_ok, q_mask = prologue.block_indices(m0, TQ, D, BM, BD)
+    m0 = tl.program_id(0) * BM
+    h, b, hk = prologue.heads(GROUP)
+    i, _, d = prologue.tile_ranges(m0, BM, BN, BD)
+    d_ok = d < D
+    q_mask = (i < TQ)[:, None] & d_ok[None, :]
     q = tl.load(Q + b * sqb + h * sqh + i[:, None] * sqt + d[None, :], mask=q_mask, other=0.0)  # (BM,BD)
     qr = tl.load(QR + b * srb + h * srh + i[:, None] * srt + d[None, :], mask=q_mask, other=0.0)
     K += b * skb + hk * skh
@@ -205,7 +208,8 @@ def _forward(Q, QR, K, V, R, VT, OUT, LSE, O_FAR, LSE_FAR, E,
     if FAR:  # tiles whose every pair reads row 0 (clipped): their softmax, normalised, plus the row's bias
         m0_far = m0 // FBM * FBM
         far = far_keys(c_base + m0 - m0_far, m0_far, TQ, TK, CAUSAL, FBM, FBN)
-        best = tl.load(LSE_FAR + bh * TQ + i, mask=i_ok, other=float("-inf"))  # base 2, -inf: no far tile
+        bh = b * H + h
+        best = tl.load(LSE_FAR + bh * TQ + i, mask=i < TQ, other=float("-inf"))  # base 2, -inf: no far tile
         total = tl.where(best > float("-inf"), 1.0, 0.0)
         acc = tl.load(O_FAR + (bh * TQ + i[:, None]) * D + d[None, :], mask=q_mask, other=0.0)
         row0 = tl.load(R + d, mask=d_ok, other=0.0).to(tl.float32)
@@ -227,7 +231,7 @@ def _forward(Q, QR, K, V, R, VT, OUT, LSE, O_FAR, LSE_FAR, E,
                                                HAS_VALUES, BN, PRECISION, UPCAST)
     acc = acc / total[:, None]
     tl.store(OUT + b * sob + h * soh + i[:, None] * sot + d[None, :], acc.to(OUT.dtype.element_ty), mask=q_mask)
-    tl.store(LSE + bh * TQ + i, best + tl.log2(total), mask=i_ok)  # base 2
+    tl.store(LSE + (b * H + h) * TQ + i, best + tl.log2(total), mask=i < TQ)  # base 2
 
 
 @triton.jit
@@ -281,9 +285,14 @@ def _dkdv(Q, QR, K, V, DO, LSE, DELTA, DK_FAR, DV_FAR, DK, DV, R, VT, E,
     """dK, dV of one key block for query head h, (BN,BD), into DK/DV contiguous (B,H,Tk,Dh). FAR: the far query
     tiles of the FBM x FBN block that holds this one gave their dK (before the scale) and dV
     (relative_far_kernels._far_dkdv: DK_FAR, DV_FAR float32); this program adds the other tiles'."""
-    n0, h, b, hk, bh = prologue.program(BN, H, GROUP)
-    j, d, _, d_ok, kv_mask = prologue.block_indices(n0, TK, D, BN, BD)
-    k, v = prologue.key_block(K, V, b, hk, j, d, kv_mask, skb, skh, skt, svb, svh, svt)  # (BN,BD) each
+    n0 = tl.program_id(0) * BN
+    h, b, hk = prologue.heads(GROUP)
+    j, _, d = prologue.tile_ranges(n0, BN, BM, BD)
+    d_ok = d < D
+    kv_mask = (j < TK)[:, None] & d_ok[None, :]
+    k = tl.load(K + b * skb + hk * skh + j[:, None] * skt + d[None, :], mask=kv_mask, other=0.0)  # (BN,BD)
+    v = tl.load(V + b * svb + hk * svh + j[:, None] * svt + d[None, :], mask=kv_mask, other=0.0)
+    bh = b * H + h
     Q += b * sqb + h * sqh
     QR += b * srb + h * srh
     DO += b * sdob + h * sdoh
@@ -414,11 +423,17 @@ def _dq(Q, QR, K, V, DO, LSE, DELTA, DQ_FAR, DQ, DQR, R, VT, DR, DVT, E,
     block that holds this one gave their dQ (relative_far_kernels._far_dq: DQ_FAR, float32, before the scale);
     their dS and p reach row 0 through the rows' sums, which softmax fixes: sum_j dS_ij = 0 and sum_j p_ij = 1
     over all keys, so the far tiles' are minus, and one minus, the other tiles'."""
-    m0, h, b, hk, bh = prologue.program(BM, H, GROUP)
-    i, d, i_ok, d_ok, q_mask = prologue.block_indices(m0, TQ, D, BM, BD)
-    q, do, lse, delta = prologue.dq_rows(Q, DO, LSE, DELTA, b, h, bh, i, d, i_ok, q_mask, TQ, sqb, sqh, sqt, sdob,
-                                         sdoh, sdot)
-    qr = tl.load(QR + b * srb + h * srh + i[:, None] * srt + d[None, :], mask=q_mask, other=0.0)  # (BM,BD)
+    m0 = tl.program_id(0) * BM
+    h, b, hk = prologue.heads(GROUP)
+    bh = b * H + h
+    i, _, d = prologue.tile_ranges(m0, BM, BN, BD)
+    d_ok, i_ok = d < D, i < TQ
+    q_mask = i_ok[:, None] & d_ok[None, :]
+    q = tl.load(Q + b * sqb + h * sqh + i[:, None] * sqt + d[None, :], mask=q_mask, other=0.0)  # (BM,BD)
+    qr = tl.load(QR + b * srb + h * srh + i[:, None] * srt + d[None, :], mask=q_mask, other=0.0)
+    do = tl.load(DO + b * sdob + h * sdoh + i[:, None] * sdot + d[None, :], mask=q_mask, other=0.0)
+    lse = tl.load(LSE + bh * TQ + i, mask=i_ok, other=float("inf"))
+    delta = tl.load(DELTA + bh * TQ + i, mask=i_ok, other=0.0)
     K += b * skb + hk * skh
     V += b * svb + hk * svh
     R += h * s_table_h
