@@ -223,8 +223,7 @@ def _forward(Q, K, V, OUT, LSE, ROWS, E,
              D: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr,
              BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
              PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    m0 = tl.program_id(0) * BM
-    h, b, hk = prologue.heads(GROUP)
+    m0, h, b, hk = prologue.program(BM, GROUP)
     i, jl, d = prologue.tile_ranges(m0, BM, BN, BD)
     d_ok, i_ok = d < D, i < TQ
     q = tl.load(Q + b * sqb + h * sqh + i[:, None] * sqt + d[None, :], mask=i_ok[:, None] & d_ok[None, :],
@@ -307,13 +306,9 @@ def _dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, ROWS, E,
           PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """dK, dV of one key block for query head h, (BN,BD), into DK/DV contiguous (B,H,Tk,Dh): per query head, so
     GQA groups sit on the grid (the host adds a group's heads up)."""
-    n0 = tl.program_id(0) * BN
-    h, b, hk = prologue.heads(GROUP)
-    j, il, d = prologue.tile_ranges(n0, BN, BM, BD)
-    j_ok, d_ok = j < TK, d < D
-    kv_mask = j_ok[:, None] & d_ok[None, :]
-    k = tl.load(K + b * skb + hk * skh + j[:, None] * skt + d[None, :], mask=kv_mask, other=0.0)  # (BN,BD)
-    v = tl.load(V + b * svb + hk * svh + j[:, None] * svt + d[None, :], mask=kv_mask, other=0.0)
+    n0, h, b, hk = prologue.program(BN, GROUP)
+    j, il, d, _, d_ok, kv_mask = prologue.block_indices(n0, TK, D, BN, BM, BD)
+    k, v = prologue.key_block(K, V, b, hk, j, d, kv_mask, skb, skh, skt, svb, svh, svt)  # (BN,BD) each
     bh = b * H + h
     q_ptrs, do_ptrs, lse_ptrs, delta_ptrs = prologue.dkdv_query_pointers(Q, DO, LSE, DELTA, b, h, bh, il, d, TQ,
                                                                          sqb, sqh, sqt, sdob, sdoh, sdot)  # at query 0
@@ -419,12 +414,9 @@ def _dq(Q, K, V, DO, LSE, DELTA, DQ, ROWS, E, DIAG,
         BD: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """dQ of one query block (DQ contiguous (B,H,Tq,Dh)) and, if ROW_GRAD, the diagonal sums of dS into
     DIAG[b, h, block, c] at c = j - i + m0 + BM - 1 (each c written once: no atomics)."""
-    m0 = tl.program_id(0) * BM
-    h, b, hk = prologue.heads(GROUP)
+    m0, h, b, hk = prologue.program(BM, GROUP)
     bh = b * H + h
-    i, jl, d = prologue.tile_ranges(m0, BM, BN, BD)
-    i_ok, d_ok = i < TQ, d < D
-    q_mask = i_ok[:, None] & d_ok[None, :]
+    i, jl, d, i_ok, d_ok, q_mask = prologue.block_indices(m0, TQ, D, BM, BN, BD)
     q, do, lse, delta = _dq_rows(Q, DO, LSE, DELTA, b, h, bh, i, d, i_ok, q_mask, TQ, sqb, sqh, sqt, sdob, sdoh, sdot)
     k_ptrs, v_ptrs = prologue.dq_key_pointers(K, V, b, hk, jl, d, skb, skh, skt, svb, svh, svt)  # at key 0
     bias_ptrs = ROWS + h * row_stride + tl.load(E + b) - m0  # the row at query m0, key 0

@@ -80,12 +80,9 @@ def _dq_buckets(Q, K, V, DO, LSE, DELTA, DQ, ROWS, BUCKETS, TILE_BUCKETS, E, G,
     """dQ of one query block (DQ contiguous (B,H,Tq,Dh)) and its sums per bucket into G[b, h, block, 0:NBP] (each
     written once: no atomics; the host adds them up in a fixed order). BUCKETS: the bucket of each row element
     (int32, padded as the rows); TILE_BUCKETS[o]: the one bucket of the BM + BN - 1 elements from o on, or -1."""
-    m0 = tl.program_id(0) * BM
-    h, b, hk = prologue.heads(GROUP)
+    m0, h, b, hk = prologue.program(BM, GROUP)
     bh = b * H + h
-    i, jl, d = prologue.tile_ranges(m0, BM, BN, BD)
-    i_ok, d_ok = i < TQ, d < D
-    q_mask = i_ok[:, None] & d_ok[None, :]
+    i, jl, d, i_ok, d_ok, q_mask = prologue.block_indices(m0, TQ, D, BM, BN, BD)
     q, do, lse, delta = _dq_rows(Q, DO, LSE, DELTA, b, h, bh, i, d, i_ok, q_mask, TQ, sqb, sqh, sqt, sdob, sdoh, sdot)
     k_ptrs, v_ptrs = prologue.dq_key_pointers(K, V, b, hk, jl, d, skb, skh, skt, svb, svh, svt)  # at key 0
     e = tl.load(E + b)

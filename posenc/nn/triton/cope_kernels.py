@@ -84,8 +84,7 @@ def _cope_forward(Q, K, V, OUT, LSE, ROWS,
                   PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """One program per (query block, h, b): online softmax over key tiles from the diagonal back to key 0; the
     gates only until every query has counted P - 1 of them (_all_far), plain tiles after."""
-    m0 = tl.program_id(0) * BM
-    h, b, hk = prologue.heads(GROUP)
+    m0, h, b, hk = prologue.program(BM, GROUP)
     i, jl, d = prologue.tile_ranges(m0, BM, BN, BD)
     d_ok, i_ok = d < D, i < TQ
     q = tl.load(Q + b * sqb + h * sqh + i[:, None] * sqt + d[None, :], mask=i_ok[:, None] & d_ok[None, :],
@@ -137,12 +136,9 @@ def _cope_dq(Q, K, V, DO, LSE, DELTA, DQ_NEAR, END, ROWS, DROWS, CARRY_G, CARRY_
     like ROWS), the carries entering each of those key tiles (CARRY_G, CARRY_D: (B,H,Tq,KB)), D per query (DTOTAL
     (B,H,Tq)) and the far keys' end per query (END (B,H,Tq) int32: keys j < END[i] are _cope_dq_far's, their
     carries never stored: _cope_dkdv reads END first)."""
-    m0 = tl.program_id(0) * BM
-    h, b, hk = prologue.heads(GROUP)
+    m0, h, b, hk = prologue.program(BM, GROUP)
     bh = b * H + h
-    i, jl, d = prologue.tile_ranges(m0, BM, BN, BD)
-    i_ok, d_ok = i < TQ, d < D
-    q_mask = i_ok[:, None] & d_ok[None, :]
+    i, jl, d, i_ok, d_ok, q_mask = prologue.block_indices(m0, TQ, D, BM, BN, BD)
     q, do, lse, delta = _dq_rows(Q, DO, LSE, DELTA, b, h, bh, i, d, i_ok, q_mask, TQ, sqb, sqh, sqt, sdob, sdoh, sdot)
     k_base = K + b * skb + hk * skh + d[:, None]
     v_base = V + b * svb + hk * svh + d[:, None]
@@ -200,12 +196,9 @@ def _cope_dq_far(Q, K, V, DO, LSE, DELTA, DQ, DQ_NEAR, END, ROWS, DROWS,
     (past P - 1 gates: one bias per query, the last entry, dz = dS) as plain flash dQ tiles, left to right; adds
     _cope_dq's part (DQ_NEAR) into DQ (contiguous (B,H,Tq,Dh)) and the tiles' dS to the last entry of d rows.
     Keys below every query's END need no mask; the tiles between the smallest and the largest END mask by row."""
-    m0 = tl.program_id(0) * BM
-    h, b, hk = prologue.heads(GROUP)
+    m0, h, b, hk = prologue.program(BM, GROUP)
     bh = b * H + h
-    i, jl, d = prologue.tile_ranges(m0, BM, BN, BD)
-    i_ok, d_ok = i < TQ, d < D
-    q_mask = i_ok[:, None] & d_ok[None, :]
+    i, jl, d, i_ok, d_ok, q_mask = prologue.block_indices(m0, TQ, D, BM, BN, BD)
     q, do, lse, delta = _dq_rows(Q, DO, LSE, DELTA, b, h, bh, i, d, i_ok, q_mask, TQ, sqb, sqh, sqt, sdob, sdoh, sdot)
     k_base = K + b * skb + hk * skh + d[:, None]
     v_base = V + b * svb + hk * svh + d[:, None]
@@ -248,8 +241,7 @@ def _cope_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, ROWS, END, CARRY_G, CARRY_D, DTO
     """One program per (key tile, h, b): dK, dV of query head h into DK/DV contiguous (B,H,Tk,Dh) (GQA: the host
     adds a group's heads up), from the carries _dq left at this key tile. BN must be _dq's."""
     kb = tl.program_id(0)
-    n0 = kb * BN
-    h, b, hk = prologue.heads(GROUP)
+    n0, h, b, hk = prologue.program(BN, GROUP)
     bh = b * H + h
     j, il, d = prologue.tile_ranges(n0, BN, BM, BD)
     j_ok, d_ok = j < TK, d < D

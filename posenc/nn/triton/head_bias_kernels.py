@@ -53,12 +53,9 @@ def _dq_head_params(Q, K, V, DO, LSE, DELTA, DQ, ROWS, JAC, E, G,
                     BD: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """dQ of one query block (DQ contiguous (B,H,Tq,Dh)) and its three parameter sums into G[b, h, block, 0:3]
     (each written once: no atomics; the host adds them up in a fixed order)."""
-    m0 = tl.program_id(0) * BM
-    h, b, hk = prologue.heads(GROUP)
+    m0, h, b, hk = prologue.program(BM, GROUP)
     bh = b * H + h
-    i, jl, d = prologue.tile_ranges(m0, BM, BN, BD)
-    i_ok, d_ok = i < TQ, d < D
-    q_mask = i_ok[:, None] & d_ok[None, :]
+    i, jl, d, i_ok, d_ok, q_mask = prologue.block_indices(m0, TQ, D, BM, BN, BD)
     q, do, lse, delta = _dq_rows(Q, DO, LSE, DELTA, b, h, bh, i, d, i_ok, q_mask, TQ, sqb, sqh, sqt, sdob, sdoh, sdot)
     k_ptrs, v_ptrs = prologue.dq_key_pointers(K, V, b, hk, jl, d, skb, skh, skt, svb, svh, svt)  # at key 0
     e = tl.load(E + b)

@@ -18,12 +18,14 @@ import triton.language as tl
 
 
 @triton.jit
-def heads(GROUP):
-    """-> this program's query head h (axis 1), batch row b (axis 2) and key/value head hk (GQA: GROUP query heads
-    share one). int64: a (b, h) base offset may pass 2^31 elements (the per-tile offsets against it stay int32)."""
+def program(BLOCK: tl.constexpr, GROUP):
+    """-> the block's first row (axis 0 times BLOCK), query head h, batch row b and key/value head hk (GQA: GROUP
+    query heads share one). h and b are int64: a (b, h) base offset may pass 2^31 elements (the per-tile offsets
+    against it stay int32)."""
+    start = tl.program_id(0) * BLOCK
     h = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
-    return h, b, h // GROUP
+    return start, h, b, h // GROUP
 
 
 @triton.jit
@@ -31,6 +33,15 @@ def tile_ranges(start, BLOCK: tl.constexpr, OTHER: tl.constexpr, BD: tl.constexp
     """-> the block's rows start .. start + BLOCK - 1 (BLOCK,), a tile's offsets along the other axis (OTHER,) and
     the head dims (BD,)."""
     return start + tl.arange(0, BLOCK), tl.arange(0, OTHER), tl.arange(0, BD)
+
+
+@triton.jit
+def block_indices(start, LENGTH, D: tl.constexpr, BLOCK: tl.constexpr, OTHER: tl.constexpr, BD: tl.constexpr):
+    """tile_ranges, then the masks: rows inside LENGTH (Tq or Tk), dims inside D, and the block's (BLOCK,BD) tile
+    (of q, dO, or k and v). -> rows, other, d, rows_ok, d_ok, tile mask."""
+    rows, other, d = tile_ranges(start, BLOCK, OTHER, BD)
+    rows_ok, d_ok = rows < LENGTH, d < D
+    return rows, other, d, rows_ok, d_ok, rows_ok[:, None] & d_ok[None, :]
 
 
 @triton.jit
@@ -50,6 +61,14 @@ def dq_key_pointers(K, V, b, hk, jl, d, skb, skh, skt, svb, svh, svt):
 
 
 @triton.jit
+def key_block(K, V, b, hk, j, d, kv_mask, skb, skh, skt, svb, svh, svt):
+    """A dK/dV program's key block, loaded once: k and v (BN,BD) of head (b, hk), 0 outside kv_mask."""
+    k = tl.load(K + b * skb + hk * skh + j[:, None] * skt + d[None, :], mask=kv_mask, other=0.0)
+    v = tl.load(V + b * svb + hk * svh + j[:, None] * svt + d[None, :], mask=kv_mask, other=0.0)
+    return k, v
+
+
+@triton.jit
 def dkdv_query_pointers(Q, DO, LSE, DELTA, b, h, bh, il, d, TQ, sqb, sqh, sqt, sdob, sdoh, sdot):
     """A dK/dV program's query tile pointers at query 0 of head (b, h), bh = b H + h: q transposed (BD,BM), dO
     (BM,BD), LSE and delta (BM,)."""
@@ -58,4 +77,5 @@ def dkdv_query_pointers(Q, DO, LSE, DELTA, b, h, bh, il, d, TQ, sqb, sqh, sqt, s
     return q_ptrs, do_ptrs, LSE + bh * TQ + il, DELTA + bh * TQ + il
 
 
-__all__ = ["dkdv_query_pointers", "dq_key_pointers", "forward_key_pointers", "tile_ranges"]
+__all__ = ["block_indices", "dkdv_query_pointers", "dq_key_pointers", "forward_key_pointers", "key_block", "program",
+           "tile_ranges"]

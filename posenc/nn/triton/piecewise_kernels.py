@@ -147,8 +147,7 @@ def _forward(Q, K, V, OUT, LSE, FEATURE, E, INV, SEGS, SPLIT, KNOTS, SLOPE, INTE
     """INV (B|1,Tq) with batch stride inv_stride_b; SEGS (B, NQ, NK, 2) int32: each tile's segment range;
     SPLIT (B, NQ): the first key tile crossing more than one knot; SLOPE, INTERCEPT (H, n_knots + 1) contiguous;
     KNOTS (n_knots + 1,) ending in +inf."""
-    m0 = tl.program_id(0) * BM
-    h, b, hk = prologue.heads(GROUP)
+    m0, h, b, hk = prologue.program(BM, GROUP)
     i, jl, d = prologue.tile_ranges(m0, BM, BN, BD)
     d_ok, i_ok = d < D, i < TQ
     q = tl.load(Q + b * sqb + h * sqh + i[:, None] * sqt + d[None, :], mask=i_ok[:, None] & d_ok[None, :],
@@ -220,13 +219,9 @@ def _dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, FEATURE, E, INV, SEGS, SPLIT, KNOTS, 
           PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """dK, dV of one key block for query head h into DK/DV contiguous (B,H,Tk,Dh); SEGS (B, NQ, NK, 2) for this
     kernel's tiles, SPLIT (B, NK): one past the last query block whose tile crosses more than one knot."""
-    n0 = tl.program_id(0) * BN
-    h, b, hk = prologue.heads(GROUP)
-    j, il, d = prologue.tile_ranges(n0, BN, BM, BD)
-    j_ok, d_ok = j < TK, d < D
-    kv_mask = j_ok[:, None] & d_ok[None, :]
-    k = tl.load(K + b * skb + hk * skh + j[:, None] * skt + d[None, :], mask=kv_mask, other=0.0)  # (BN,BD)
-    v = tl.load(V + b * svb + hk * svh + j[:, None] * svt + d[None, :], mask=kv_mask, other=0.0)
+    n0, h, b, hk = prologue.program(BN, GROUP)
+    j, il, d, _, d_ok, kv_mask = prologue.block_indices(n0, TK, D, BN, BM, BD)
+    k, v = prologue.key_block(K, V, b, hk, j, d, kv_mask, skb, skh, skt, svb, svh, svt)  # (BN,BD) each
     bh = b * H + h
     q_ptrs, do_ptrs, lse_ptrs, delta_ptrs = prologue.dkdv_query_pointers(Q, DO, LSE, DELTA, b, h, bh, il, d, TQ,
                                                                          sqb, sqh, sqt, sdob, sdoh, sdot)  # at query 0
@@ -333,12 +328,9 @@ def _dq(Q, K, V, DO, LSE, DELTA, DQ, FEATURE, DERIVATIVE, E, INV, SEGS, SPLIT, K
     DIAG[b, h, block, 0] = sum over the block's pairs of dx * inv * DERIVATIVE[r] (the feature's one parameter's;
     DERIVATIVE indexed and padded as FEATURE); DINV[b, h, i] = sum_j dx x / inv; SEG[b, h, block, 0 or 1, s] = the
     sums of dS and dS x over segment s."""
-    m0 = tl.program_id(0) * BM
-    h, b, hk = prologue.heads(GROUP)
+    m0, h, b, hk = prologue.program(BM, GROUP)
     bh = b * H + h
-    i, jl, d = prologue.tile_ranges(m0, BM, BN, BD)
-    i_ok, d_ok = i < TQ, d < D
-    q_mask = i_ok[:, None] & d_ok[None, :]
+    i, jl, d, i_ok, d_ok, q_mask = prologue.block_indices(m0, TQ, D, BM, BN, BD)
     q, do, lse, delta = _dq_rows(Q, DO, LSE, DELTA, b, h, bh, i, d, i_ok, q_mask, TQ, sqb, sqh, sqt, sdob, sdoh, sdot)
     k_ptrs, v_ptrs = prologue.dq_key_pointers(K, V, b, hk, jl, d, skb, skh, skt, svb, svh, svt)  # at key 0
     e = tl.load(E + b)

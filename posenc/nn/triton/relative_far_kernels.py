@@ -50,8 +50,7 @@ def _far_forward(Q, K, V, OUT, LSE, E, sqb, sqh, sqt, skb, skh, skt, svb, svh, s
                  D: tl.constexpr, CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
                  PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """O and LSE of the far tiles: OUT (B,H,Tq,Dh) float32 contiguous (0 where none), LSE (B,H,Tq) base 2."""
-    m0 = tl.program_id(0) * BM
-    h, b, hk = prologue.heads(GROUP)
+    m0, h, b, hk = prologue.program(BM, GROUP)
     i, jl, d = prologue.tile_ranges(m0, BM, BN, BD)
     d_ok, i_ok = d < D, i < TQ
     q = tl.load(Q + b * sqb + h * sqh + i[:, None] * sqt + d[None, :], mask=i_ok[:, None] & d_ok[None, :],
@@ -76,8 +75,7 @@ def _far_dq(Q, K, V, DO, LSE_FAR, DELTA_FAR, DQ, E, sqb, sqh, sqt, skb, skh, skt
             D: tl.constexpr, CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
             PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """dQ of the far tiles, before the scale: DQ (B,H,Tq,Dh) float32 contiguous (0 where none)."""
-    m0 = tl.program_id(0) * BM
-    h, b, hk = prologue.heads(GROUP)
+    m0, h, b, hk = prologue.program(BM, GROUP)
     bh = b * H + h
     i, jl, d = prologue.tile_ranges(m0, BM, BN, BD)
     d_ok, i_ok = d < D, i < TQ
@@ -100,14 +98,12 @@ def _far_dkdv(Q, K, V, DO, LSE_FAR, DELTA_FAR, DK, DV, E, sqb, sqh, sqt, skb, sk
               D: tl.constexpr, CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
               PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """dK (before the scale) and dV of the far tiles for query head h: DK, DV (B,H,Tk,Dh) float32 contiguous."""
-    n0 = tl.program_id(0) * BN
-    h, b, hk = prologue.heads(GROUP)
+    n0, h, b, hk = prologue.program(BN, GROUP)
     bh = b * H + h
     j, il, d = prologue.tile_ranges(n0, BN, BM, BD)
     d_ok = d < D
     kv_mask = (j < TK)[:, None] & d_ok[None, :]
-    k = tl.load(K + b * skb + hk * skh + j[:, None] * skt + d[None, :], mask=kv_mask, other=0.0)  # (BN,BD)
-    v = tl.load(V + b * svb + hk * svh + j[:, None] * svt + d[None, :], mask=kv_mask, other=0.0)
+    k, v = prologue.key_block(K, V, b, hk, j, d, kv_mask, skb, skh, skt, svb, svh, svt)  # (BN,BD) each
     q_ptrs = Q + b * sqb + h * sqh + il[None, :] * sqt + d[:, None]  # (BD,BM) at query 0
     do_ptrs = DO + b * sdob + h * sdoh + il[:, None] * sdot + d[None, :]
     start, end = far_queries(tl.load(E + b) + n0, n0, TQ, TK, CAUSAL, BM, BN)
