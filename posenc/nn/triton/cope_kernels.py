@@ -87,8 +87,7 @@ def _cope_forward(Q, K, V, OUT, LSE, ROWS,
     m0, h, b, hk = prologue.program(BM, GROUP)
     i, jl, d = prologue.tile_ranges(m0, BM, BN, BD)
     d_ok, i_ok = d < D, i < TQ
-    q = tl.load(Q + b * sqb + h * sqh + i[:, None] * sqt + d[None, :], mask=i_ok[:, None] & d_ok[None, :],
-                other=0.0)  # (BM,BD)
+    q = prologue.query_rows(Q, b, h, i, d, i_ok, d_ok, sqb, sqh, sqt)  # (BM,BD)
     k_base = K + b * skb + hk * skh + d[:, None]  # (BD,1)
     v_base = V + b * svb + hk * svh + d[None, :]  # (1,BD)
     rows_at = ROWS + ((b * H + h) * TQ + i) * P  # (BM,)

@@ -45,6 +45,13 @@ def block_indices(start, LENGTH, D: tl.constexpr, BLOCK: tl.constexpr, OTHER: tl
 
 
 @triton.jit
+def query_rows(Q, b, h, i, d, i_ok, d_ok, sqb, sqh, sqt):
+    """A forward program's query block (BM,BD) of head (b, h), 0 outside the rows and head dims."""
+    return tl.load(Q + b * sqb + h * sqh + i[:, None] * sqt + d[None, :], mask=i_ok[:, None] & d_ok[None, :],
+                   other=0.0)
+
+
+@triton.jit
 def forward_key_pointers(K, V, b, hk, jl, d, skb, skh, skt, svb, svh, svt):
     """A forward program's key tile pointers at key 0 of head (b, hk): k transposed (BD,BN), v (BN,BD)."""
     k_ptrs = K + b * skb + hk * skh + jl[None, :] * skt + d[:, None]

@@ -150,8 +150,7 @@ def _forward(Q, K, V, OUT, LSE, FEATURE, E, INV, SEGS, SPLIT, KNOTS, SLOPE, INTE
     m0, h, b, hk = prologue.program(BM, GROUP)
     i, jl, d = prologue.tile_ranges(m0, BM, BN, BD)
     d_ok, i_ok = d < D, i < TQ
-    q = tl.load(Q + b * sqb + h * sqh + i[:, None] * sqt + d[None, :], mask=i_ok[:, None] & d_ok[None, :],
-                other=0.0)  # (BM,BD)
+    q = prologue.query_rows(Q, b, h, i, d, i_ok, d_ok, sqb, sqh, sqt)  # (BM,BD)
     k_ptrs, v_ptrs = prologue.forward_key_pointers(K, V, b, hk, jl, d, skb, skh, skt, svb, svh, svt)  # at key 0
     feature_base = FEATURE + tl.load(E + b) - m0  # the feature at query m0, key 0
     inv = tl.load(INV + b * inv_stride_b + tl.minimum(i, TQ - 1))  # (BM,) padded rows: the last query's
