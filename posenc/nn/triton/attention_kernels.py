@@ -394,17 +394,6 @@ def _dq_tiles(dq, carry, q, do, lse, delta, k_ptrs, v_ptrs, bias_ptrs, diag, i, 
 
 
 @triton.jit
-def _dq_rows(Q, DO, LSE, DELTA, b, h, bh, i, d, i_ok, q_mask, TQ, sqb, sqh, sqt, sdob, sdoh, sdot):
-    """A dQ program's query block, loaded once: q and dO (BM,BD), LSE and delta (BM,); padded queries read as
-    probability 0."""
-    q = tl.load(Q + b * sqb + h * sqh + i[:, None] * sqt + d[None, :], mask=q_mask, other=0.0)  # (BM,BD)
-    do = tl.load(DO + b * sdob + h * sdoh + i[:, None] * sdot + d[None, :], mask=q_mask, other=0.0)
-    lse = tl.load(LSE + bh * TQ + i, mask=i_ok, other=float("inf"))  # padded queries: probability 0
-    delta = tl.load(DELTA + bh * TQ + i, mask=i_ok, other=0.0)
-    return q, do, lse, delta
-
-
-@triton.jit
 def _dq(Q, K, V, DO, LSE, DELTA, DQ, ROWS, E, DIAG,
         sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdob, sdoh, sdot,
         H, GROUP, TQ, TK, row_stride, diag_len, qk_scale, scale,
@@ -416,7 +405,8 @@ def _dq(Q, K, V, DO, LSE, DELTA, DQ, ROWS, E, DIAG,
     m0, h, b, hk = prologue.program(BM, GROUP)
     bh = b * H + h
     i, jl, d, i_ok, d_ok, q_mask = prologue.block_indices(m0, TQ, D, BM, BN, BD)
-    q, do, lse, delta = _dq_rows(Q, DO, LSE, DELTA, b, h, bh, i, d, i_ok, q_mask, TQ, sqb, sqh, sqt, sdob, sdoh, sdot)
+    q, do, lse, delta = prologue.dq_query_block(Q, DO, LSE, DELTA, b, h, bh, i, d, i_ok, q_mask, TQ, sqb, sqh, sqt,
+                                                sdob, sdoh, sdot)
     k_ptrs, v_ptrs = prologue.dq_key_pointers(K, V, b, hk, jl, d, skb, skh, skt, svb, svh, svt)  # at key 0
     bias_ptrs = ROWS + h * row_stride + tl.load(E + b) - m0  # the row at query m0, key 0
     diag = DIAG + (bh * tl.num_programs(0) + tl.program_id(0)) * diag_len

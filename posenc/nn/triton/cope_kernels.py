@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from posenc.nn.triton import kernel_prologues as prologue
-from posenc.nn.triton.attention_kernels import LOG2E, _dot, _dq_rows, _fold_values, _softmax_step, _valid
+from posenc.nn.triton.attention_kernels import LOG2E, _dot, _fold_values, _softmax_step, _valid
 
 _LOG2E = tl.constexpr(LOG2E)  # softmax in base 2, as attention_kernels (a jit function reads constexpr globals only)
 
@@ -138,7 +138,8 @@ def _cope_dq(Q, K, V, DO, LSE, DELTA, DQ_NEAR, END, ROWS, DROWS, CARRY_G, CARRY_
     m0, h, b, hk = prologue.program(BM, GROUP)
     bh = b * H + h
     i, jl, d, i_ok, d_ok, q_mask = prologue.block_indices(m0, TQ, D, BM, BN, BD)
-    q, do, lse, delta = _dq_rows(Q, DO, LSE, DELTA, b, h, bh, i, d, i_ok, q_mask, TQ, sqb, sqh, sqt, sdob, sdoh, sdot)
+    q, do, lse, delta = prologue.dq_query_block(Q, DO, LSE, DELTA, b, h, bh, i, d, i_ok, q_mask, TQ, sqb, sqh, sqt,
+                                                sdob, sdoh, sdot)
     k_base = K + b * skb + hk * skh + d[:, None]
     v_base = V + b * svb + hk * svh + d[:, None]
     rows_at = ROWS + (bh * TQ + i) * P
@@ -198,7 +199,8 @@ def _cope_dq_far(Q, K, V, DO, LSE, DELTA, DQ, DQ_NEAR, END, ROWS, DROWS,
     m0, h, b, hk = prologue.program(BM, GROUP)
     bh = b * H + h
     i, jl, d, i_ok, d_ok, q_mask = prologue.block_indices(m0, TQ, D, BM, BN, BD)
-    q, do, lse, delta = _dq_rows(Q, DO, LSE, DELTA, b, h, bh, i, d, i_ok, q_mask, TQ, sqb, sqh, sqt, sdob, sdoh, sdot)
+    q, do, lse, delta = prologue.dq_query_block(Q, DO, LSE, DELTA, b, h, bh, i, d, i_ok, q_mask, TQ, sqb, sqh, sqt,
+                                                sdob, sdoh, sdot)
     k_base = K + b * skb + hk * skh + d[:, None]
     v_base = V + b * svb + hk * svh + d[:, None]
     end = tl.load(END + bh * TQ + i, mask=i_ok, other=0)  # (BM,) <= TK

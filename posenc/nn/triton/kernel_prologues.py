@@ -3,12 +3,14 @@ program runs, its index ranges, and the pointers it starts its loops from. Grid 
 the block (BM queries, or BN keys for dK/dV), axis 1 the query head h, axis 2 the batch row b; tensors (B,H,T,Dh)
 with strides s?b, s?h, s?t and unit stride along Dh, BD >= Dh a power of two.
 
-Triton inlines these, so a kernel's IR is the op sequence of the lines they replace, in the same order; the sm_90
-compile is then the same to the instruction (benchmarks.gpu_static: registers, spills, loop instructions). The
-order is what these keep exact: ptxas' register allocation near 255 registers moves with it (a key offset range
-made two lines later cost one dQ 16 B of spills), and so does the hoisting of folded constants, which differs for
-a constant folded inside a helper. So the helpers hold no constant a kernel used to fold (a masked load's `other`,
-a compare against the constexpr D): those lines stay in the kernels.
+Triton inlines these, so a kernel's IR is the op sequence of the lines a call replaces. Where that is the order the
+kernel had, its sm_90 compile stays the same to the instruction; where it is not, it may not: ptxas' register
+allocation near 255 registers moves with the order (a first version of these helpers, reordering, moved registers
+in 27 of benchmarks.gpu_static's settings and made FIRE's by-parameter dQ in float32 spill 8-16 B). So a kernel
+calls a helper only for lines it ran in the helper's order, and keeps the rest inline (relative_kernels' q and qr
+under one mask, _cope_dkdv's transposed key block, _far_dkdv's LSE and delta pointers made after far_queries).
+Checked on every setting benchmarks.gpu_static compiles: the same registers, spills, shared memory and loop
+instructions as before the helpers, and the same PTX but for its debug lines.
 """
 
 from __future__ import annotations
@@ -52,6 +54,17 @@ def query_rows(Q, b, h, i, d, i_ok, d_ok, sqb, sqh, sqt):
 
 
 @triton.jit
+def dq_query_block(Q, DO, LSE, DELTA, b, h, bh, i, d, i_ok, q_mask, TQ, sqb, sqh, sqt, sdob, sdoh, sdot):
+    """A dQ program's query block, loaded once: q and dO (BM,BD), LSE and delta (BM,); padded queries read as
+    probability 0."""
+    q = tl.load(Q + b * sqb + h * sqh + i[:, None] * sqt + d[None, :], mask=q_mask, other=0.0)  # (BM,BD)
+    do = tl.load(DO + b * sdob + h * sdoh + i[:, None] * sdot + d[None, :], mask=q_mask, other=0.0)
+    lse = tl.load(LSE + bh * TQ + i, mask=i_ok, other=float("inf"))  # padded queries: probability 0
+    delta = tl.load(DELTA + bh * TQ + i, mask=i_ok, other=0.0)
+    return q, do, lse, delta
+
+
+@triton.jit
 def forward_key_pointers(K, V, b, hk, jl, d, skb, skh, skt, svb, svh, svt):
     """A forward program's key tile pointers at key 0 of head (b, hk): k transposed (BD,BN), v (BN,BD)."""
     k_ptrs = K + b * skb + hk * skh + jl[None, :] * skt + d[:, None]
@@ -84,5 +97,5 @@ def dkdv_query_pointers(Q, DO, LSE, DELTA, b, h, bh, il, d, TQ, sqb, sqh, sqt, s
     return q_ptrs, do_ptrs, LSE + bh * TQ + il, DELTA + bh * TQ + il
 
 
-__all__ = ["block_indices", "dkdv_query_pointers", "dq_key_pointers", "forward_key_pointers", "key_block", "program",
-           "tile_ranges"]
+__all__ = ["block_indices", "dkdv_query_pointers", "dq_key_pointers", "dq_query_block", "forward_key_pointers",
+           "key_block", "program", "query_rows", "tile_ranges"]

@@ -39,7 +39,6 @@ from posenc.nn.triton import kernel_prologues as prologue
 from posenc.nn.triton.attention_kernels import (
     _bias,
     _dot,
-    _dq_rows,
     _interior_end,
     _key_end,
     _key_scores,
@@ -330,7 +329,8 @@ def _dq(Q, K, V, DO, LSE, DELTA, DQ, FEATURE, DERIVATIVE, E, INV, SEGS, SPLIT, K
     m0, h, b, hk = prologue.program(BM, GROUP)
     bh = b * H + h
     i, jl, d, i_ok, d_ok, q_mask = prologue.block_indices(m0, TQ, D, BM, BN, BD)
-    q, do, lse, delta = _dq_rows(Q, DO, LSE, DELTA, b, h, bh, i, d, i_ok, q_mask, TQ, sqb, sqh, sqt, sdob, sdoh, sdot)
+    q, do, lse, delta = prologue.dq_query_block(Q, DO, LSE, DELTA, b, h, bh, i, d, i_ok, q_mask, TQ, sqb, sqh, sqt,
+                                                sdob, sdoh, sdot)
     k_ptrs, v_ptrs = prologue.dq_key_pointers(K, V, b, hk, jl, d, skb, skh, skt, svb, svh, svt)  # at key 0
     e = tl.load(E + b)
     feature_base = FEATURE + e - m0  # the feature at query m0, key 0

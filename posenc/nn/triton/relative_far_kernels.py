@@ -23,14 +23,7 @@ import triton
 import triton.language as tl
 
 from posenc.nn.triton import kernel_prologues as prologue
-from posenc.nn.triton.attention_kernels import (
-    _dkdv_tiles,
-    _dq_rows,
-    _dq_tiles,
-    _fwd_tiles,
-    _interior_end,
-    _query_phases,
-)
+from posenc.nn.triton.attention_kernels import _dkdv_tiles, _dq_tiles, _fwd_tiles, _interior_end, _query_phases
 
 
 @triton.jit
@@ -86,8 +79,8 @@ def _far_dq(Q, K, V, DO, LSE_FAR, DELTA_FAR, DQ, E, sqb, sqh, sqt, skb, skh, skt
     i, jl, d = prologue.tile_ranges(m0, BM, BN, BD)
     d_ok, i_ok = d < D, i < TQ
     q_mask = i_ok[:, None] & d_ok[None, :]
-    q, do, lse, delta = _dq_rows(Q, DO, LSE_FAR, DELTA_FAR, b, h, bh, i, d, i_ok, q_mask, TQ, sqb, sqh, sqt, sdob, sdoh,
-                                 sdot)
+    q, do, lse, delta = prologue.dq_query_block(Q, DO, LSE_FAR, DELTA_FAR, b, h, bh, i, d, i_ok, q_mask, TQ, sqb, sqh,
+                                                sqt, sdob, sdoh, sdot)
     k_ptrs, v_ptrs = prologue.dq_key_pointers(K, V, b, hk, jl, d, skb, skh, skt, svb, svh, svt)  # at key 0
     far = far_keys(tl.load(E + b) - m0, m0, TQ, TK, CAUSAL, BM, BN)
     dq = tl.zeros((BM, BD), tl.float32)
