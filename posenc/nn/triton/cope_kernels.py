@@ -32,8 +32,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from posenc.nn.triton import kernel_prologues as prologue
 from posenc.nn.triton.attention_kernels import LOG2E, _dot, _fold_values, _softmax_step, _valid
+from posenc.nn.triton.kernel_prologues import dq_query_block as _dq_rows  # main's lines kept: see kernel_prologues
 
 _LOG2E = tl.constexpr(LOG2E)  # softmax in base 2, as attention_kernels (a jit function reads constexpr globals only)
 
@@ -84,10 +84,17 @@ def _cope_forward(Q, K, V, OUT, LSE, ROWS,
                   PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """One program per (query block, h, b): online softmax over key tiles from the diagonal back to key 0; the
     gates only until every query has counted P - 1 of them (_all_far), plain tiles after."""
-    m0, h, b, hk = prologue.program(BM, GROUP)
-    i, jl, d = prologue.tile_ranges(m0, BM, BN, BD)
-    d_ok, i_ok = d < D, i < TQ
-    q = prologue.query_rows(Q, b, h, i, d, i_ok, d_ok, sqb, sqh, sqt)  # (BM,BD)
+    m0 = tl.program_id(0) * BM
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    hk = h // GROUP
+    i = m0 + tl.arange(0, BM)
+    jl = tl.arange(0, BN)
+    d = tl.arange(0, BD)
+    d_ok = d < D
+    i_ok = i < TQ
+    q = tl.load(Q + b * sqb + h * sqh + i[:, None] * sqt + d[None, :], mask=i_ok[:, None] & d_ok[None, :],
+                other=0.0)  # (BM,BD)
     k_base = K + b * skb + hk * skh + d[:, None]  # (BD,1)
     v_base = V + b * svb + hk * svh + d[None, :]  # (1,BD)
     rows_at = ROWS + ((b * H + h) * TQ + i) * P  # (BM,)
@@ -135,11 +142,17 @@ def _cope_dq(Q, K, V, DO, LSE, DELTA, DQ_NEAR, END, ROWS, DROWS, CARRY_G, CARRY_
     like ROWS), the carries entering each of those key tiles (CARRY_G, CARRY_D: (B,H,Tq,KB)), D per query (DTOTAL
     (B,H,Tq)) and the far keys' end per query (END (B,H,Tq) int32: keys j < END[i] are _cope_dq_far's, their
     carries never stored: _cope_dkdv reads END first)."""
-    m0, h, b, hk = prologue.program(BM, GROUP)
+    m0 = tl.program_id(0) * BM
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    hk = h // GROUP
     bh = b * H + h
-    i, jl, d, i_ok, d_ok, q_mask = prologue.block_indices(m0, TQ, D, BM, BN, BD)
-    q, do, lse, delta = prologue.dq_query_block(Q, DO, LSE, DELTA, b, h, bh, i, d, i_ok, q_mask, TQ, sqb, sqh, sqt,
-                                                sdob, sdoh, sdot)
+    i = m0 + tl.arange(0, BM)
+    jl = tl.arange(0, BN)
+    d = tl.arange(0, BD)
+    i_ok, d_ok = i < TQ, d < D
+    q_mask = i_ok[:, None] & d_ok[None, :]
+    q, do, lse, delta = _dq_rows(Q, DO, LSE, DELTA, b, h, bh, i, d, i_ok, q_mask, TQ, sqb, sqh, sqt, sdob, sdoh, sdot)
     k_base = K + b * skb + hk * skh + d[:, None]
     v_base = V + b * svb + hk * svh + d[:, None]
     rows_at = ROWS + (bh * TQ + i) * P
@@ -196,11 +209,17 @@ def _cope_dq_far(Q, K, V, DO, LSE, DELTA, DQ, DQ_NEAR, END, ROWS, DROWS,
     (past P - 1 gates: one bias per query, the last entry, dz = dS) as plain flash dQ tiles, left to right; adds
     _cope_dq's part (DQ_NEAR) into DQ (contiguous (B,H,Tq,Dh)) and the tiles' dS to the last entry of d rows.
     Keys below every query's END need no mask; the tiles between the smallest and the largest END mask by row."""
-    m0, h, b, hk = prologue.program(BM, GROUP)
+    m0 = tl.program_id(0) * BM
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    hk = h // GROUP
     bh = b * H + h
-    i, jl, d, i_ok, d_ok, q_mask = prologue.block_indices(m0, TQ, D, BM, BN, BD)
-    q, do, lse, delta = prologue.dq_query_block(Q, DO, LSE, DELTA, b, h, bh, i, d, i_ok, q_mask, TQ, sqb, sqh, sqt,
-                                                sdob, sdoh, sdot)
+    i = m0 + tl.arange(0, BM)
+    jl = tl.arange(0, BN)
+    d = tl.arange(0, BD)
+    i_ok, d_ok = i < TQ, d < D
+    q_mask = i_ok[:, None] & d_ok[None, :]
+    q, do, lse, delta = _dq_rows(Q, DO, LSE, DELTA, b, h, bh, i, d, i_ok, q_mask, TQ, sqb, sqh, sqt, sdob, sdoh, sdot)
     k_base = K + b * skb + hk * skh + d[:, None]
     v_base = V + b * svb + hk * svh + d[:, None]
     end = tl.load(END + bh * TQ + i, mask=i_ok, other=0)  # (BM,) <= TK
@@ -242,9 +261,14 @@ def _cope_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, ROWS, END, CARRY_G, CARRY_D, DTO
     """One program per (key tile, h, b): dK, dV of query head h into DK/DV contiguous (B,H,Tk,Dh) (GQA: the host
     adds a group's heads up), from the carries _dq left at this key tile. BN must be _dq's."""
     kb = tl.program_id(0)
-    n0, h, b, hk = prologue.program(BN, GROUP)
+    n0 = kb * BN
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    hk = h // GROUP
     bh = b * H + h
-    j, il, d = prologue.tile_ranges(n0, BN, BM, BD)
+    j = n0 + tl.arange(0, BN)
+    il = tl.arange(0, BM)
+    d = tl.arange(0, BD)
     j_ok, d_ok = j < TK, d < D
     kv_mask = j_ok[None, :] & d_ok[:, None]
     k_t = tl.load(K + b * skb + hk * skh + j[None, :] * skt + d[:, None], mask=kv_mask, other=0.0)  # (BD,BN)

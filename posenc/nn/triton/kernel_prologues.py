@@ -8,9 +8,11 @@ kernel had, its sm_90 compile stays the same to the instruction; where it is not
 allocation near 255 registers moves with the order (a first version of these helpers, reordering, moved registers
 in 27 of benchmarks.gpu_static's settings and made FIRE's by-parameter dQ in float32 spill 8-16 B). So a kernel
 calls a helper only for lines it ran in the helper's order, and keeps the rest inline (relative_kernels' q and qr
-under one mask, _cope_dkdv's transposed key block, _far_dkdv's LSE and delta pointers made after far_queries).
-Checked on every setting benchmarks.gpu_static compiles: the same registers, spills, shared memory and loop
-instructions as before the helpers, and the same PTX but for its debug lines.
+under one mask, _far_dkdv's LSE and delta pointers made after far_queries). Same PTX is not enough: ptxas also
+reads the PTX's debug lines (.loc, a helper's inlined-at scope) and schedules FIRE's and CoPE's kernels differently
+with them (+1..+2 registers, up to +23 loop instructions, the PTX's instructions unchanged), so
+piecewise_kernels.py and cope_kernels.py keep their opening lines inline, line for line. Checked on every setting
+benchmarks.gpu_static compiles: the same registers, spills, shared memory and loop instructions as before.
 """
 
 from __future__ import annotations

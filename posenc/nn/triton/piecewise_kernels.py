@@ -35,7 +35,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from posenc.nn.triton import kernel_prologues as prologue
 from posenc.nn.triton.attention_kernels import (
     _bias,
     _dot,
@@ -49,6 +48,7 @@ from posenc.nn.triton.attention_kernels import (
     _query_tile,
     _store_diagonals,
 )
+from posenc.nn.triton.kernel_prologues import dq_query_block as _dq_rows  # main's lines kept: see kernel_prologues
 
 
 @triton.jit
@@ -146,11 +146,19 @@ def _forward(Q, K, V, OUT, LSE, FEATURE, E, INV, SEGS, SPLIT, KNOTS, SLOPE, INTE
     """INV (B|1,Tq) with batch stride inv_stride_b; SEGS (B, NQ, NK, 2) int32: each tile's segment range;
     SPLIT (B, NQ): the first key tile crossing more than one knot; SLOPE, INTERCEPT (H, n_knots + 1) contiguous;
     KNOTS (n_knots + 1,) ending in +inf."""
-    m0, h, b, hk = prologue.program(BM, GROUP)
-    i, jl, d = prologue.tile_ranges(m0, BM, BN, BD)
-    d_ok, i_ok = d < D, i < TQ
-    q = prologue.query_rows(Q, b, h, i, d, i_ok, d_ok, sqb, sqh, sqt)  # (BM,BD)
-    k_ptrs, v_ptrs = prologue.forward_key_pointers(K, V, b, hk, jl, d, skb, skh, skt, svb, svh, svt)  # at key 0
+    m0 = tl.program_id(0) * BM
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    hk = h // GROUP
+    i = m0 + tl.arange(0, BM)
+    jl = tl.arange(0, BN)
+    d = tl.arange(0, BD)
+    d_ok = d < D
+    i_ok = i < TQ
+    q = tl.load(Q + b * sqb + h * sqh + i[:, None] * sqt + d[None, :], mask=i_ok[:, None] & d_ok[None, :],
+                other=0.0)  # (BM,BD)
+    k_ptrs = K + b * skb + hk * skh + jl[None, :] * skt + d[:, None]  # (BD,BN) at key 0
+    v_ptrs = V + b * svb + hk * svh + jl[:, None] * svt + d[None, :]  # (BN,BD)
     feature_base = FEATURE + tl.load(E + b) - m0  # the feature at query m0, key 0
     inv = tl.load(INV + b * inv_stride_b + tl.minimum(i, TQ - 1))  # (BM,) padded rows: the last query's
     block = b * NQ + tl.program_id(0)
@@ -217,12 +225,22 @@ def _dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, FEATURE, E, INV, SEGS, SPLIT, KNOTS, 
           PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """dK, dV of one key block for query head h into DK/DV contiguous (B,H,Tk,Dh); SEGS (B, NQ, NK, 2) for this
     kernel's tiles, SPLIT (B, NK): one past the last query block whose tile crosses more than one knot."""
-    n0, h, b, hk = prologue.program(BN, GROUP)
-    j, il, d, _, d_ok, kv_mask = prologue.block_indices(n0, TK, D, BN, BM, BD)
-    k, v = prologue.key_block(K, V, b, hk, j, d, kv_mask, skb, skh, skt, svb, svh, svt)  # (BN,BD) each
+    n0 = tl.program_id(0) * BN
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    hk = h // GROUP
+    j = n0 + tl.arange(0, BN)
+    il = tl.arange(0, BM)
+    d = tl.arange(0, BD)
+    j_ok, d_ok = j < TK, d < D
+    kv_mask = j_ok[:, None] & d_ok[None, :]
+    k = tl.load(K + b * skb + hk * skh + j[:, None] * skt + d[None, :], mask=kv_mask, other=0.0)  # (BN,BD)
+    v = tl.load(V + b * svb + hk * svh + j[:, None] * svt + d[None, :], mask=kv_mask, other=0.0)
     bh = b * H + h
-    q_ptrs, do_ptrs, lse_ptrs, delta_ptrs = prologue.dkdv_query_pointers(Q, DO, LSE, DELTA, b, h, bh, il, d, TQ,
-                                                                         sqb, sqh, sqt, sdob, sdoh, sdot)  # at query 0
+    q_ptrs = Q + b * sqb + h * sqh + il[None, :] * sqt + d[:, None]  # (BD,BM) at query 0
+    do_ptrs = DO + b * sdob + h * sdoh + il[:, None] * sdot + d[None, :]  # (BM,BD)
+    lse_ptrs = LSE + bh * TQ + il
+    delta_ptrs = DELTA + bh * TQ + il
     feature_base = FEATURE + tl.load(E + b) + n0  # the feature at key n0, query 0
     inv_ptrs = INV + b * inv_stride_b
     segs = SEGS + (b * NQ * NK + tl.program_id(0)) * 2
@@ -326,12 +344,19 @@ def _dq(Q, K, V, DO, LSE, DELTA, DQ, FEATURE, DERIVATIVE, E, INV, SEGS, SPLIT, K
     DIAG[b, h, block, 0] = sum over the block's pairs of dx * inv * DERIVATIVE[r] (the feature's one parameter's;
     DERIVATIVE indexed and padded as FEATURE); DINV[b, h, i] = sum_j dx x / inv; SEG[b, h, block, 0 or 1, s] = the
     sums of dS and dS x over segment s."""
-    m0, h, b, hk = prologue.program(BM, GROUP)
+    m0 = tl.program_id(0) * BM
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    hk = h // GROUP
     bh = b * H + h
-    i, jl, d, i_ok, d_ok, q_mask = prologue.block_indices(m0, TQ, D, BM, BN, BD)
-    q, do, lse, delta = prologue.dq_query_block(Q, DO, LSE, DELTA, b, h, bh, i, d, i_ok, q_mask, TQ, sqb, sqh, sqt,
-                                                sdob, sdoh, sdot)
-    k_ptrs, v_ptrs = prologue.dq_key_pointers(K, V, b, hk, jl, d, skb, skh, skt, svb, svh, svt)  # at key 0
+    i = m0 + tl.arange(0, BM)
+    jl = tl.arange(0, BN)
+    d = tl.arange(0, BD)
+    i_ok, d_ok = i < TQ, d < D
+    q_mask = i_ok[:, None] & d_ok[None, :]
+    q, do, lse, delta = _dq_rows(Q, DO, LSE, DELTA, b, h, bh, i, d, i_ok, q_mask, TQ, sqb, sqh, sqt, sdob, sdoh, sdot)
+    k_ptrs = K + b * skb + hk * skh + jl[None, :] * skt + d[:, None]  # (BD,BN) at key 0
+    v_ptrs = V + b * svb + hk * svh + jl[None, :] * svt + d[:, None]
     e = tl.load(E + b)
     feature_base = FEATURE + e - m0  # the feature at query m0, key 0
     derivative_base = DERIVATIVE + e - m0  # its derivative likewise
