@@ -3,16 +3,14 @@ program runs, its index ranges, and the pointers it starts its loops from. Grid 
 the block (BM queries, or BN keys for dK/dV), axis 1 the query head h, axis 2 the batch row b; tensors (B,H,T,Dh)
 with strides s?b, s?h, s?t and unit stride along Dh, BD >= Dh a power of two.
 
-Triton inlines these, so a kernel's IR is the op sequence of the lines a call replaces. Where that is the order the
-kernel had, its sm_90 compile stays the same to the instruction; where it is not, it may not: ptxas' register
-allocation near 255 registers moves with the order (a first version of these helpers, reordering, moved registers
-in 27 of benchmarks.gpu_static's settings and made FIRE's by-parameter dQ in float32 spill 8-16 B). So a kernel
-calls a helper only for lines it ran in the helper's order, and keeps the rest inline (relative_kernels' q and qr
-under one mask, _far_dkdv's LSE and delta pointers made after far_queries). Same PTX is not enough: ptxas also
-reads the PTX's debug lines (.loc, a helper's inlined-at scope) and schedules FIRE's and CoPE's kernels differently
-with them (+1..+2 registers, up to +23 loop instructions, the PTX's instructions unchanged), so
-piecewise_kernels.py and cope_kernels.py keep their opening lines inline, line for line. Checked on every setting
-benchmarks.gpu_static compiles: the same registers, spills, shared memory and loop instructions as before.
+Triton inlines these, so a kernel's IR is the op sequence of the lines a call replaces; a kernel calls a helper only
+for lines it ran in that order (ptxas' allocation near 255 registers moves with the order: a first, reordering
+version moved registers in 27 of benchmarks.gpu_static's settings and made FIRE's dQ in float32 spill 8-16 B).
+Same PTX is not enough either: ptxas also reads its debug lines (.loc, a helper's inlined-at scope), and scheduled
+FIRE's and CoPE's kernels differently with them (+1..+2 registers, up to +23 loop instructions), so
+piecewise_kernels.py and cope_kernels.py keep their opening lines inline, line for line, as do relative_kernels' q
+and qr (one mask) and _far_dkdv's pointers. Checked on every setting benchmarks.gpu_static compiles: the same
+registers, spills, shared memory and loop instructions as before; keep the line count here (debug lines).
 """
 
 from __future__ import annotations
