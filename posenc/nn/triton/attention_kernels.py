@@ -33,6 +33,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from posenc.nn.triton import kernel_prologues as prologue
+
 LOG2E = 1.4426950408889634
 
 
@@ -221,19 +223,11 @@ def _forward(Q, K, V, OUT, LSE, ROWS, E,
              D: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr,
              BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
              PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    m0 = tl.program_id(0) * BM
-    h = tl.program_id(1).to(tl.int64)
-    b = tl.program_id(2).to(tl.int64)
-    hk = h // GROUP  # GQA: GROUP query heads share a key/value head
-    i = m0 + tl.arange(0, BM)
-    jl = tl.arange(0, BN)
-    d = tl.arange(0, BD)
-    d_ok = d < D
-    i_ok = i < TQ
-    q = tl.load(Q + b * sqb + h * sqh + i[:, None] * sqt + d[None, :], mask=i_ok[:, None] & d_ok[None, :],
-                other=0.0)  # (BM,BD)
-    k_ptrs = K + b * skb + hk * skh + jl[None, :] * skt + d[:, None]  # (BD,BN) at key 0
-    v_ptrs = V + b * svb + hk * svh + jl[:, None] * svt + d[None, :]  # (BN,BD)
+    m0, h, b, hk = prologue.program(BM, GROUP)
+    i, jl, d = prologue.tile_ranges(m0, BM, BN, BD)
+    d_ok, i_ok = d < D, i < TQ
+    q = prologue.query_rows(Q, b, h, i, d, i_ok, d_ok, sqb, sqh, sqt)  # (BM,BD)
+    k_ptrs, v_ptrs = prologue.forward_key_pointers(K, V, b, hk, jl, d, skb, skh, skt, svb, svh, svt)  # at key 0
     bias_ptrs = ROWS + h * row_stride + tl.load(E + b) - m0  # the row at query m0, key 0
     best = tl.full((BM,), float("-inf"), tl.float32)  # running max, base 2
     total = tl.zeros((BM,), tl.float32)  # running sum of exp2(s - best)
@@ -311,22 +305,12 @@ def _dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, ROWS, E,
           PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """dK, dV of one key block for query head h, (BN,BD), into DK/DV contiguous (B,H,Tk,Dh): per query head, so
     GQA groups sit on the grid (the host adds a group's heads up)."""
-    n0 = tl.program_id(0) * BN
-    h = tl.program_id(1).to(tl.int64)
-    b = tl.program_id(2).to(tl.int64)
-    hk = h // GROUP
-    j = n0 + tl.arange(0, BN)
-    il = tl.arange(0, BM)
-    d = tl.arange(0, BD)
-    j_ok, d_ok = j < TK, d < D
-    kv_mask = j_ok[:, None] & d_ok[None, :]
-    k = tl.load(K + b * skb + hk * skh + j[:, None] * skt + d[None, :], mask=kv_mask, other=0.0)  # (BN,BD)
-    v = tl.load(V + b * svb + hk * svh + j[:, None] * svt + d[None, :], mask=kv_mask, other=0.0)
+    n0, h, b, hk = prologue.program(BN, GROUP)
+    j, il, d, _, d_ok, kv_mask = prologue.block_indices(n0, TK, D, BN, BM, BD)
+    k, v = prologue.key_block(K, V, b, hk, j, d, kv_mask, skb, skh, skt, svb, svh, svt)  # (BN,BD) each
     bh = b * H + h
-    q_ptrs = Q + b * sqb + h * sqh + il[None, :] * sqt + d[:, None]  # (BD,BM) at query 0
-    do_ptrs = DO + b * sdob + h * sdoh + il[:, None] * sdot + d[None, :]  # (BM,BD)
-    lse_ptrs = LSE + bh * TQ + il
-    delta_ptrs = DELTA + bh * TQ + il
+    q_ptrs, do_ptrs, lse_ptrs, delta_ptrs = prologue.dkdv_query_pointers(Q, DO, LSE, DELTA, b, h, bh, il, d, TQ,
+                                                                         sqb, sqh, sqt, sdob, sdoh, sdot)  # at query 0
     bias_ptrs = ROWS + h * row_stride + tl.load(E + b) + n0  # the row at key n0, query 0
     dk = tl.zeros((BN, BD), tl.float32)
     dv = tl.zeros((BN, BD), tl.float32)
@@ -410,17 +394,6 @@ def _dq_tiles(dq, carry, q, do, lse, delta, k_ptrs, v_ptrs, bias_ptrs, diag, i, 
 
 
 @triton.jit
-def _dq_rows(Q, DO, LSE, DELTA, b, h, bh, i, d, i_ok, q_mask, TQ, sqb, sqh, sqt, sdob, sdoh, sdot):
-    """A dQ program's query block, loaded once: q and dO (BM,BD), LSE and delta (BM,); padded queries read as
-    probability 0."""
-    q = tl.load(Q + b * sqb + h * sqh + i[:, None] * sqt + d[None, :], mask=q_mask, other=0.0)  # (BM,BD)
-    do = tl.load(DO + b * sdob + h * sdoh + i[:, None] * sdot + d[None, :], mask=q_mask, other=0.0)
-    lse = tl.load(LSE + bh * TQ + i, mask=i_ok, other=float("inf"))  # padded queries: probability 0
-    delta = tl.load(DELTA + bh * TQ + i, mask=i_ok, other=0.0)
-    return q, do, lse, delta
-
-
-@triton.jit
 def _dq(Q, K, V, DO, LSE, DELTA, DQ, ROWS, E, DIAG,
         sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdob, sdoh, sdot,
         H, GROUP, TQ, TK, row_stride, diag_len, qk_scale, scale,
@@ -429,19 +402,12 @@ def _dq(Q, K, V, DO, LSE, DELTA, DQ, ROWS, E, DIAG,
         BD: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """dQ of one query block (DQ contiguous (B,H,Tq,Dh)) and, if ROW_GRAD, the diagonal sums of dS into
     DIAG[b, h, block, c] at c = j - i + m0 + BM - 1 (each c written once: no atomics)."""
-    m0 = tl.program_id(0) * BM
-    h = tl.program_id(1).to(tl.int64)
-    b = tl.program_id(2).to(tl.int64)
-    hk = h // GROUP
+    m0, h, b, hk = prologue.program(BM, GROUP)
     bh = b * H + h
-    i = m0 + tl.arange(0, BM)
-    jl = tl.arange(0, BN)
-    d = tl.arange(0, BD)
-    i_ok, d_ok = i < TQ, d < D
-    q_mask = i_ok[:, None] & d_ok[None, :]
-    q, do, lse, delta = _dq_rows(Q, DO, LSE, DELTA, b, h, bh, i, d, i_ok, q_mask, TQ, sqb, sqh, sqt, sdob, sdoh, sdot)
-    k_ptrs = K + b * skb + hk * skh + jl[None, :] * skt + d[:, None]  # (BD,BN) at key 0
-    v_ptrs = V + b * svb + hk * svh + jl[None, :] * svt + d[:, None]
+    i, jl, d, i_ok, d_ok, q_mask = prologue.block_indices(m0, TQ, D, BM, BN, BD)
+    q, do, lse, delta = prologue.dq_query_block(Q, DO, LSE, DELTA, b, h, bh, i, d, i_ok, q_mask, TQ, sqb, sqh, sqt,
+                                                sdob, sdoh, sdot)
+    k_ptrs, v_ptrs = prologue.dq_key_pointers(K, V, b, hk, jl, d, skb, skh, skt, svb, svh, svt)  # at key 0
     bias_ptrs = ROWS + h * row_stride + tl.load(E + b) - m0  # the row at query m0, key 0
     diag = DIAG + (bh * tl.num_programs(0) + tl.program_id(0)) * diag_len
     carry = tl.zeros((BN,), tl.float32)  # the previous tile's upper diagonals: the same c as this tile's lower

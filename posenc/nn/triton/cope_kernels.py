@@ -32,7 +32,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from posenc.nn.triton.attention_kernels import LOG2E, _dot, _dq_rows, _fold_values, _softmax_step, _valid
+from posenc.nn.triton.attention_kernels import LOG2E, _dot, _fold_values, _softmax_step, _valid
+from posenc.nn.triton.kernel_prologues import dq_query_block as _dq_rows  # main's lines kept: see kernel_prologues
 
 _LOG2E = tl.constexpr(LOG2E)  # softmax in base 2, as attention_kernels (a jit function reads constexpr globals only)
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from posenc.nn.triton.attention_kernels import _bias, _dot, _dq_rows, _interior_end, _key_end, _key_tile, _probabilities
+from posenc.nn.triton import kernel_prologues as prologue
+from posenc.nn.triton.attention_kernels import _bias, _dot, _interior_end, _key_end, _key_tile, _probabilities
 
 
 @triton.jit
@@ -52,19 +53,12 @@ def _dq_head_params(Q, K, V, DO, LSE, DELTA, DQ, ROWS, JAC, E, G,
                     BD: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """dQ of one query block (DQ contiguous (B,H,Tq,Dh)) and its three parameter sums into G[b, h, block, 0:3]
     (each written once: no atomics; the host adds them up in a fixed order)."""
-    m0 = tl.program_id(0) * BM
-    h = tl.program_id(1).to(tl.int64)
-    b = tl.program_id(2).to(tl.int64)
-    hk = h // GROUP
+    m0, h, b, hk = prologue.program(BM, GROUP)
     bh = b * H + h
-    i = m0 + tl.arange(0, BM)
-    jl = tl.arange(0, BN)
-    d = tl.arange(0, BD)
-    i_ok, d_ok = i < TQ, d < D
-    q_mask = i_ok[:, None] & d_ok[None, :]
-    q, do, lse, delta = _dq_rows(Q, DO, LSE, DELTA, b, h, bh, i, d, i_ok, q_mask, TQ, sqb, sqh, sqt, sdob, sdoh, sdot)
-    k_ptrs = K + b * skb + hk * skh + jl[None, :] * skt + d[:, None]  # (BD,BN) at key 0
-    v_ptrs = V + b * svb + hk * svh + jl[None, :] * svt + d[:, None]
+    i, jl, d, i_ok, d_ok, q_mask = prologue.block_indices(m0, TQ, D, BM, BN, BD)
+    q, do, lse, delta = prologue.dq_query_block(Q, DO, LSE, DELTA, b, h, bh, i, d, i_ok, q_mask, TQ, sqb, sqh, sqt,
+                                                sdob, sdoh, sdot)
+    k_ptrs, v_ptrs = prologue.dq_key_pointers(K, V, b, hk, jl, d, skb, skh, skt, svb, svh, svt)  # at key 0
     e = tl.load(E + b)
     bias_ptrs = ROWS + h * row_stride + e - m0  # the row at query m0, key 0
     jac_ptrs = JAC + h * jac_head_stride + e - m0  # J[h, 0] likewise; J[h, k] k rows of jac_stride further

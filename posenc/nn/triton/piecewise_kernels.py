@@ -38,7 +38,6 @@ import triton.language as tl
 from posenc.nn.triton.attention_kernels import (
     _bias,
     _dot,
-    _dq_rows,
     _interior_end,
     _key_end,
     _key_scores,
@@ -49,6 +48,7 @@ from posenc.nn.triton.attention_kernels import (
     _query_tile,
     _store_diagonals,
 )
+from posenc.nn.triton.kernel_prologues import dq_query_block as _dq_rows  # main's lines kept: see kernel_prologues
 
 
 @triton.jit

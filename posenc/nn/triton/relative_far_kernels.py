@@ -22,6 +22,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from posenc.nn.triton import kernel_prologues as prologue
 from posenc.nn.triton.attention_kernels import _dkdv_tiles, _dq_tiles, _fwd_tiles, _interior_end, _query_phases
 
 
@@ -49,19 +50,11 @@ def _far_forward(Q, K, V, OUT, LSE, E, sqb, sqh, sqt, skb, skh, skt, svb, svh, s
                  D: tl.constexpr, CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
                  PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """O and LSE of the far tiles: OUT (B,H,Tq,Dh) float32 contiguous (0 where none), LSE (B,H,Tq) base 2."""
-    m0 = tl.program_id(0) * BM
-    h = tl.program_id(1).to(tl.int64)
-    b = tl.program_id(2).to(tl.int64)
-    hk = h // GROUP
-    i = m0 + tl.arange(0, BM)
-    jl = tl.arange(0, BN)
-    d = tl.arange(0, BD)
-    d_ok = d < D
-    i_ok = i < TQ
-    q = tl.load(Q + b * sqb + h * sqh + i[:, None] * sqt + d[None, :], mask=i_ok[:, None] & d_ok[None, :],
-                other=0.0)  # (BM,BD)
-    k_ptrs = K + b * skb + hk * skh + jl[None, :] * skt + d[:, None]  # (BD,BN) at key 0
-    v_ptrs = V + b * svb + hk * svh + jl[:, None] * svt + d[None, :]
+    m0, h, b, hk = prologue.program(BM, GROUP)
+    i, jl, d = prologue.tile_ranges(m0, BM, BN, BD)
+    d_ok, i_ok = d < D, i < TQ
+    q = prologue.query_rows(Q, b, h, i, d, i_ok, d_ok, sqb, sqh, sqt)  # (BM,BD)
+    k_ptrs, v_ptrs = prologue.forward_key_pointers(K, V, b, hk, jl, d, skb, skh, skt, svb, svh, svt)  # at key 0
     far = far_keys(tl.load(E + b) - m0, m0, TQ, TK, CAUSAL, BM, BN)
     best = tl.full((BM,), float("-inf"), tl.float32)
     total = tl.zeros((BM,), tl.float32)
@@ -81,23 +74,14 @@ def _far_dq(Q, K, V, DO, LSE_FAR, DELTA_FAR, DQ, E, sqb, sqh, sqt, skb, skh, skt
             D: tl.constexpr, CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
             PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """dQ of the far tiles, before the scale: DQ (B,H,Tq,Dh) float32 contiguous (0 where none)."""
-    m0 = tl.program_id(0) * BM
-    h = tl.program_id(1).to(tl.int64)
-    b = tl.program_id(2).to(tl.int64)
-    hk = h // GROUP
+    m0, h, b, hk = prologue.program(BM, GROUP)
     bh = b * H + h
-    i = m0 + tl.arange(0, BM)
-    jl = tl.arange(0, BN)
-    d = tl.arange(0, BD)
-    d_ok = d < D
-    i_ok = i < TQ
+    i, jl, d = prologue.tile_ranges(m0, BM, BN, BD)
+    d_ok, i_ok = d < D, i < TQ
     q_mask = i_ok[:, None] & d_ok[None, :]
-    q = tl.load(Q + b * sqb + h * sqh + i[:, None] * sqt + d[None, :], mask=q_mask, other=0.0)  # (BM,BD)
-    do = tl.load(DO + b * sdob + h * sdoh + i[:, None] * sdot + d[None, :], mask=q_mask, other=0.0)
-    lse = tl.load(LSE_FAR + bh * TQ + i, mask=i_ok, other=float("inf"))
-    delta = tl.load(DELTA_FAR + bh * TQ + i, mask=i_ok, other=0.0)
-    k_ptrs = K + b * skb + hk * skh + jl[None, :] * skt + d[:, None]  # (BD,BN) at key 0
-    v_ptrs = V + b * svb + hk * svh + jl[None, :] * svt + d[:, None]
+    q, do, lse, delta = prologue.dq_query_block(Q, DO, LSE_FAR, DELTA_FAR, b, h, bh, i, d, i_ok, q_mask, TQ, sqb, sqh,
+                                                sqt, sdob, sdoh, sdot)
+    k_ptrs, v_ptrs = prologue.dq_key_pointers(K, V, b, hk, jl, d, skb, skh, skt, svb, svh, svt)  # at key 0
     far = far_keys(tl.load(E + b) - m0, m0, TQ, TK, CAUSAL, BM, BN)
     dq = tl.zeros((BM, BD), tl.float32)
     dq, _ = _dq_tiles(dq, tl.zeros((BN,), tl.float32), q, do, lse, delta, k_ptrs, v_ptrs, Q, Q, i, 0, far, TQ, TK,
@@ -111,18 +95,12 @@ def _far_dkdv(Q, K, V, DO, LSE_FAR, DELTA_FAR, DK, DV, E, sqb, sqh, sqt, skb, sk
               D: tl.constexpr, CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
               PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """dK (before the scale) and dV of the far tiles for query head h: DK, DV (B,H,Tk,Dh) float32 contiguous."""
-    n0 = tl.program_id(0) * BN
-    h = tl.program_id(1).to(tl.int64)
-    b = tl.program_id(2).to(tl.int64)
-    hk = h // GROUP
+    n0, h, b, hk = prologue.program(BN, GROUP)
     bh = b * H + h
-    j = n0 + tl.arange(0, BN)
-    il = tl.arange(0, BM)
-    d = tl.arange(0, BD)
+    j, il, d = prologue.tile_ranges(n0, BN, BM, BD)
     d_ok = d < D
     kv_mask = (j < TK)[:, None] & d_ok[None, :]
-    k = tl.load(K + b * skb + hk * skh + j[:, None] * skt + d[None, :], mask=kv_mask, other=0.0)  # (BN,BD)
-    v = tl.load(V + b * svb + hk * svh + j[:, None] * svt + d[None, :], mask=kv_mask, other=0.0)
+    k, v = prologue.key_block(K, V, b, hk, j, d, kv_mask, skb, skh, skt, svb, svh, svt)  # (BN,BD) each
     q_ptrs = Q + b * sqb + h * sqh + il[None, :] * sqt + d[:, None]  # (BD,BM) at query 0
     do_ptrs = DO + b * sdob + h * sdoh + il[:, None] * sdot + d[None, :]
     start, end = far_queries(tl.load(E + b) + n0, n0, TQ, TK, CAUSAL, BM, BN)

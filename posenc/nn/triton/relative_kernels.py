@@ -37,6 +37,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from posenc.nn.triton import kernel_prologues as prologue
 from posenc.nn.triton.attention_kernels import (
     _dot,
     _forward_key_tile,
@@ -188,12 +189,8 @@ def _forward(Q, QR, K, V, R, VT, OUT, LSE, O_FAR, LSE_FAR, E,
              PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """One query block's output and log-sum-exp. FAR: the far tiles of the FBM x FBN block that holds this one
     were run by relative_far_kernels._far_forward (O_FAR, LSE_FAR: no bias); this program starts from them."""
-    m0 = tl.program_id(0) * BM
-    h = tl.program_id(1).to(tl.int64)
-    b = tl.program_id(2).to(tl.int64)
-    hk = h // GROUP
-    i = m0 + tl.arange(0, BM)
-    d = tl.arange(0, BD)
+    m0, h, b, hk = prologue.program(BM, GROUP)
+    i, _, d = prologue.tile_ranges(m0, BM, BN, BD)
     d_ok = d < D
     q_mask = (i < TQ)[:, None] & d_ok[None, :]
     q = tl.load(Q + b * sqb + h * sqh + i[:, None] * sqt + d[None, :], mask=q_mask, other=0.0)  # (BM,BD)
@@ -287,16 +284,11 @@ def _dkdv(Q, QR, K, V, DO, LSE, DELTA, DK_FAR, DV_FAR, DK, DV, R, VT, E,
     """dK, dV of one key block for query head h, (BN,BD), into DK/DV contiguous (B,H,Tk,Dh). FAR: the far query
     tiles of the FBM x FBN block that holds this one gave their dK (before the scale) and dV
     (relative_far_kernels._far_dkdv: DK_FAR, DV_FAR float32); this program adds the other tiles'."""
-    n0 = tl.program_id(0) * BN
-    h = tl.program_id(1).to(tl.int64)
-    b = tl.program_id(2).to(tl.int64)
-    hk = h // GROUP
-    j = n0 + tl.arange(0, BN)
-    d = tl.arange(0, BD)
+    n0, h, b, hk = prologue.program(BN, GROUP)
+    j, _, d = prologue.tile_ranges(n0, BN, BM, BD)
     d_ok = d < D
     kv_mask = (j < TK)[:, None] & d_ok[None, :]
-    k = tl.load(K + b * skb + hk * skh + j[:, None] * skt + d[None, :], mask=kv_mask, other=0.0)  # (BN,BD)
-    v = tl.load(V + b * svb + hk * svh + j[:, None] * svt + d[None, :], mask=kv_mask, other=0.0)
+    k, v = prologue.key_block(K, V, b, hk, j, d, kv_mask, skb, skh, skt, svb, svh, svt)  # (BN,BD) each
     bh = b * H + h
     Q += b * sqb + h * sqh
     QR += b * srb + h * srh
@@ -428,15 +420,10 @@ def _dq(Q, QR, K, V, DO, LSE, DELTA, DQ_FAR, DQ, DQR, R, VT, DR, DVT, E,
     block that holds this one gave their dQ (relative_far_kernels._far_dq: DQ_FAR, float32, before the scale);
     their dS and p reach row 0 through the rows' sums, which softmax fixes: sum_j dS_ij = 0 and sum_j p_ij = 1
     over all keys, so the far tiles' are minus, and one minus, the other tiles'."""
-    m0 = tl.program_id(0) * BM
-    h = tl.program_id(1).to(tl.int64)
-    b = tl.program_id(2).to(tl.int64)
-    hk = h // GROUP
+    m0, h, b, hk = prologue.program(BM, GROUP)
     bh = b * H + h
-    i = m0 + tl.arange(0, BM)
-    d = tl.arange(0, BD)
-    d_ok = d < D
-    i_ok = i < TQ
+    i, _, d = prologue.tile_ranges(m0, BM, BN, BD)
+    d_ok, i_ok = d < D, i < TQ
     q_mask = i_ok[:, None] & d_ok[None, :]
     q = tl.load(Q + b * sqb + h * sqh + i[:, None] * sqt + d[None, :], mask=q_mask, other=0.0)  # (BM,BD)
     qr = tl.load(QR + b * srb + h * srh + i[:, None] * srt + d[None, :], mask=q_mask, other=0.0)
