@@ -257,13 +257,15 @@ def test_a_table_of_rows_per_query_follows_its_parameters_between_steps(name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["alibi", "fire", "rope", "shaw", "transformer_xl", "cope", "gemma3"])
+@pytest.mark.parametrize("name", ["alibi", "rope", "shaw", "cope", "gemma3"])  # one per kind of captured part
 def test_the_compiled_step_decodes_as_the_eager_step(name):
     """On the CPU, part (b) under torch.compile (one graph, fullgraph) gives the eager static step's logits and the
-    ordinary decoding's greedy tokens, step after step; a second decoder of other shapes compiles its own step
-    (under a recompile limit of 1: decoders that shared one compiled function would fail at the second)."""
+    ordinary decoding's greedy tokens, step after step; for ALiBi a second decoder of other shapes compiles its own
+    step (under a recompile limit of 1: decoders that shared one compiled function would fail at the second). FIRE's
+    part is ALiBi's (a row), Transformer-XL's Shaw's without the value term; every served scheme traces as one graph
+    (below)."""
     model = gemma_like() if name == "gemma3" else gpt(name)
-    for max_len in (24, 40):
+    for max_len in (24, 40) if name == "alibi" else (24,):
         want, tokens = cached_logits(model, prompt(), STEPS)
         compiled, eager = StaticDecoder(model, 2, max_len, compiled=True), StaticDecoder(model, 2, max_len)
         torch.testing.assert_close(compiled.prefill(prompt()), eager.prefill(prompt()), rtol=0, atol=0)
