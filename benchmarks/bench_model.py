@@ -76,16 +76,23 @@ def forward_rows(schemes: list[str], lengths: list[int], repeats: int, d_model=2
     return rows
 
 
+def _prefilled(model: GPT, ctx: int) -> tuple[torch.Tensor, object, torch.Tensor]:
+    """A fixed random prompt (1, ctx) prefilled into a new cache in chunks (score memory ~ chunk x ctx): (prompt,
+    cache, the greedy next token (1,1))."""
+    prompt = torch.randint(0, 256, (1, ctx), generator=torch.Generator().manual_seed(0))
+    cache = model.new_cache()
+    with torch.no_grad():
+        for start in range(0, ctx, PREFILL_CHUNK):
+            logits = model(prompt[:, start : start + PREFILL_CHUNK], cache=cache)
+    return prompt, cache, logits[:, -1:].argmax(-1)
+
+
 def _decoder(name: str, ctx: int, new_tokens: int, d_model: int, layers: int, heads: int,
              max_seq_len: int | None = None, attention_extension: dict | None = None):
     """A model with `ctx` tokens in its cache; each call decodes one more token (the cache grows by one)."""
     model = _model(name, ctx + new_tokens + 8, d_model, layers, heads, max_seq_len, attention_extension).eval()
-    prompt = torch.randint(0, 256, (1, ctx), generator=torch.Generator().manual_seed(0))
-    cache = model.new_cache()
-    with torch.no_grad():
-        for start in range(0, ctx, PREFILL_CHUNK):  # chunked prefill: score memory ~ chunk x ctx
-            logits = model(prompt[:, start : start + PREFILL_CHUNK], cache=cache)
-    state = {"token": logits[:, -1:].argmax(-1)}
+    _, cache, first = _prefilled(model, ctx)
+    state = {"token": first}
 
     def step():
         with torch.no_grad():
@@ -101,12 +108,7 @@ def _static_steps(name: str, ctx: int, new_tokens: int, d_model: int, layers: in
     from posenc.models.static_decode import StaticDecoder
 
     model = _model(name, ctx + new_tokens + 8, d_model, layers, heads).eval()
-    prompt = torch.randint(0, 256, (1, ctx), generator=torch.Generator().manual_seed(0))
-    cache = model.new_cache()
-    with torch.no_grad():
-        for start in range(0, ctx, PREFILL_CHUNK):
-            logits = model(prompt[:, start : start + PREFILL_CHUNK], cache=cache)
-    first = logits[:, -1:].argmax(-1)  # (1,1)
+    prompt, cache, first = _prefilled(model, ctx)
     steps = {}
     for path, compiled in (("static", False), ("compiled", True)):
         decoder = StaticDecoder(model, 1, ctx + new_tokens + 4, cuda_graph=False, compiled=compiled)

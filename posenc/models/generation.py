@@ -40,8 +40,8 @@ class CausalGeneration:
                  compiled: bool = False) -> Tensor:
         """Greedy (temperature 0) or sampled continuation; returns (B, T + max_new_tokens). static_cache: decode
         through posenc.models.static_decode (a fixed cache; each step a CUDA graph's replay on CUDA); compiled: its
-        step under torch.compile instead (on the CPU 0.79-0.91x the ordinary step's time at a 4k cache after a
-        compile of seconds: BENCHMARKS.md, "Decode step captured whole")."""
+        step under torch.compile instead (0.76-0.93x the ordinary step's time at a 4k cache on BENCHMARKS.md's Xeon,
+        after a compile of seconds: BENCHMARKS.md, "Decode step captured whole")."""
         check_sampling(max_new_tokens, temperature, top_k)
         check_token_ids(input_ids, self.cfg.vocab_size)
         if compiled and not static_cache:

@@ -21,11 +21,12 @@ posenc.models.static_relative_terms), and CoPE, whose gates the captured part co
 CPU the static step is opt-in (generate(static_cache=True)) and pays only in host operators: under a map it issues
 ~30% fewer operators than the ordinary step and no host reads, but scores every slot under every map where the
 ordinary map_decode scores only the keys each map attends (benchmarks/map_decode_ops.py --static). Compiled, it pays
-on the CPU for every scheme it serves: 0.79-0.91x the ordinary step at a 4k cache in BENCHMARKS.md's "Decode step
-captured whole" (the 4 x 256 GPT; `python -m benchmarks.run --sections static_decode`), 0.96-1.02x `none`'s compiled
-step for the schemes whose terms positions decide, 1.12-1.15x for Shaw (its value term needs the weights in memory),
-1.26-1.37x for Transformer-XL (its table is as large as the keys) and 1.17-1.18x for CoPE (its gates), in three runs,
-after a first step that compiles (5-11 s on 2 cores, under a second from the compiler's cache).
+on the CPU for every scheme it serves: 0.76-0.93x the ordinary step at a 4k cache in BENCHMARKS.md's "Decode step
+captured whole" (the 4 x 256 GPT on its AVX-512 Xeon, 2 cores; `python -m benchmarks.run --sections static_decode`),
+0.95-1.06x `none`'s compiled step for the schemes whose terms positions decide, 1.12-1.15x for Shaw (its value term
+needs the weights in memory), 1.26-1.37x for Transformer-XL (its table is as large as the keys) and 1.17-1.18x for
+CoPE (its gates), in three runs, after a first step that compiles (5-11 s there, under a second from the compiler's
+cache).
 
     decoder = StaticDecoder(model, batch=1, max_len=4096)
     logits = decoder.prefill(input_ids)          # (B, V): the ordinary eager prefill, its cache copied in

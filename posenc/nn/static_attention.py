@@ -73,16 +73,26 @@ def relative_slot_attention(q: Tensor, k: Tensor, v: Tensor, row: Tensor, terms:
     query = q if terms.q_shift is None else q + terms.q_shift
     if terms.values is None:
         return slot_attention(query, k, v, bias, softcap)
-    g = h // k.shape[1]
-    if g > 1:
-        k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
-    scores = (query @ k.transpose(-1, -2)) * dh**-0.5  # (B,H,1,L)
+    scores = _scores(query, k) * dh**-0.5  # (B,H,1,L)
     if softcap is not None:
         scores = softcap * torch.tanh(scores / softcap)  # as slot_attention's: capped before the row is added
     weights = torch.softmax(scores + bias, dim=-1)
     mass = weights.new_zeros(b, h, 1, terms.values.shape[0]).scatter_add_(-1, terms.index.expand(b, h, 1, -1),
                                                                          weights)  # (B,H,1,S)
-    return weights @ v + mass @ terms.values
+    return _mix(weights, v) + mass @ terms.values
+
+
+def _scores(q: Tensor, k: Tensor) -> Tensor:
+    """q (B,H,1,Dh) . k (B,Hkv,L,Dh) -> (B,H,1,L): a key head's g = H / Hkv query heads as g rows of one product
+    with its keys (GQA without a copy of the cache's keys per step)."""
+    b, h, _, dh = q.shape
+    return (q.reshape(b, k.shape[1], h // k.shape[1], dh) @ k.transpose(-1, -2)).view(b, h, 1, -1)
+
+
+def _mix(weights: Tensor, v: Tensor) -> Tensor:
+    """weights (B,H,1,L) @ v (B,Hkv,L,Dh) -> (B,H,1,Dh), grouped as _scores."""
+    b, h, _, slots = weights.shape
+    return (weights.reshape(b, v.shape[1], h // v.shape[1], slots) @ v).view(b, h, 1, -1)
 
 
 def contextual_slot_attention(q: Tensor, k: Tensor, v: Tensor, row: Tensor, rows: Tensor, slot: Tensor,
@@ -90,10 +100,8 @@ def contextual_slot_attention(q: Tensor, k: Tensor, v: Tensor, row: Tensor, rows
     """slot_attention with CoPE's bias (Scheme.contextual_rows): rows (B,H,1,P) float32 read at p_j = sum of the
     gates sigmoid(q . k_t / sqrt(Dh)) over the filled slots t >= j (slot: the step's own, (1,) int64), linearly
     interpolated, p clamped to P - 1; in float32 as posenc.content.cope computes them. -> (B,H,1,Dh)"""
-    h, slots = q.shape[1], k.shape[2]
-    if k.shape[1] != h:
-        k, v = k.repeat_interleave(h // k.shape[1], 1), v.repeat_interleave(h // k.shape[1], 1)
-    logits = (q.float() @ k.float().transpose(-1, -2)) * q.shape[-1] ** -0.5  # (B,H,1,L)
+    slots = k.shape[2]
+    logits = _scores(q.float(), k.float()) * q.shape[-1] ** -0.5  # (B,H,1,L)
     filled = torch.arange(slots, device=slot.device) <= slot  # (L,)
     gates = torch.sigmoid(logits).masked_fill(~filled, 0.0)
     p = gates.flip(-1).cumsum(-1).flip(-1).clamp(max=rows.shape[-1] - 1)  # sum over t >= j, nothing past the step
@@ -103,7 +111,7 @@ def contextual_slot_attention(q: Tensor, k: Tensor, v: Tensor, row: Tensor, rows
     if q.dtype != torch.float32 or softcap is not None:
         return slot_attention(q, k, v, row + bias, softcap)
     # float32: the gates' logits are the scores (one product of q with every key, not two)
-    return torch.softmax(logits + row + bias, dim=-1) @ v
+    return _mix(torch.softmax(logits + row + bias, dim=-1), v)
 
 
 @dataclass
