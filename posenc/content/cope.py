@@ -30,14 +30,21 @@ from posenc.scheme import Dims, Scheme, cast
 from posenc.validators import positive_int
 
 
+def counting_dtype(dtype: torch.dtype) -> torch.dtype:
+    """What the gates, their counts and the rows are computed in: float32, or float64 for float64 inputs (a count
+    of hundreds of gates in 16 bits would move by whole positions; a float64 model is a reference, kept exact)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 def contextual_positions(q: Tensor, k: Tensor) -> Tensor:
-    """q (B,H,Tq,Dh), k (B,Hkv,Tk,Dh) -> p_ij = sum_{t=j..i} g_it (B,H,Tq,Tk) float32, 0 for j > i.
+    """q (B,H,Tq,Dh), k (B,Hkv,Tk,Dh) -> p_ij = sum_{t=j..i} g_it (B,H,Tq,Tk) in counting_dtype, 0 for j > i.
 
     The Tq queries are the last Tq of the Tk keys (as in attention's causal mask)."""
     h, hkv, tq, tk = q.shape[1], k.shape[1], q.shape[-2], k.shape[-2]
     if hkv != h:  # GQA: each key head serves h // hkv query heads
         k = k.repeat_interleave(h // hkv, dim=1)  # (B,H,Tk,Dh)
-    logits = (q.float() @ k.float().transpose(-1, -2)) * q.shape[-1] ** -0.5  # (B,H,Tq,Tk)
+    wide = counting_dtype(q.dtype)
+    logits = (q.to(wide) @ k.to(wide).transpose(-1, -2)) * q.shape[-1] ** -0.5  # (B,H,Tq,Tk)
     gates = torch.sigmoid(logits).masked_fill(~causal_mask(tq, tk, q.device), 0.0)  # g_ij, 0 for future keys
     return gates.flip(-1).cumsum(-1).flip(-1)  # sum over t >= j; gates past i are 0
 
@@ -47,7 +54,8 @@ def interpolated_logits(q: Tensor, table: Tensor, positions: Tensor) -> Tensor:
     p = positions.clamp(max=table.shape[0] - 1)
     floor = p.floor()
     weight = p - floor  # (B,H,Tq,Tk)
-    per_position = q.float() @ table.float().T  # (B,H,Tq,npos): q . e[n] for every integer n
+    wide = counting_dtype(q.dtype)
+    per_position = q.to(wide) @ table.to(wide).T  # (B,H,Tq,npos): q . e[n] for every integer n
     low = per_position.gather(-1, floor.long())
     high = per_position.gather(-1, p.ceil().long())
     return weight * high + (1.0 - weight) * low
@@ -78,11 +86,13 @@ class CoPE(Scheme):
         return interpolated_logits(q, self.table, contextual_positions(q, k))
 
     def contextual_rows(self, q: Tensor) -> Tensor:
-        """q . e[n] for every integer position n (B,H,Tq,npos): the fast paths interpolate them per pair."""
-        return cast(q, torch.float32) @ cast(self.table, torch.float32).T
+        """q . e[n] for every integer position n (B,H,Tq,npos) in counting_dtype: the fast paths interpolate them
+        per pair."""
+        wide = counting_dtype(q.dtype)
+        return cast(q, wide) @ cast(self.table, wide).T
 
     def extra_repr(self) -> str:
         return f"npos_max={self.table.shape[0]}, head_dim={self.dims.head_dim}"
 
 
-__all__ = ["CoPE", "contextual_positions", "interpolated_logits"]
+__all__ = ["CoPE", "contextual_positions", "counting_dtype", "interpolated_logits"]

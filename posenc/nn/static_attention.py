@@ -97,20 +97,21 @@ def _mix(weights: Tensor, v: Tensor) -> Tensor:
 
 def contextual_slot_attention(q: Tensor, k: Tensor, v: Tensor, row: Tensor, rows: Tensor, slot: Tensor,
                               softcap: float | None = None) -> Tensor:
-    """slot_attention with CoPE's bias (Scheme.contextual_rows): rows (B,H,1,P) float32 read at p_j = sum of the
-    gates sigmoid(q . k_t / sqrt(Dh)) over the filled slots t >= j (slot: the step's own, (1,) int64), linearly
-    interpolated, p clamped to P - 1; in float32 as posenc.content.cope computes them. -> (B,H,1,Dh)"""
-    slots = k.shape[2]
-    logits = _scores(q.float(), k.float()) * q.shape[-1] ** -0.5  # (B,H,1,L)
+    """slot_attention with CoPE's bias (Scheme.contextual_rows): rows (B,H,1,P) read at p_j = sum of the gates
+    sigmoid(q . k_t / sqrt(Dh)) over the filled slots t >= j (slot: the step's own, (1,) int64), linearly
+    interpolated, p clamped to P - 1; in the rows' dtype (float32, float64 for float64 inputs), as
+    posenc.content.cope computes them. -> (B,H,1,Dh)"""
+    slots, wide = k.shape[2], rows.dtype
+    logits = _scores(q.to(wide), k.to(wide)) * q.shape[-1] ** -0.5  # (B,H,1,L)
     filled = torch.arange(slots, device=slot.device) <= slot  # (L,)
     gates = torch.sigmoid(logits).masked_fill(~filled, 0.0)
     p = gates.flip(-1).cumsum(-1).flip(-1).clamp(max=rows.shape[-1] - 1)  # sum over t >= j, nothing past the step
     floor = p.floor()
     weight = p - floor
     bias = (weight * rows.gather(-1, p.ceil().long()) + (1.0 - weight) * rows.gather(-1, floor.long())).to(row.dtype)
-    if q.dtype != torch.float32 or softcap is not None:
+    if q.dtype != wide or softcap is not None:
         return slot_attention(q, k, v, row + bias, softcap)
-    # float32: the gates' logits are the scores (one product of q with every key, not two)
+    # float32 and float64: the gates' logits are the scores (one product of q with every key, not two)
     return _mix(torch.softmax(logits + row + bias, dim=-1), v)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from posenc.contract.models import perturb_scheme_parameters
 from posenc.models import GPT, GPTConfig
 from posenc.models.llama import Llama
 from posenc.models.llama_config import LlamaConfig
@@ -18,7 +19,9 @@ def gpt(name: str, seed: int = 0, **options) -> GPT:
     torch.manual_seed(seed)
     fields = dict(vocab_size=VOCAB, n_layer=2, n_head=4, n_kv_head=2, d_model=32, max_seq_len=64)
     cfg = GPTConfig(**{**fields, **options}, position_embedding_type=name)
-    return GPT(cfg).double().eval()
+    model = GPT(cfg)
+    perturb_scheme_parameters(model, seed)  # tables that start at zero (CoPE, T5's buckets) must count
+    return model.double().eval()
 
 
 def gemma_like(seed: int = 0, **changes) -> Llama:

@@ -42,14 +42,18 @@ def _qk(b=2, h=4, hkv=2, tq=5, tk=7, dh=8, seed=0):
 
 
 @pytest.mark.parametrize("npos", [3, 64])  # 3: positions clip at npos - 1
-def test_bias_equals_the_formula_pair_by_pair(npos):
-    q, k = _qk()
-    scheme = CoPE(Dims(32, 4, 8, 64, n_kv_head=2), cope_npos_max=npos)
+@pytest.mark.parametrize(("dtype", "tolerance"), [(torch.float32, 1e-5), (torch.float64, 1e-12)])
+def test_bias_equals_the_formula_pair_by_pair(npos, dtype, tolerance):
+    """float32 gates and counts for float32 (and 16-bit) inputs; float64 ones for float64 inputs, exact."""
+    q, k = (t.to(dtype) for t in _qk())
+    scheme = CoPE(Dims(32, 4, 8, 64, n_kv_head=2), cope_npos_max=npos).to(dtype)
     with torch.no_grad():
         scheme.table.copy_(torch.randn(npos, 8, generator=torch.Generator().manual_seed(1)))
     got = scheme.bias(torch.zeros(2, 5), torch.zeros(2, 7), q, k)  # positions are ignored
+    assert got.dtype == dtype
     causal = torch.ones(5, 7, dtype=torch.bool).tril(diagonal=2)  # queries are the last 5 of 7 keys
-    torch.testing.assert_close(got.double() * causal, naive_cope_bias(q, k, scheme.table), rtol=1e-5, atol=1e-5)
+    want = naive_cope_bias(q, k, scheme.table)
+    torch.testing.assert_close(got.double() * causal, want, rtol=tolerance, atol=tolerance)
 
 
 def test_gates_make_positions_count_and_grow_with_distance():
