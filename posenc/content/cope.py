@@ -33,7 +33,7 @@ from posenc.validators import positive_int
 def counting_dtype(dtype: torch.dtype) -> torch.dtype:
     """What the gates, their counts and the rows are computed in: float32, or float64 for float64 inputs (a count
     of hundreds of gates in 16 bits would move by whole positions; a float64 model is a reference, kept exact)."""
-    return torch.promote_types(dtype, torch.float32)
+    return torch.float64 if dtype == torch.float64 else torch.float32  # (not promote_types: a call per step)
 
 
 def contextual_positions(q: Tensor, k: Tensor) -> Tensor:
