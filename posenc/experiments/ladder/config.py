@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from posenc.errors import bad_value
 from posenc.experiments.config.fields import name_list
@@ -21,6 +22,20 @@ from posenc.models import GPT
 
 SIZE = re.compile(r"(\d+)x(\d+)")  # n_layer x d_model, e.g. 4x128
 LADDER_SCHEMES = ("none", "rope", "alibi", "learned_absolute")  # NoPE and the three families beside it
+
+RANDOM_FILLS = ("normal_", "log_normal_", "cauchy_", "exponential_", "geometric_")  # values only, never shapes
+
+
+class _NoInitialisers(TorchFunctionMode):
+    """Random fills of meta tensors do nothing: a meta tensor holds no values, and its shape is all a count needs.
+    normal_ on the meta device imports torch._dynamo (2.2 s), and every `posenc` command counted the ladder's
+    default sizes for its --help text."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        target = args[0] if args else (kwargs or {}).get("tensor")  # torch.nn.init's passes it by name
+        if isinstance(target, torch.Tensor) and target.is_meta and getattr(func, "__name__", "") in RANDOM_FILLS:
+            return target
+        return func(*args, **(kwargs or {}))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,8 +101,9 @@ class LadderConfig(CompareConfig):
         """The parameter count of the subject's model at this size (built on the meta device: no memory)."""
         n_layer, d_model = layers_width(size)
         model = self.model.replace(n_layer=n_layer, d_model=d_model, position_embedding_type=self.ladder.subject)
-        with torch.device("meta"):
+        with torch.device("meta"), _NoInitialisers():
             return sum(p.numel() for p in GPT(model).parameters())
+
 
     def at_size(self, size: str) -> CompareConfig:
         """The compare run of one rung: the same recipe with the model at this size."""
