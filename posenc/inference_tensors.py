@@ -33,6 +33,8 @@ Value = TypeVar("Value")
 
 def made_for_one_call(*positions: Tensor) -> None:
     """Positions an entry point made for this call alone: memos may key on their identity (inference tensors)."""
+    if torch.compiler.is_compiling():  # traced: no memo outlives the call, and is_inference() breaks the graph
+        return
     for pos in positions:
         if pos.is_inference():
             _one_call[pos] = True
@@ -71,6 +73,8 @@ class LastPositions:
         self.fn, self.last = fn, None
 
     def __call__(self, *positions: Tensor) -> Value:
+        if torch.compiler.is_compiling():  # traced once per graph: the compiled code runs fn's operators each call
+            return self.fn(*positions)
         versions = tuple(position_version(p) for p in positions)
         hit = self.last
         if hit is not None and hit[1] == versions and all(a is b for a, b in zip(hit[0], positions, strict=True)):

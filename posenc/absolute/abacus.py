@@ -91,7 +91,7 @@ class Abacus(Scheme):
         if input_ids is None:
             raise ValueError("abacus: embed() needs input_ids (the token history); every posenc model passes them")
         index = self.digit_index(input_ids)[:, -x.shape[1]:]  # (B,T): the new tokens' rows
-        if int(index.max()) >= self.table.num_embeddings:
+        if not torch.compiler.is_compiling() and int(index.max()) >= self.table.num_embeddings:  # traced: not read
             raise PositionTooLarge(
                 f"a run of {int(index.max())} digits, but abacus has rows for runs up to "
                 f"{self.dims.max_seq_len} digits (max_seq_len={self.dims.max_seq_len}); use a larger max_seq_len")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from posenc.errors import bad_value
@@ -33,6 +34,8 @@ class LearnedAbsolute(Scheme):
                             "rows; None means 4 * max_seq_len): set it to max_seq_len and train on shorter sequences")
 
     def embed(self, x: Tensor, pos: Tensor, input_ids: Tensor | None = None) -> Tensor:
+        if torch.compiler.is_compiling():  # traced: positions are not read back (one past the table fails in wpe)
+            return x + self.wpe(pos).to(x.dtype)  # (B,T,D)
         highest = int(pos.max()) if pos.numel() else 0
         if highest >= self.dims.max_seq_len or (pos.numel() and int(pos.min()) < 0):
             raise PositionTooLarge(

@@ -50,6 +50,8 @@ class Sinusoidal(Scheme):
         kept across forwards (grown by doubling, at most TABLE_ELEMENTS floats): a decode step computed the float64
         sinusoid of its one position, about 15 small operators. Positions past the table are computed directly."""
         d = self.dims.d_model
+        if torch.compiler.is_compiling():  # traced: the formula, which the compiler fuses (no extremes to read)
+            return self.scale * sinusoidal_table(pos, d)
         pos, lowest, highest = shared_row_extremes(pos)  # (b,T)
         if lowest < 0 or (highest + 1) * d > TABLE_ELEMENTS:
             return self.scale * sinusoidal_table(pos, d)

@@ -2,7 +2,9 @@
 
 Checking values reads them back from the device: the host waits for every queued kernel. generate() checks the
 prompt once and vouches for what it feeds itself afterwards (`vouch`: the ids it drew over the vocabulary, the
-positions it advanced from checked ones), so its decode steps read nothing back for the checks."""
+positions it advanced from checked ones), so its decode steps read nothing back for the checks. Under torch.compile
+the values are not read (a read would split the compiled graph and wait for the device at every call): the checks
+of types and shapes hold, a value out of range fails where the eager path would have named it."""
 
 from __future__ import annotations
 
@@ -44,7 +46,7 @@ def check_token_ids(input_ids: Tensor, vocab_size: int, field: str = "input_ids"
                         "a (batch, length) tensor of int64 token ids")
     if input_ids.shape[0] == 0 or input_ids.shape[1] == 0:
         raise bad_value(f"{field}.shape", tuple(input_ids.shape), "at least one sequence of at least one token")
-    if _holds(input_ids, ("ids", vocab_size)):
+    if torch.compiler.is_compiling() or _holds(input_ids, ("ids", vocab_size)):  # traced: values are not read
         return
     low, high = torch.stack(input_ids.aminmax()).tolist()  # one read of both
     if low < 0 or high >= vocab_size:
@@ -60,6 +62,6 @@ def check_positions(position_ids: Tensor, like: Tensor) -> Tensor:
     if position_ids.shape[1] != like.shape[1] or position_ids.shape[0] not in (1, like.shape[0]):
         raise bad_value("position_ids.shape", tuple(position_ids.shape),
                         f"(batch, length) matching input_ids {tuple(like.shape)}")
-    if not _holds(position_ids, "positions") and int(position_ids.min()) < 0:
+    if not (torch.compiler.is_compiling() or _holds(position_ids, "positions")) and int(position_ids.min()) < 0:
         raise bad_value("position_ids", int(position_ids.min()), "non-negative positions")
     return position_ids.to(torch.int64).expand(like.shape[0], -1)

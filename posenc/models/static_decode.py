@@ -204,7 +204,6 @@ def _compiled(decoder: StaticDecoder) -> Callable[[], Tensor]:
     part of the step to Python). It runs a code object of its own: torch.compile keeps what it compiled per code
     object, up to a limit of recompiles (8) past which fullgraph fails, and every decoder's buffers (another max_len,
     another model) recompile; with its own code each decoder has its own count."""
-    dispatch.mark_constants()
     heavy = StaticDecoder.heavy
     own = types.FunctionType(heavy.__code__.replace(), heavy.__globals__, heavy.__name__)
     return torch.compile(types.MethodType(own, decoder), fullgraph=True, dynamic=False)

@@ -98,10 +98,11 @@ class DecoderAttention(nn.Module):
         dispatch first, as does every layer without soft-capping or a window it reaches; the rest are masked.
         Pretrained decoders: inference and fine-tuning without attention dropout."""
         attends_itself = dispatch.form_of(type(scheme)) in ("mapped", "attends")
-        windowed = not attends_itself and self._windowed(q_pos, k_pos)
+        traced = torch.compiler.is_compiling()  # under torch.compile: no read of the positions' span, the mask below
+        windowed = not attends_itself and (self.shape.window is not None if traced else self._windowed(q_pos, k_pos))
         if attends_itself or not (self.shape.softcap is not None or windowed):
             return dispatch.attention(q, k, v, scheme, q_pos, k_pos, True, 0.0, kept)
-        if windowed:  # block by block over the keys each block's window reaches, where positions count up
+        if windowed and not traced:  # block by block over the keys its window reaches, where positions count up
             softcap = self.shape.softcap
             out = sliding_attention(
                 q, k, v, q_pos, k_pos, self.shape.window,

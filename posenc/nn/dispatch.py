@@ -164,27 +164,23 @@ from posenc.nn.call import Call, needs_grad
 from posenc.position_map import MappedScheme
 from posenc.scheme import Scheme, cast, materialises_bias
 
-_CONSTANTS: list[Callable] = []  # the decisions marked by constant(), for mark_constants()
+_CONSTANTS: list[Callable] = []  # the decisions made by constant()
+# What torch.compiler.assume_constant_result sets on a function (tests/nn/test_dispatch.py checks that it still
+# does); set here directly because that marker imports torch._dynamo: 2.2 s more for every `import posenc`.
+MARKED_CONSTANT = "_dynamo_marked_constant"
 
 
 def constant(decide: Callable) -> Callable:
-    """A decision of this module: a pure function of its arguments, answered once per key (functools.cache). A
-    compiled step (posenc.models.static_decode) takes its answer while tracing, as a constant (mark_constants):
-    torch.compile would otherwise trace through the cache's wrapper (and warn that it does)."""
+    """A decision of this module: a pure function of its arguments, answered once per key (functools.cache), and
+    taken by torch.compile as a constant while it traces (a compiled static step, a user's torch.compile(model)):
+    it would otherwise trace through the cache's wrapper, and warn that it does."""
     cached = functools.cache(decide)
 
     def answer(*args, **kwargs):
         return cached(*args, **kwargs)
+    setattr(answer, MARKED_CONSTANT, True)
     _CONSTANTS.append(functools.update_wrapper(answer, decide))
     return answer
-
-
-def mark_constants() -> None:
-    """Tell torch.compile that the decisions are constants; call before it traces anything that takes them. Not at
-    import: torch.compiler's marker imports torch._dynamo, which made `import posenc` 2.2 s slower (3.2 -> 5.4 s),
-    in every process, for the few that compile."""
-    for answer in _CONSTANTS:
-        torch.compiler.assume_constant_result(answer)
 
 
 KERNELS: dict[str, Callable[[Call], Tensor | None]] = {

@@ -117,6 +117,8 @@ class RoPE(Scheme):
         """cos, sin (B,1,T,R/2) for positions (B,T). Rows come from a per-position table built once
         (grown by doubling) and gathered by position id; the gathered pair is remembered for the
         rest of the forward, so all layers share it."""
+        if torch.compiler.is_compiling() and not self._dynamic:  # traced: the formula, which the compiler fuses
+            return cos_sin(pos, self.inv_freq.to(pos.device), self.attention_scaling)
         memo = self._memo
         if memo is not None and memo[0] is pos and memo[1] == position_version(pos):
             return memo[2], memo[3]

@@ -88,6 +88,8 @@ class XPos(RoPE):
         """Per-forward memo, one entry per side (+1 queries, -1 keys), shared by all layers. Rows come from a
         per-position table per side (as RoPE's: built once, grown by doubling), so a decode step gathers one row
         instead of evaluating the float64 formula."""
+        if torch.compiler.is_compiling():  # traced: the formula, which the compiler fuses
+            return xpos_tables(pos, self.inv_freq, self.log_zeta, self.scale_base, sign)
         memo = self._memo if isinstance(self._memo, dict) else {}
         hit = memo.get(sign)
         if hit is not None and hit[0] is pos and hit[1] == position_version(pos):

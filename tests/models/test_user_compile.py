@@ -1,0 +1,113 @@
+"""A user's torch.compile(model): what posenc's models give when compiled whole, as nanoGPT or a trainer does.
+
+Schemes without a bias (the plain form: absolute, rotary, none) trace as one graph, training step included: no host
+read (input checks, position extremes, memos keyed on tensors) is left in the traced code, so fullgraph=True holds.
+Schemes with a bias run posenc's kernels between graphs (ctypes on the CPU: not traceable) and must still compute
+what eager computes. The backend is aot_eager: the graphs, forward and backward, that Inductor would compile, run
+by PyTorch's own kernels (no C++ compile in the test)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from posenc.contract.models import perturb_scheme_parameters
+from posenc.models import GPT, GPTConfig
+from posenc.nn import dispatch
+from posenc.registry import SCHEMES
+from tests.models.static_support import gemma_like
+
+VOCAB = 61
+PLAIN = sorted(name for name, cls in SCHEMES.items() if dispatch.form_of(cls) == "plain")
+
+
+def gpt(name: str, dtype: torch.dtype = torch.float64) -> GPT:
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=VOCAB, n_layer=2, n_head=4, n_kv_head=2, d_model=32, max_seq_len=1024,
+                          position_embedding_type=name, dropout=0.0))
+    perturb_scheme_parameters(model, 0)
+    return model.to(dtype)
+
+
+def llama(family: str) -> torch.nn.Module:
+    """float64, as static_support draws them."""
+    if family == "gemma3":  # a sliding layer and a full one, two RoPE bases, soft scaling of q
+        return gemma_like()
+    return gemma_like(family="llama", layer_types=None, sliding_window=None, local_rotary_base=None,
+                      hidden_act="silu", query_pre_attn_scalar=None)
+
+
+def training_step(model: torch.nn.Module, run, ids: torch.Tensor, **inputs) -> tuple[torch.Tensor, list]:
+    """(loss, every parameter's gradient) of one next-token step; abacus draws its offsets from the seed set here."""
+    model.zero_grad()
+    torch.manual_seed(1)
+    out = run(ids, **inputs)
+    logits = out[0] if isinstance(out, tuple) else out
+    loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), ids[:, 1:].reshape(-1))
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+
+def assert_compiled_equals_eager(model: torch.nn.Module, fullgraph: bool, length: int = 40, **inputs) -> None:
+    """float64 models to 1e-10 (the traced paths compute the eager formulas, summed in another order); float32
+    models (posenc's CPU kernels serve float32 only) to float32's rounding."""
+    ids = torch.randint(0, VOCAB, (2, length), generator=torch.Generator().manual_seed(2))
+    model.train()
+    tolerance = dict(rtol=1e-10, atol=1e-12) if next(model.parameters()).dtype == torch.float64 else \
+        dict(rtol=1e-4, atol=1e-5)
+    want_loss, want_grads = training_step(model, model, ids, **inputs)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=fullgraph)
+    got_loss, got_grads = training_step(model, compiled, ids, **inputs)
+    torch.testing.assert_close(got_loss, want_loss, **tolerance)
+    assert len(got_grads) == len(want_grads)
+    for got, want in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(got, want, **tolerance)
+
+
+@pytest.mark.parametrize("name", PLAIN)
+def test_a_scheme_without_a_bias_trains_compiled_as_one_graph(name):
+    """fullgraph=True: a graph break (a host read, a memo the tracer cannot follow) is an error."""
+    assert_compiled_equals_eager(gpt(name), fullgraph=True)
+
+
+def test_explicit_positions_trace_as_one_graph():
+    positions = torch.arange(40).expand(2, 40) + 7  # the shift test's positions
+    assert_compiled_equals_eager(gpt("rope"), fullgraph=True, position_ids=positions)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_pretrained_families_train_compiled_as_one_graph(family):
+    """Llama's and Gemma 3's structure (its sliding layer masked by position inside the graph)."""
+    assert_compiled_equals_eager(llama(family), fullgraph=True)
+
+
+@pytest.mark.parametrize("name", ["alibi", "fire", "transformer_xl"])
+def test_a_scheme_with_a_bias_computes_compiled_what_it_computes_eager(name):
+    """posenc's CPU kernels (rows per head, FIRE's pieces, rows per query: each long enough for them to serve) run
+    between the graphs; the loss and every gradient are eager's."""
+    assert_compiled_equals_eager(gpt(name, torch.float32), fullgraph=False, length=1024)
+
+
+def test_the_dispatch_decisions_are_constants_for_the_compiler():
+    """Every decision carries the mark torch.compiler.assume_constant_result would set (set directly: that marker
+    imports torch._dynamo); if torch renames the mark, the comparison fails here."""
+    def probe():
+        return None
+
+    torch.compiler.assume_constant_result(probe)
+    assert vars(probe) == {dispatch.MARKED_CONSTANT: True}
+    assert dispatch._CONSTANTS and all(getattr(f, dispatch.MARKED_CONSTANT, False) for f in dispatch._CONSTANTS)
+
+
+def test_compiling_a_model_warns_of_nothing_posenc_does():
+    """The dispatch's functools caches are not traced through (dynamo warns when it does)."""
+    import warnings
+
+    torch._dynamo.reset()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compiled = torch.compile(gpt("rope"), backend="aot_eager", fullgraph=True)
+        compiled(torch.randint(0, VOCAB, (2, 12)))
+    assert not [w for w in caught if "posenc" in str(w.message) or "lru_cache" in str(w.message)], \
+        [str(w.message)[:200] for w in caught]
