@@ -74,6 +74,10 @@ layer, with one softmax over the merged row; it declines batch rows under differ
 On cuda, map_triton and map_fused take bfloat16 float16 float32 only (Triton's kernels, CUDA's memory-efficient
 kernel): float64 there runs map_decode > map_eager for a decode step and map_eager otherwise.
 
+Under torch.compile (while it traces: a user's torch.compile(model), the compiled static step) the plain and attends
+forms (TRACED_FORMS: SDPA, a scheme's own attend()) are traced into the graph; every other form's attention runs
+outside it, by the tables above as in eager, one graph break per call.
+
 A kernel is a function kernel(call: Call) -> Tensor | None (posenc.nn.call, below this module and the kernels);
 KERNELS names each. Adding a kernel = its file + one KERNELS entry + its name in a rule.
 tests/nn/test_dispatch.py prints the table for every registered scheme on cpu and cuda (`pytest -s`).
@@ -257,6 +261,9 @@ MAP_DEFAULT = ("map_eager",)
 # (device, kernel) -> the dtypes it serves there (else every dtype): Triton's kernels, and map_fused's own table of
 # its devices' kernels (CUDA's memory-efficient one takes no float64: the H200 run of 2026-11-27 crashed there)
 MAP_DTYPES = {("cuda", "map_triton"): HALF_AND_FLOAT, ("cuda", "map_fused"): mapped_attention.FUSED_DTYPES["cuda"]}
+# Under torch.compile, the forms whose attention is traced into the graph: SDPA, and a scheme's own attend() (the
+# static decode step's, built to be traced); every other form's runs outside the graph, as in eager (attention())
+TRACED_FORMS = frozenset({"plain", "attends"})
 FORMS = ("mapped", "attends", "plain", "contextual", "head_distance", "bucket_distance", "distance", "piecewise",
          "values", "relative", "weights", "bias")
 
@@ -467,7 +474,19 @@ def _call(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, q_pos: Tensor, k_pos:
 def attention(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, q_pos: Tensor, k_pos: Tensor, causal: bool,
               dropout: float = 0.0, kept: dict | None = None) -> Tensor:
     """q (B,H,Tq,Dh), k/v (B,Hkv,Tk,Dh) as rotate() left them, positions as frame() left them -> (B,H,Tq,Dh).
-    kept: the KV cache's store for this layer (KVCache.derived) when k and v come from it."""
+    kept: the KV cache's store for this layer (KVCache.derived) when k and v come from it.
+
+    Under torch.compile (a user's torch.compile(model)) a scheme with a bias or a map runs here as in eager, outside
+    the graph: one break per call, where tracing into the kernels stopped at each host read and ctypes call inside
+    them (8 breaks a layer for ALiBi, 18 for FIRE, recompiled per parameter shape) and would trace Triton's launch
+    code on CUDA. TRACED_FORMS stay in the graph."""
+    if torch.compiler.is_compiling() and form_of(type(scheme)) not in TRACED_FORMS:
+        return torch.compiler.disable(_attention)(q, k, v, scheme, q_pos, k_pos, causal, dropout, kept)
+    return _attention(q, k, v, scheme, q_pos, k_pos, causal, dropout, kept)
+
+
+def _attention(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, q_pos: Tensor, k_pos: Tensor, causal: bool,
+               dropout: float, kept: dict | None) -> Tensor:
     call, chain = _call(q, k, v, scheme, q_pos, k_pos, causal, dropout, kept)
     for name in chain:
         out = kernel(name)(call)

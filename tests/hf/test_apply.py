@@ -67,6 +67,17 @@ def test_a_users_loop_under_inference_mode_equals_no_grad(tmp_path, method):
     assert all(torch.equal(a, b) for a, b in zip(first, run(torch.no_grad), strict=True))
 
 
+def test_an_applied_rope_scaling_compiles_as_one_graph(tmp_path):
+    """A user's torch.compile of the patched model: posenc's rotary tables trace into transformers' graph
+    (fullgraph=True); logits equal eager's. (A map's attention runs outside the graph, one break per layer:
+    tests/models/test_user_compile.py.)"""
+    hf = posenc.hf.apply(load_hf(build("llama", tmp_path)), *METHODS["yarn"])
+    torch._dynamo.reset()
+    compiled = torch.compile(hf, backend="aot_eager", fullgraph=True)
+    with torch.no_grad():
+        assert_close(compiled(PROMPT).logits, hf(PROMPT).logits)
+
+
 @pytest.mark.parametrize("name", sorted(POSITION_MAPS))
 def test_every_registered_map_applies(tmp_path, name):
     """A map added later works through apply with its defaults (self_extend has none: given here)."""

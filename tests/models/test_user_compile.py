@@ -2,9 +2,10 @@
 
 Schemes without a bias (the plain form: absolute, rotary, none) trace as one graph, training step included: no host
 read (input checks, position extremes, memos keyed on tensors) is left in the traced code, so fullgraph=True holds.
-Schemes with a bias run posenc's kernels between graphs (ctypes on the CPU: not traceable) and must still compute
-what eager computes. The backend is aot_eager: the graphs, forward and backward, that Inductor would compile, run
-by PyTorch's own kernels (no C++ compile in the test)."""
+Schemes with a bias run the dispatch's attention outside the graph, one break per layer (posenc's kernels: ctypes
+calls on the CPU, Triton launches with host reads on CUDA), and compute what eager computes. The backend is
+aot_eager: the graphs, forward and backward, that Inductor would compile, run by PyTorch's own kernels (no C++
+compile in the test)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from tests.models.static_support import gemma_like
 
 VOCAB = 61
 PLAIN = sorted(name for name, cls in SCHEMES.items() if dispatch.form_of(cls) == "plain")
+BIASED = sorted(set(SCHEMES) - set(PLAIN))
 
 
 def gpt(name: str, dtype: torch.dtype = torch.float64) -> GPT:
@@ -82,10 +84,32 @@ def test_pretrained_families_train_compiled_as_one_graph(family):
     assert_compiled_equals_eager(llama(family), fullgraph=True)
 
 
+def breaks(model: torch.nn.Module) -> list[tuple[str, str]]:
+    """(file, function) of the frame where each graph break of a training forward falls."""
+    torch._dynamo.reset()
+    model.train()
+    explained = torch._dynamo.explain(model)(torch.randint(0, VOCAB, (2, 40)))
+    return [(frame.filename, frame.name) for frame in (r.user_stack[-1] for r in explained.break_reasons)]
+
+
+@pytest.mark.parametrize("name", BIASED)
+def test_a_scheme_with_a_bias_leaves_only_its_attention_out_of_the_graph(name):
+    """One break per layer, at the dispatch's attention call (posenc's kernels run there as in eager)."""
+    model = gpt(name, torch.float32)
+    assert breaks(model) == [(dispatch.__file__, "attention")] * model.cfg.n_layer
+
+
+def test_a_position_map_leaves_only_its_attention_out_of_the_graph():
+    model = gemma_like(family="llama", layer_types=None, sliding_window=None, local_rotary_base=None,
+                       hidden_act="silu", query_pre_attn_scalar=None,
+                       attention_extension={"type": "self_extend", "group_size": 2, "window": 8})
+    assert breaks(model) == [(dispatch.__file__, "attention")] * len(model.blocks)
+
+
 @pytest.mark.parametrize("name", ["alibi", "fire", "transformer_xl"])
 def test_a_scheme_with_a_bias_computes_compiled_what_it_computes_eager(name):
-    """posenc's CPU kernels (rows per head, FIRE's pieces, rows per query: each long enough for them to serve) run
-    between the graphs; the loss and every gradient are eager's."""
+    """At a length where posenc's CPU kernels serve (rows per head, FIRE's pieces, rows per query), between the
+    graphs: the loss and every gradient are eager's."""
     assert_compiled_equals_eager(gpt(name, torch.float32), fullgraph=False, length=1024)
 
 
