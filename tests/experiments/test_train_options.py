@@ -1,6 +1,6 @@
 """Trainer options no other test ran: bf16 autocast trains, gradient accumulation changes memory and
 nothing else (and resumes exactly), checkpoint pruning keeps the configured number, TensorBoard
-writes event files (or is refused up front when the package is missing)."""
+writes event files (or is refused up front when the package is missing), torch.compile trains the same."""
 
 from __future__ import annotations
 
@@ -60,6 +60,37 @@ def test_resume_with_gradient_accumulation_equals_an_uninterrupted_run(tmp_path)
     resumed = run(tmp_path, "cut", *steps, "trainer.checkpoint_interval=3")
     assert [h["loss"] for h in resumed.history] == pytest.approx([h["loss"] for h in full.history], abs=1e-6)
     assert_same_weights(resumed.model, full.model, atol=1e-6)
+
+
+@pytest.mark.parametrize("scheme", ["rope", "alibi"])
+def test_a_compiled_training_step_trains_as_the_eager_one(tmp_path, monkeypatch, scheme):
+    """trainer.compile=true: the step runs under torch.compile (here with the aot_eager backend: the graphs Inductor
+    would compile, without its C++ build), the same losses and weights; the checkpoint holds the model's own names
+    (no compiled wrapper's prefix), so an eager run loads it."""
+    compiled = []
+
+    def aot_eager(module, **options):
+        compiled.append(module)
+        return real_compile(module, backend="aot_eager", **options)
+
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", aot_eager)
+    steps = ["trainer.max_steps=3", "trainer.checkpoint_interval=3", f"model.position_embedding_type={scheme}"]
+    eager = run(tmp_path, "eager", *steps)
+    assert not compiled
+    torch._dynamo.reset()
+    fast = run(tmp_path, "compiled", *steps, "trainer.compile=true")
+    assert len(compiled) == 1
+    assert [h["loss"] for h in fast.history] == pytest.approx([h["loss"] for h in eager.history], abs=1e-5)
+    assert_same_weights(fast.model, eager.model, atol=1e-5)
+    checkpoint.load(checkpoint.latest(tmp_path / "compiled"), eager.model)  # strict: every name the model's own
+    assert_same_weights(eager.model, fast.model, atol=0)
+
+
+def test_compile_takes_a_boolean(tmp_path):
+    with pytest.raises(ValueError, match=r"trainer.compile"):
+        run(tmp_path, "run", "trainer.compile=fast")
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("keep", [1, 3])

@@ -92,6 +92,7 @@ class TrainerConfig(OptimConfig):
     keep_checkpoints: int = 2
     tensorboard: bool = False
     progress: bool = True
+    compile: bool = False  # the training step under torch.compile (schemes with a bias: attention outside the graph)
     init_from: str | None = None  # a posenc run folder, or gguf:smollm2 / gguf:gemma3-270m / gguf:PATH (fine-tuning)
     # Checked against the machine when a run starts, not here: a GPU run's saved config loads on a CPU machine.
     device: str = "cpu"  # cpu | cuda | cuda:N | auto (cuda when one is visible)
@@ -110,6 +111,7 @@ class TrainerConfig(OptimConfig):
             raise unknown_name("trainer.precision", self.precision, PRECISIONS)
         boolean("trainer.tensorboard", self.tensorboard)
         boolean("trainer.progress", self.progress)
+        boolean("trainer.compile", self.compile)
         if self.init_from is not None:
             path_text("trainer.init_from", self.init_from,
                       "null, a posenc run folder, or gguf:smollm2 / gguf:gemma3-270m / gguf:PATH")

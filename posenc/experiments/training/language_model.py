@@ -219,6 +219,8 @@ def _run(cfg: RunConfig, run_dir: Path, p: Prepared, start_ckpt: Path | None, fo
         state = checkpoint.load(start_ckpt, model, opt)
         start, history = state["step"], state["history"]
     step_model = torch.nn.parallel.DistributedDataParallel(model) if world_size > 1 else model
+    if t.compile:  # the steps only: validation, checkpoints and the result use the model itself
+        step_model = torch.compile(step_model)
     writer = _tensorboard(run_dir, t.tensorboard and rank == 0)
     bar = tqdm(total=t.max_steps, initial=start, desc=cfg.model.position_embedding_type,
                disable=not t.progress or rank != 0, leave=False)
