@@ -30,7 +30,7 @@ def _model(name: str, length: int, device: str) -> GPT:
                          position_embedding_type=name, dropout=0.0)).to(device).train()
 
 
-def _step(model: torch.nn.Module, run, optimizer: torch.optim.Optimizer, ids: torch.Tensor):
+def _step(run, optimizer: torch.optim.Optimizer, ids: torch.Tensor):
     cuda = ids.is_cuda
 
     def step() -> None:
@@ -52,8 +52,8 @@ def measure(name: str, length: int, batch: int, rounds: int, device: str = "cpu"
     explained = torch._dynamo.explain(compiled_model)(ids)
     torch._dynamo.reset()
     compiled = torch.compile(compiled_model)
-    eager_step = _step(eager_model, eager_model, torch.optim.AdamW(eager_model.parameters(), lr=1e-4), ids)
-    compiled_step = _step(compiled_model, compiled, torch.optim.AdamW(compiled_model.parameters(), lr=1e-4), ids)
+    eager_step = _step(eager_model, torch.optim.AdamW(eager_model.parameters(), lr=1e-4), ids)
+    compiled_step = _step(compiled, torch.optim.AdamW(compiled_model.parameters(), lr=1e-4), ids)
     start = time.perf_counter()
     compiled_step()
     first = time.perf_counter() - start

@@ -73,8 +73,8 @@ class LastPositions:
         self.fn, self.last = fn, None
 
     def __call__(self, *positions: Tensor) -> Value:
-        if torch.compiler.is_compiling():  # traced once per graph: the compiled code runs fn's operators each call
-            return self.fn(*positions)
+        if torch.compiler.is_compiling():  # traced: no memo across calls (identity and versions are not traced);
+            return self.fn(*positions)  # fn's operators run in the graph, or break it where fn reads the host
         versions = tuple(position_version(p) for p in positions)
         hit = self.last
         if hit is not None and hit[1] == versions and all(a is b for a, b in zip(hit[0], positions, strict=True)):

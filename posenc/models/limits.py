@@ -8,6 +8,8 @@ no bias runs SDPA's own kernel with O(T) extra memory. Activations add ~16 (T, D
 
 from __future__ import annotations
 
+import torch
+
 from posenc.memory_budget import available_bytes
 from posenc.scheme import Scheme, materialises_bias
 
@@ -45,8 +47,8 @@ def longest_that_fits(batch: int, heads: int, d_model: int, scheme: Scheme, budg
 def check_fits(batch: int, heads: int, d_model: int, tq: int, tk: int, scheme: Scheme,
                budget: int | None = None) -> None:
     need = needed_bytes(batch, heads, d_model, tq, tk, scheme)
-    if budget is None and need < SMALL_REQUEST:  # e.g. a decode step: no need to ask the kernel
-        return
+    if budget is None and (need < SMALL_REQUEST or torch.compiler.is_compiling()):  # e.g. a decode step: no need
+        return  # to ask the kernel; traced by torch.compile: reading /proc/meminfo would break the graph
     budget = available_bytes() if budget is None else budget
     if need <= budget:
         return

@@ -96,13 +96,20 @@ class DecoderAttention(nn.Module):
                 kept: dict | None) -> Tensor:
         """(B,H,Tq,Dh). A scheme that attends itself (a position map, whose window lives inside it) goes to the
         dispatch first, as does every layer without soft-capping or a window it reaches; the rest are masked.
-        Pretrained decoders: inference and fine-tuning without attention dropout."""
+        Pretrained decoders: inference and fine-tuning without attention dropout.
+
+        Under torch.compile a layer with a window or a cap runs this outside the graph, as in eager: which path it
+        takes reads the positions (a window reached or not, blocks where they count up), and the masked path inside
+        the graph would be a (T, T) mask where eager runs causal SDPA or blocks."""
         attends_itself = dispatch.form_of(type(scheme)) in ("mapped", "attends")
-        traced = torch.compiler.is_compiling()  # under torch.compile: no read of the positions' span, the mask below
-        windowed = not attends_itself and (self.shape.window is not None if traced else self._windowed(q_pos, k_pos))
+        capped_or_windowed = self.shape.softcap is not None or self.shape.window is not None
+        if not attends_itself and capped_or_windowed and torch.compiler.is_compiling():
+            # built at each traced call: torch.compiler.disable imports torch._dynamo, kept out of `import posenc`
+            return torch.compiler.disable(self._attend)(q, k, v, scheme, q_pos, k_pos, kept)
+        windowed = not attends_itself and self._windowed(q_pos, k_pos)
         if attends_itself or not (self.shape.softcap is not None or windowed):
             return dispatch.attention(q, k, v, scheme, q_pos, k_pos, True, 0.0, kept)
-        if windowed and not traced:  # block by block over the keys its window reaches, where positions count up
+        if windowed:  # block by block over the keys each block's window reaches, where positions count up
             softcap = self.shape.softcap
             out = sliding_attention(
                 q, k, v, q_pos, k_pos, self.shape.window,

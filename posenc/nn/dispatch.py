@@ -74,9 +74,9 @@ layer, with one softmax over the merged row; it declines batch rows under differ
 On cuda, map_triton and map_fused take bfloat16 float16 float32 only (Triton's kernels, CUDA's memory-efficient
 kernel): float64 there runs map_decode > map_eager for a decode step and map_eager otherwise.
 
-Under torch.compile (while it traces: a user's torch.compile(model), the compiled static step) the plain and attends
-forms (TRACED_FORMS: SDPA, a scheme's own attend()) are traced into the graph; every other form's attention runs
-outside it, by the tables above as in eager, one graph break per call.
+Under torch.compile (while it traces: a user's torch.compile(model), the compiled static step) the plain form (SDPA)
+and a scheme's own attend() over an otherwise plain form are traced into the graph (traced_in_graph); every other
+attention runs outside it, by the tables above as in eager, one graph break per call.
 
 A kernel is a function kernel(call: Call) -> Tensor | None (posenc.nn.call, below this module and the kernels);
 KERNELS names each. Adding a kernel = its file + one KERNELS entry + its name in a rule.
@@ -261,9 +261,6 @@ MAP_DEFAULT = ("map_eager",)
 # (device, kernel) -> the dtypes it serves there (else every dtype): Triton's kernels, and map_fused's own table of
 # its devices' kernels (CUDA's memory-efficient one takes no float64: the H200 run of 2026-11-27 crashed there)
 MAP_DTYPES = {("cuda", "map_triton"): HALF_AND_FLOAT, ("cuda", "map_fused"): mapped_attention.FUSED_DTYPES["cuda"]}
-# Under torch.compile, the forms whose attention is traced into the graph: SDPA, and a scheme's own attend() (the
-# static decode step's, built to be traced); every other form's runs outside the graph, as in eager (attention())
-TRACED_FORMS = frozenset({"plain", "attends"})
 FORMS = ("mapped", "attends", "plain", "contextual", "head_distance", "bucket_distance", "distance", "piecewise",
          "values", "relative", "weights", "bias")
 
@@ -336,6 +333,14 @@ def form_of(cls: type[Scheme], attends: bool = True) -> str:
     if _overrides(cls, "relative_rows"):
         return "values" if cls.needs_weights else "relative"
     return "weights" if cls.needs_weights else "bias"
+
+
+@constant
+def traced_in_graph(cls: type[Scheme]) -> bool:
+    """Under torch.compile, whether the class's attention is traced into the graph: SDPA (the plain form), or its own
+    attend() where its other hooks would take SDPA (the static decode step's schemes, built to be traced). Every
+    other class's runs outside the graph, as in eager (attention())."""
+    return form_of(cls) == "plain" or (form_of(cls) == "attends" and form_of(cls, attends=False) == "plain")
 
 
 def static_refusal(cls: type[Scheme]) -> str | None:
@@ -479,8 +484,10 @@ def attention(q: Tensor, k: Tensor, v: Tensor, scheme: Scheme, q_pos: Tensor, k_
     Under torch.compile (a user's torch.compile(model)) a scheme with a bias or a map runs here as in eager, outside
     the graph: one break per call, where tracing into the kernels stopped at each host read and ctypes call inside
     them (a 2-layer GPT broke 14 times under ALiBi, 35 under FIRE, whose memo checks recompiled per parameter shape
-    up to the recompile limit) and would trace Triton's launch code on CUDA. TRACED_FORMS stay in the graph."""
-    if torch.compiler.is_compiling() and form_of(type(scheme)) not in TRACED_FORMS:
+    up to the recompile limit) and would trace Triton's launch code on CUDA. Where traced_in_graph, the attention
+    stays in the graph."""
+    if torch.compiler.is_compiling() and not traced_in_graph(type(scheme)):
+        # built at each traced call: torch.compiler.disable imports torch._dynamo, kept out of `import posenc`
         return torch.compiler.disable(_attention)(q, k, v, scheme, q_pos, k_pos, causal, dropout, kept)
     return _attention(q, k, v, scheme, q_pos, k_pos, causal, dropout, kept)
 

@@ -138,6 +138,19 @@ def test_a_continuation_may_change_only_the_keys_its_study_names(tmp_path):
         pass
 
 
+def test_a_folder_from_before_a_setting_existed_continues_at_its_old_value(tmp_path):
+    """A compare folder written before trainer.compile existed resumes when asked at the value it computed with
+    (False), and is refused, naming the key, when asked to change it."""
+    rule = RunRule("compare", keeps_results=(), hint="new folder")
+    with open_run(tmp_path, rule, {"trainer": {"lr": 0.1}}):  # run.json of a folder from before the setting
+        pass
+    with open_run(tmp_path, rule, {"trainer": {"lr": 0.1, "compile": False}}) as run:
+        assert run.resumed
+    with pytest.raises(ValueError, match=r"trainer.compile: False -> True"), \
+            open_run(tmp_path, rule, {"trainer": {"lr": 0.1, "compile": True}}):
+        pass
+
+
 def test_a_continuation_adds_its_wall_time_to_the_earlier_sessions(tmp_path):
     rule = RunRule("train", keeps_results=())
     (tmp_path / "run.json").write_text(json.dumps({"command": "train", "config": {}, "corpus": None,

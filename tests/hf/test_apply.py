@@ -69,13 +69,23 @@ def test_a_users_loop_under_inference_mode_equals_no_grad(tmp_path, method):
 
 def test_an_applied_rope_scaling_compiles_as_one_graph(tmp_path):
     """A user's torch.compile of the patched model: posenc's rotary tables trace into transformers' graph
-    (fullgraph=True); logits equal eager's. (A map's attention runs outside the graph, one break per layer:
-    tests/models/test_user_compile.py.)"""
+    (fullgraph=True); logits and every gradient equal eager's. (A map's attention runs outside the graph, one break
+    per layer: tests/models/test_user_compile.py, on posenc's own Llama.)"""
     hf = posenc.hf.apply(load_hf(build("llama", tmp_path)), *METHODS["yarn"])
+
+    def step(run) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        hf.zero_grad()
+        logits = run(PROMPT).logits
+        logits.square().mean().backward()
+        return logits.detach(), [p.grad.clone() for p in hf.parameters() if p.grad is not None]
+
+    want, want_grads = step(hf)
     torch._dynamo.reset()
-    compiled = torch.compile(hf, backend="aot_eager", fullgraph=True)
-    with torch.no_grad():
-        assert_close(compiled(PROMPT).logits, hf(PROMPT).logits)
+    got, got_grads = step(torch.compile(hf, backend="aot_eager", fullgraph=True))
+    assert_close(got, want)
+    assert len(got_grads) == len(want_grads)
+    for a, b in zip(got_grads, want_grads, strict=True):
+        assert_close(a, b)
 
 
 @pytest.mark.parametrize("name", sorted(POSITION_MAPS))

@@ -15,6 +15,9 @@ from posenc.errors import bad_value
 
 MANIFEST = "run.json"
 _MISSING = object()
+# Settings added after run folders were first written, each with the value every older run computed with: a folder
+# from before one of them continues when it is asked at that value (train reads its folders through today's schema)
+ADDED_SETTINGS: dict[str, Any] = {"trainer.compile": False}
 
 
 def read(run_dir: Path) -> dict[str, Any] | None:
@@ -74,6 +77,7 @@ def differences(stored: dict[str, Any], requested: dict[str, Any], ignore: Itera
     """`key: old -> new` for every dotted key that differs, except keys in (or under) `ignore`."""
     ignore = tuple(ignore)
     a, b = _flat(stored), _flat(requested)
+    a = {**{key: value for key, value in ADDED_SETTINGS.items() if key in b}, **a}
     out = []
     for key in sorted(set(a) | set(b)):
         if any(key == i or key.startswith(f"{i}.") for i in ignore):

@@ -220,6 +220,8 @@ def _run(cfg: RunConfig, run_dir: Path, p: Prepared, start_ckpt: Path | None, fo
         start, history = state["step"], state["history"]
     step_model = torch.nn.parallel.DistributedDataParallel(model) if world_size > 1 else model
     if t.compile:  # the steps only: validation, checkpoints and the result use the model itself
+        from torch import _dynamo  # compare's workers train scheme after scheme in one process: without a fresh
+        _dynamo.reset()  # start each one's guards pile onto the same code objects up to the recompile limit
         step_model = torch.compile(step_model)
     writer = _tensorboard(run_dir, t.tensorboard and rank == 0)
     bar = tqdm(total=t.max_steps, initial=start, desc=cfg.model.position_embedding_type,
