@@ -314,6 +314,12 @@ def shared_row(pos: Tensor) -> Tensor:
     return pos
 
 
+def expanded_row(pos: Tensor) -> Tensor:
+    """shared_row without reading values (under torch.compile): (1,T) only for rows expanded from one (stride 0,
+    as the models' default positions are), else pos."""
+    return pos[:1] if pos.dim() == 2 and pos.shape[0] > 1 and pos.stride(0) == 0 else pos
+
+
 def extremes(pos: Tensor) -> tuple[int, int]:
     """(lowest, highest) position of pos (any shape; (0, 0) when empty), read with one synchronisation."""
     if pos.numel() <= 1:

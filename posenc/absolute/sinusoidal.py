@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from posenc.nn.kept_tables import kept
-from posenc.scheme import Dims, Scheme, cast, shared_row_extremes
+from posenc.scheme import Dims, Scheme, cast, expanded_row, shared_row_extremes
 
 TABLE_ELEMENTS = 1 << 22  # floats of the kept table at most (16 MiB): positions past it are computed per call
 TABLE_MIN = 64  # rows of the first table
@@ -51,7 +51,7 @@ class Sinusoidal(Scheme):
         sinusoid of its one position, about 15 small operators. Positions past the table are computed directly."""
         d = self.dims.d_model
         if torch.compiler.is_compiling():  # traced: the formula, which the compiler fuses (no extremes to read)
-            return self.scale * sinusoidal_table(pos, d)
+            return self.scale * sinusoidal_table(expanded_row(pos), d)
         pos, lowest, highest = shared_row_extremes(pos)  # (b,T)
         if lowest < 0 or (highest + 1) * d > TABLE_ELEMENTS:
             return self.scale * sinusoidal_table(pos, d)

@@ -19,7 +19,7 @@ from posenc.inference_tensors import position_version
 from posenc.nn.kept_tables import kept
 from posenc.rotary._core import apply_rotary, cos_sin, rotate_pair
 from posenc.rotary.scaling import SEQ_LEN_DEPENDENT, frequencies, rope_type
-from posenc.scheme import Dims, RotationTables, Scheme, shared_row_extremes
+from posenc.scheme import Dims, RotationTables, Scheme, expanded_row, shared_row_extremes
 from posenc.validators import number_in, optional_number_at_least
 
 
@@ -118,7 +118,7 @@ class RoPE(Scheme):
         (grown by doubling) and gathered by position id; the gathered pair is remembered for the
         rest of the forward, so all layers share it."""
         if torch.compiler.is_compiling() and not self._dynamic:  # traced: the formula, which the compiler fuses
-            return cos_sin(pos, self.inv_freq.to(pos.device), self.attention_scaling)
+            return cos_sin(expanded_row(pos), self.inv_freq.to(pos.device), self.attention_scaling)
         memo = self._memo
         if memo is not None and memo[0] is pos and memo[1] == position_version(pos):
             return memo[2], memo[3]

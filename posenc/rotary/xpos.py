@@ -28,7 +28,7 @@ from posenc.nn.kept_tables import kept
 from posenc.rotary import rope
 from posenc.rotary._core import angles, apply_rotary, rotate_pair
 from posenc.rotary.rope import TABLE_CAP, RoPE, RotaryOptions, gather_rows
-from posenc.scheme import Dims, RotationTables, from_first_key, shared_row_extremes
+from posenc.scheme import Dims, RotationTables, expanded_row, from_first_key, shared_row_extremes
 from posenc.validators import number_in
 
 XPOS_MAX_LOG = 40.0  # e^40 ~ 2e17: q and k scales multiply to at most e^80 < float32 max e^88
@@ -89,7 +89,7 @@ class XPos(RoPE):
         per-position table per side (as RoPE's: built once, grown by doubling), so a decode step gathers one row
         instead of evaluating the float64 formula."""
         if torch.compiler.is_compiling():  # traced: the formula, which the compiler fuses
-            return xpos_tables(pos, self.inv_freq, self.log_zeta, self.scale_base, sign)
+            return xpos_tables(expanded_row(pos), self.inv_freq, self.log_zeta, self.scale_base, sign)
         memo = self._memo if isinstance(self._memo, dict) else {}
         hit = memo.get(sign)
         if hit is not None and hit[0] is pos and hit[1] == position_version(pos):
