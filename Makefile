@@ -24,7 +24,8 @@ $(STAMP): pyproject.toml constraints.txt
 env: $(STAMP)
 
 # TORCHINDUCTOR_VEC_ISA_OK=1: Inductor takes the vector ISAs /proc/cpuinfo lists without building a test program for
-# each (14 s of the first compile in every process that compiles, of 25 s with a cold cache; the same ISA picked here)
+# each (on this 2-core Xeon 14 s of the first compile in every process that compiles, of 25 s with a cold cache; the
+# same ISA picked)
 test: $(STAMP)
 	$(BIN)/ruff check posenc tests benchmarks
 	TORCHINDUCTOR_VEC_ISA_OK=1 $(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder

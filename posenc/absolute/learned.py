@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from posenc.errors import bad_value
 from posenc.memory_budget import check_table_fits
-from posenc.scheme import Dims, Scheme, shared_row
+from posenc.scheme import Dims, Scheme, expanded_row, shared_row
 
 
 class PositionTooLarge(ValueError):
@@ -35,7 +35,7 @@ class LearnedAbsolute(Scheme):
 
     def embed(self, x: Tensor, pos: Tensor, input_ids: Tensor | None = None) -> Tensor:
         if torch.compiler.is_compiling():  # traced: positions are not read back (one past the table fails in wpe)
-            return x + self.wpe(pos).to(x.dtype)  # (B,T,D)
+            return x + self.wpe(expanded_row(pos)).to(x.dtype)  # (B|1,T,D): one gather for expanded rows
         highest = int(pos.max()) if pos.numel() else 0
         if highest >= self.dims.max_seq_len or (pos.numel() and int(pos.min()) < 0):
             raise PositionTooLarge(

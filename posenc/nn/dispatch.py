@@ -168,7 +168,6 @@ from posenc.nn.call import Call, needs_grad
 from posenc.position_map import MappedScheme
 from posenc.scheme import Scheme, cast, materialises_bias
 
-_CONSTANTS: list[Callable] = []  # the decisions made by constant()
 # What torch.compiler.assume_constant_result sets on a function (tests/nn/test_dispatch.py checks that it still
 # does); set here directly because that marker imports torch._dynamo: 2.2 s more for every `import posenc`.
 MARKED_CONSTANT = "_dynamo_marked_constant"
@@ -183,8 +182,7 @@ def constant(decide: Callable) -> Callable:
     def answer(*args, **kwargs):
         return cached(*args, **kwargs)
     setattr(answer, MARKED_CONSTANT, True)
-    _CONSTANTS.append(functools.update_wrapper(answer, decide))
-    return answer
+    return functools.update_wrapper(answer, decide)
 
 
 KERNELS: dict[str, Callable[[Call], Tensor | None]] = {

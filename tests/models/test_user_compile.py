@@ -135,4 +135,5 @@ def test_the_dispatch_decisions_are_constants_for_the_compiler():
 
     torch.compiler.assume_constant_result(probe)
     assert vars(probe) == {dispatch.MARKED_CONSTANT: True}
-    assert dispatch._CONSTANTS and all(getattr(f, dispatch.MARKED_CONSTANT, False) for f in dispatch._CONSTANTS)
+    decisions = (dispatch.form_of, dispatch.plan, dispatch.rotation_plan, dispatch.slot_plan, dispatch.traced_in_graph)
+    assert all(getattr(decide, dispatch.MARKED_CONSTANT, False) for decide in decisions)

@@ -317,8 +317,8 @@ def test_importing_posenc_loads_no_compiler():
     """torch.compile's frontend (torch._dynamo: ~2.5 s to import) loads only in a process that compiles: the
     dispatch's decisions carry the compiler's constant mark set directly (dispatch.MARKED_CONSTANT), not by
     torch.compiler's marker, which made every `import posenc`, the CLI's and each test's subprocess 2.2 s slower;
-    and the CLI's parser
-    counts the ladder's default sizes without drawing meta tensors (normal_ on the meta device imports it too)."""
+    and the CLI's parser counts the ladder's default sizes without drawing meta tensors (normal_ on the meta device
+    imports it too)."""
     code = ("import sys, posenc, posenc.cli, posenc.models, posenc.models.static_decode\n"
             "try:\n    posenc.cli.main(['--help'])\nexcept SystemExit:\n    pass\n"
             "print(sorted(m for m in sys.modules if m.startswith('torch._dynamo')))")
